@@ -1,0 +1,25 @@
+"""The `pack` command line. Each command's implementation lives in its pipeline stage;
+this module only wires them into one typer app and turns PackError into exit code 2."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="pack",
+    help="Turn ONNX models into verified, compressed, CDN-ready browser packages.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# --- commands (one import + one registration per command) ---
+from pipeline.commands.build import build, recipes  # noqa: E402
+
+app.command()(build)
+app.command()(recipes)
+# --- end commands ---
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()

@@ -1,0 +1,1 @@
+"""Graph stage: load/save models, detect hazards, and run repair passes (see passes/base.py)."""
