@@ -1,0 +1,93 @@
+"""Numeric comparison of one output against its fp32 reference, and the pass/fail judgement.
+
+Metric names are the keys used in report.json: `max_abs`, `max_abs_of_range` (max abs error as a
+fraction of the reference's value range: the figure fp16 accumulation error scales with), `rel_l2`,
+`psnr_db` (images) or `snr_db` (audio), `nan`/`inf` (non-finite values the reference does not have),
+`shape_ok`. Threshold keys are the same names: upper bounds for errors, lower bounds for dB figures.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+OUTPUT_KINDS = ("tensor", "image", "audio")
+LOWER_BOUNDS = ("psnr_db", "snr_db")  # higher is better; every other threshold is an upper bound
+
+
+def _finite_db(value: float) -> float:
+    # JSON has no infinity: an exact match is reported as a large finite figure.
+    return 999.0 if math.isinf(value) else round(value, 3)
+
+
+def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> dict:
+    """Error figures of `actual` against `reference` (both are converted to float64)."""
+    reference = np.asarray(reference)
+    actual = np.asarray(actual)
+    metrics: dict = {"shape_ok": tuple(reference.shape) == tuple(actual.shape)}
+    if not metrics["shape_ok"]:
+        metrics["shape"] = list(actual.shape)
+        metrics["expected_shape"] = list(reference.shape)
+        return metrics
+    if reference.dtype.kind in "biu" or reference.dtype == np.bool_:
+        mismatches = int(np.count_nonzero(reference != actual))
+        metrics.update(mismatches=mismatches, max_abs=float(np.max(np.abs(reference.astype(np.float64) - actual.astype(np.float64)), initial=0.0)))
+        return metrics
+    ref = reference.astype(np.float64)
+    act = actual.astype(np.float64)
+    ref_finite = np.isfinite(ref)
+    metrics["nan"] = int(np.count_nonzero(np.isnan(act) & ~np.isnan(ref)))
+    metrics["inf"] = int(np.count_nonzero(np.isinf(act) & ~np.isinf(ref)))
+    both = ref_finite & np.isfinite(act)
+    diff = np.where(both, act - ref, 0.0)
+    ref_f = np.where(ref_finite, ref, 0.0)
+    max_abs = float(np.max(np.abs(diff), initial=0.0))
+    value_range = float(np.max(ref_f, initial=0.0) - np.min(ref_f, initial=0.0))
+    ref_norm = float(np.linalg.norm(ref_f))
+    err_norm = float(np.linalg.norm(diff))
+    metrics["max_abs"] = max_abs
+    metrics["max_abs_of_range"] = max_abs / value_range if value_range > 0 else (0.0 if max_abs == 0 else math.inf)
+    metrics["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if kind == "image":
+        mse = err_norm**2 / max(diff.size, 1)
+        peak = value_range if value_range > 0 else 1.0
+        metrics["psnr_db"] = _finite_db(math.inf if mse == 0 else 10 * math.log10(peak**2 / mse))
+    elif kind == "audio":
+        metrics["snr_db"] = _finite_db(math.inf if err_norm == 0 else 20 * math.log10(max(ref_norm, 1e-30) / err_norm))
+    for key in ("max_abs_of_range", "rel_l2"):
+        if math.isinf(metrics[key]):
+            metrics[key] = 1e9
+    return metrics
+
+
+def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:
+    """(passed, reason). A wrong shape or new NaN/Inf fails whatever the thresholds say."""
+    if not metrics.get("shape_ok", False):
+        return False, f"shape {metrics.get('shape')} != expected {metrics.get('expected_shape')}"
+    if metrics.get("nan", 0) or metrics.get("inf", 0):
+        return False, f"{metrics.get('nan', 0)} NaN and {metrics.get('inf', 0)} Inf values that the reference does not have"
+    if metrics.get("mismatches"):
+        return False, f"{metrics['mismatches']} elements differ"
+    for key, bound in threshold.items():
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        if key in LOWER_BOUNDS:
+            if value < bound:
+                return False, f"{key} {value:.3g} < {bound:g}"
+        elif value > bound:
+            return False, f"{key} {value:.3g} > {bound:g}"
+    return True, None
+
+
+def format_metrics(metrics: dict, threshold: dict) -> str:
+    """One human line: each thresholded figure next to its bound."""
+    parts = []
+    for key, bound in threshold.items():
+        if key in metrics:
+            op = ">=" if key in LOWER_BOUNDS else "<="
+            parts.append(f"{key} {metrics[key]:.3g} ({op} {bound:g})")
+    if not metrics.get("shape_ok", True):
+        parts.append(f"shape {metrics.get('shape')} vs {metrics.get('expected_shape')}")
+    return ", ".join(parts)

@@ -1,0 +1,39 @@
+"""Default pass thresholds per output kind, precision and execution provider.
+
+fp32 anywhere should match the CPU reference to float rounding. fp16 on the CPU/wasm accumulates in
+fp32 and lands ~0.03–0.1 % of the output range away; onnxruntime-web's WebGPU kernels accumulate in
+fp16 and land ~1–2 % away on 1024-long reductions (../shared notes), so webgpu fp16 gets 3 % of the
+range: loose enough for real accumulation error, tight enough that zeros, wrong slices or overflow
+(errors of order 100 % of the range) still fail.
+"""
+
+from __future__ import annotations
+
+_BASE = {
+    # (precision, accumulates in fp16) -> bounds
+    ("fp32", False): {"max_abs_of_range": 1e-3, "rel_l2": 1e-3},
+    ("fp16", False): {"max_abs_of_range": 1e-2, "rel_l2": 1e-2},
+    ("fp16", True): {"max_abs_of_range": 3e-2, "rel_l2": 3e-2},
+}
+_DB_BOUNDS = {
+    "image": {"fp32": {"psnr_db": 60.0}, "fp16": {"psnr_db": 35.0}},
+    "audio": {"fp32": {"snr_db": 50.0}, "fp16": {"snr_db": 25.0}},
+}
+# Precisions that are not float (quantized uint8/int8 shipped as-is) are compared loosely.
+_QUANTIZED = {"max_abs_of_range": 0.1, "rel_l2": 0.1}
+
+
+def threshold_for(kind: str, precision: str, ep: str, override: dict | None = None) -> dict:
+    """The bounds one output check must meet; `override` (from the recipe) wins key by key."""
+    if precision in ("fp32", "fp16"):
+        fp16_accumulation = precision == "fp16" and ep == "webgpu"
+        bounds = dict(_BASE[(precision, fp16_accumulation)])
+        bounds.update(_DB_BOUNDS.get(kind, {}).get(precision, {}))
+        if fp16_accumulation and kind in _DB_BOUNDS:
+            key = next(iter(_DB_BOUNDS[kind]["fp16"]))
+            bounds[key] = bounds[key] - 10.0
+    else:
+        bounds = dict(_QUANTIZED)
+    if override:
+        bounds.update(override)
+    return bounds
