@@ -1,0 +1,169 @@
+"""onnxruntime-web at a pinned version: installed with npm into a cache keyed by version.
+
+The file names of each entry point are read from the installed package (package.json "exports"
+and the strings inside the bundle), never hard-coded: they have changed between releases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import PackError
+from pipeline.progress import Progress
+
+PACKAGE = "onnxruntime-web"
+DEFAULT_VERSION = "1.30.0"
+
+# bundle key -> the package.json "exports" subpath of its entry point
+ENTRY_SUBPATHS: dict[str, str] = {"webgpu": "./webgpu", "wasm": "./wasm", "root": "."}
+
+# npm accepts tags and ranges too; a pin must be an exact version so the cache key means something.
+_EXACT_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?$")
+# the bundles name their .wasm as a string literal: new URL("ort-wasm-....wasm", import.meta.url)
+_WASM_LITERAL = re.compile(r"[\"']([A-Za-z0-9_.-]+\.wasm)[\"']")
+_COMPLETE_MARKER = ".pack-complete"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    key: str  # 'webgpu' | 'wasm' | 'root'
+    entry: str  # 'onnxruntime-web/webgpu' | 'onnxruntime-web/wasm' | 'onnxruntime-web'
+    module: Path  # the installed *.bundle.min.mjs of that entry (exports, import/default)
+    wasm: Path  # the .wasm that module fetches (read from the module, not hard-coded)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    version: str
+    root: Path  # the installed package folder
+    bundles: dict[str, Bundle]
+
+
+def cache_dir() -> Path:
+    """`$PACK_CACHE_DIR`, else `~/.cache/pack`."""
+    configured = os.environ.get("PACK_CACHE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pack"
+
+
+def runtime_dir(version: str) -> Path:
+    return cache_dir() / "runtime" / PACKAGE / version
+
+
+def resolve_runtime(version: str = DEFAULT_VERSION, progress: Progress | None = None) -> Runtime:
+    """The installed onnxruntime-web `version`, installing it on first use (no network afterwards)."""
+    if not _EXACT_VERSION.match(version):
+        raise PackError(
+            f"runtime version {version!r}: not an exact version; pin one such as {DEFAULT_VERSION!r} "
+            "(see `npm view onnxruntime-web versions`)"
+        )
+    target = runtime_dir(version)
+    if not (target / _COMPLETE_MARKER).is_file():
+        _install(version, target, progress or Progress.quiet())
+    return read_runtime(target, version)
+
+
+def read_runtime(root: Path, version: str) -> Runtime:
+    """Read the entry points of an installed package folder."""
+    package_json = root / "package.json"
+    try:
+        manifest = json.loads(package_json.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise PackError(f"{package_json}: unreadable ({error}); delete {root} to reinstall") from None
+    if manifest.get("version") != version:
+        raise PackError(
+            f"{package_json}: version {manifest.get('version')!r}, expected {version!r}; delete {root} to reinstall"
+        )
+    bundles = {key: _read_bundle(root, manifest, key, subpath) for key, subpath in ENTRY_SUBPATHS.items()}
+    return Runtime(version=version, root=root, bundles=bundles)
+
+
+def _read_bundle(root: Path, manifest: dict, key: str, subpath: str) -> Bundle:
+    entry = PACKAGE if subpath == "." else f"{PACKAGE}/{subpath[2:]}"
+    exports = manifest.get("exports") or {}
+    condition = (exports.get(subpath) or {}).get("import") if isinstance(exports, dict) else None
+    relative = condition.get("default") if isinstance(condition, dict) else condition
+    if not isinstance(relative, str):
+        raise PackError(
+            f"{root / 'package.json'}: exports[{subpath!r}].import has no default module for {entry}; "
+            "pin an onnxruntime-web version that ships bundled entry points (>= 1.19)"
+        )
+    module = (root / relative).resolve()
+    if not module.is_file():
+        raise PackError(f"{module}: missing from the installed {PACKAGE}; delete {root} to reinstall")
+    return Bundle(key=key, entry=entry, module=module, wasm=_wasm_of(module))
+
+
+def _wasm_of(module: Path) -> Path:
+    """The one .wasm beside `module` whose name the module's code contains."""
+    names = set(_WASM_LITERAL.findall(module.read_text(encoding="utf-8", errors="replace")))
+    present = sorted(name for name in names if (module.parent / name).is_file())
+    if len(present) != 1:
+        raise PackError(
+            f"{module}: expected one .wasm name that exists beside it, found {present or 'none'}; "
+            "this onnxruntime-web layout is not supported, pin another version"
+        )
+    return module.parent / present[0]
+
+
+def _install(version: str, target: Path, progress: Progress) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise PackError(
+            f"{PACKAGE}@{version}: npm not found on PATH; install Node.js with npm (e.g. `apt-get install npm`)"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    progress.note(f"Installing {PACKAGE}@{version} with npm into {target}")
+    # Everything happens in a temporary sibling and is renamed into place, so an interrupted
+    # install never leaves a half-filled version folder behind.
+    with tempfile.TemporaryDirectory(prefix=f".{version}.", dir=target.parent) as scratch:
+        scratch_dir = Path(scratch)
+        tarball = _npm_pack(npm, version, scratch_dir)
+        extracted = scratch_dir / "extract"
+        with tarfile.open(tarball) as archive:
+            archive.extractall(extracted, filter="data")
+        package = extracted / "package"
+        if not (package / "package.json").is_file():
+            raise PackError(f"{tarball.name}: no package/package.json inside; the npm tarball is not a package")
+        read_runtime(package, version)  # refuse a layout we cannot read before it enters the cache
+        (package / _COMPLETE_MARKER).write_text(version + "\n")
+        try:
+            os.rename(package, target)
+        except OSError:
+            # Another process finished first (target exists and is complete) or left a broken one.
+            if not (target / _COMPLETE_MARKER).is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(package, target)
+
+
+def _npm_pack(npm: str, version: str, destination: Path) -> Path:
+    spec = f"{PACKAGE}@{version}"
+    try:
+        completed = subprocess.run(
+            [npm, "pack", spec, "--pack-destination", str(destination), "--silent", "--json"],
+            cwd=destination,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        raise PackError(f"{spec}: `npm pack` took over 10 minutes; check access to the npm registry") from None
+    if completed.returncode != 0:
+        message = completed.stderr + completed.stdout
+        if "E404" in message or "ETARGET" in message or "No matching version" in message:
+            raise PackError(
+                f"{spec}: npm has no such version; pin a published one (`npm view {PACKAGE} versions`)"
+            )
+        last_line = next((line for line in reversed(message.splitlines()) if line.strip()), "no output")
+        raise PackError(f"{spec}: `npm pack` failed ({last_line.strip()}); check npm and registry access")
+    tarballs = sorted(destination.glob("*.tgz"))
+    if len(tarballs) != 1:
+        raise PackError(f"{spec}: `npm pack` produced {len(tarballs)} tarballs in {destination}, expected one")
+    return tarballs[0]
