@@ -1,0 +1,184 @@
+"""A static server on 127.0.0.1 that serves a package the way production does.
+
+- A file `X` with a brotli copy `X.br` is served under `X` with the `.br` bytes and
+  `Content-Encoding: br` (browsers decode it; so does the CDN). `X.br` alone serves `X` too, as a
+  bucket holding only the encoded object does.
+- Media types come from the package's manifest.json ("mediaType"), else from the file extension
+  (.mjs must be text/javascript and .wasm application/wasm or the browser refuses them).
+- Every response is cross-origin isolated (COOP same-origin, COEP require-corp, CORP) so wasm
+  threads (SharedArrayBuffer) are available, as they are behind a correctly configured CDN.
+- `extra_mounts` maps URL prefixes (e.g. "/__pack__/") to folders outside the package: harness
+  pages and alternative runtime files. They never shadow package files except under their prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import unquote, urlsplit
+
+MEDIA_TYPES = {
+    ".mjs": "text/javascript",
+    ".js": "text/javascript",
+    ".wasm": "application/wasm",
+    ".json": "application/json",
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css",
+    ".ts": "text/plain; charset=utf-8",
+    ".onnx": "application/octet-stream",
+    ".bin": "application/octet-stream",
+    ".txt": "text/plain; charset=utf-8",
+}
+ISOLATION_HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "cross-origin",
+}
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    path: str
+    status: int
+    encoding: str | None  # "br" when the brotli copy was sent
+    size: int  # body bytes sent
+
+
+class StaticServer:
+    """Threaded static server; `url` ends with '/'. `requests` records what was served."""
+
+    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None):
+        self.root = Path(root).resolve()
+        mounts = {prefix if prefix.endswith("/") else prefix + "/": Path(path).resolve() for prefix, path in (extra_mounts or {}).items()}
+        # longest prefix first, the package root last
+        self.mounts = sorted(mounts.items(), key=lambda item: -len(item[0])) + [("/", self.root)]
+        self.requests: list[ServedRequest] = []
+        self._media_types = _manifest_media_types(self.root)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="pack-static-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def start(self) -> "StaticServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def locate(self, url_path: str) -> tuple[Path, str] | None:
+        """The file for a URL path and its package-relative name, or None (outside every mount)."""
+        for prefix, folder in self.mounts:
+            if url_path.startswith(prefix):
+                relative = url_path[len(prefix):]
+                candidate = (folder / relative).resolve()
+                if candidate != folder and not candidate.is_relative_to(folder):
+                    return None  # ../ escapes
+                return candidate, relative
+        return None
+
+    def media_type(self, relative: str) -> str:
+        return self._media_types.get(relative) or MEDIA_TYPES.get(Path(relative).suffix, "application/octet-stream")
+
+
+def _manifest_media_types(root: Path) -> dict[str, str]:
+    try:
+        files = json.loads((root / "manifest.json").read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {name: entry["mediaType"] for name, entry in files.items() if isinstance(entry, dict) and entry.get("mediaType")}
+
+
+def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - silence stderr access logs
+            pass
+
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server naming
+            self._serve(send_body=False)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._serve(send_body=True)
+
+        def _serve(self, send_body: bool) -> None:
+            url_path = unquote(urlsplit(self.path).path)
+            if url_path.endswith("/"):
+                url_path += "index.html"
+            located = server.locate(url_path)
+            if located is None:
+                return self._fail(HTTPStatus.FORBIDDEN, url_path)
+            plain, relative = located
+            encoded = plain.with_name(plain.name + ".br")
+            accepts_br = "br" in self.headers.get("Accept-Encoding", "")
+            if encoded.is_file() and (accepts_br or not plain.is_file()):
+                body_path, encoding = encoded, "br"
+            elif plain.is_file():
+                body_path, encoding = plain, None
+            else:
+                return self._fail(HTTPStatus.NOT_FOUND, url_path)
+            size = body_path.stat().st_size
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", server.media_type(relative))
+            self.send_header("Content-Length", str(size))
+            if encoding:
+                self.send_header("Content-Encoding", encoding)
+            self.send_header("Vary", "Accept-Encoding")
+            self.send_header("Cache-Control", "no-store")
+            for name, value in ISOLATION_HEADERS.items():
+                self.send_header(name, value)
+            self.end_headers()
+            sent = 0
+            if send_body:
+                try:
+                    with body_path.open("rb") as body:
+                        shutil.copyfileobj(body, self.wfile, 1 << 20)
+                    sent = size
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the page navigated away or was closed mid-transfer
+            server.requests.append(ServedRequest(url_path, HTTPStatus.OK, encoding, sent))
+
+        def _fail(self, status: HTTPStatus, url_path: str) -> None:
+            body = f"{status.value} {status.phrase}: {url_path}\n".encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in ISOLATION_HEADERS.items():
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            server.requests.append(ServedRequest(url_path, status.value, None, len(body)))
+
+    return Handler
+
+
+@contextmanager
+def serve_package(package_dir: Path, extra_mounts: dict[str, Path] | None = None) -> Iterator[str]:
+    """Serve `package_dir` on 127.0.0.1 (a free port); yields the base URL, ending with '/'."""
+    with running_server(package_dir, extra_mounts) as server:
+        yield server.url
+
+
+@contextmanager
+def running_server(package_dir: Path, extra_mounts: dict[str, Path] | None = None) -> Iterator[StaticServer]:
+    """Like `serve_package`, yielding the `StaticServer` (its `url` and `requests` log)."""
+    server = StaticServer(package_dir, extra_mounts).start()
+    try:
+        yield server
+    finally:
+        server.stop()
