@@ -1,0 +1,131 @@
+"""`pack publish`: upload built packages to S3 or Cloudflare R2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.errors import PackError
+from pipeline.publish.cors import set_cors, validate_origins
+from pipeline.publish.plan import PackagePlan, find_packages, plan_package
+from pipeline.publish.publisher import PublishResult, publish as publish_plans
+from pipeline.publish.s3 import Target, check_bucket, is_r2, make_client, normalize_prefix
+from pipeline.publish.transfer import MIB, MIN_PART_SIZE
+
+DEFAULT_DIST = Path("dist")
+
+
+def publish(
+    dist: Annotated[
+        Optional[list[Path]],
+        typer.Argument(help="Package folders (dist/<name>) or folders of packages; default: every package in dist/."),
+    ] = None,
+    bucket: Annotated[Optional[str], typer.Option(envvar="PACK_BUCKET", help="Bucket name.")] = None,
+    prefix: Annotated[
+        str, typer.Option(envvar="PACK_PREFIX", help="Key prefix; objects go to <prefix>/<name>/<path>.")
+    ] = "",
+    endpoint_url: Annotated[
+        Optional[str],
+        typer.Option(envvar="PACK_ENDPOINT_URL", help="S3 API endpoint, e.g. https://<ACCOUNT_ID>.r2.cloudflarestorage.com."),
+    ] = None,
+    region: Annotated[
+        Optional[str], typer.Option(envvar="PACK_REGION", help="Region ('auto' for R2, detected from the endpoint).")
+    ] = None,
+    profile: Annotated[
+        Optional[str], typer.Option(help="AWS profile (default: AWS_PROFILE or the environment's keys).")
+    ] = None,
+    public_url: Annotated[
+        Optional[str],
+        typer.Option(envvar="PACK_PUBLIC_URL", help="Public base URL of the bucket (CDN, r2.dev or custom domain)."),
+    ] = None,
+    cors: Annotated[
+        Optional[list[str]],
+        typer.Option(envvar="PACK_CORS", help="Set a bucket CORS rule for GET/HEAD from ORIGIN (repeatable)."),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")] = False,
+    prune: Annotated[
+        bool, typer.Option("--prune", help="Delete objects under the prefix that no published manifest references.")
+    ] = False,
+    part_size: Annotated[
+        int, typer.Option(envvar="PACK_PART_SIZE_MB", help="Multipart part size in MiB (>= 5); larger files go multipart.")
+    ] = 8,
+    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+) -> None:
+    """Publish packages to S3 or R2: hashed files, then manifest, then loader; unchanged objects are skipped."""
+    with cli_errors():
+        progress = progress_for(json_output)
+        if not bucket:
+            raise PackError("no bucket: pass --bucket NAME or set PACK_BUCKET")
+        if part_size * MIB < MIN_PART_SIZE:
+            raise PackError(f"--part-size {part_size}: S3 and R2 need parts of at least 5 MiB")
+        origins = validate_origins(cors or [])
+        plans = _plan_all(dist, allow_none=bool(origins))
+        target = Target(
+            bucket=bucket,
+            prefix=normalize_prefix(prefix),
+            endpoint_url=endpoint_url or None,
+            region=region or None,
+            profile=profile or None,
+            public_url=public_url or None,
+        )
+        client = make_client(target)
+        check_bucket(client, target)
+        rules = set_cors(client, target, origins, dry_run) if origins else None
+        result = publish_plans(
+            client, target, plans, part_size=part_size * MIB, dry_run=dry_run, prune_unreferenced=prune, progress=progress
+        )
+        if is_r2(target.endpoint_url) and not target.public_url and plans:
+            progress.note("note: the R2 API URL is not public; set --public-url / PACK_PUBLIC_URL to its public domain")
+        if json_output:
+            print_json(_summary_json(result, rules))
+        else:
+            _print_summary(result, rules)
+
+
+def _plan_all(dist: list[Path] | None, allow_none: bool) -> list[PackagePlan]:
+    """Validate every package before any request: a bad one means nothing is uploaded."""
+    if not dist and allow_none and not DEFAULT_DIST.exists():
+        return []  # `pack publish --cors ORIGIN` alone only sets the CORS rule
+    folders = [folder for root in (dist or [DEFAULT_DIST]) for folder in find_packages(root)]
+    plans = [plan_package(folder) for folder in folders]
+    seen: dict[str, Path] = {}
+    for plan in plans:
+        if plan.name in seen:
+            raise PackError(f"{plan.root} and {seen[plan.name]}: both are package {plan.name!r}; publish one of them")
+        seen[plan.name] = plan.root
+    return plans
+
+
+def _summary_json(result: PublishResult, rules: list[dict[str, Any]] | None) -> dict[str, Any]:
+    urls = result.loader_urls
+    return {
+        "uploaded": result.uploaded,
+        "skipped": result.skipped,
+        "deleted": result.deleted,
+        "bytes": result.bytes,
+        "seconds": round(result.seconds, 3),
+        "dry_run": result.dry_run,
+        "objects": [obj.as_json() for obj in result.objects],
+        "loader_url": next(iter(urls.values())) if len(urls) == 1 else None,
+        "loader_urls": urls,
+        "cors": rules,
+    }
+
+
+def _print_summary(result: PublishResult, rules: list[dict[str, Any]] | None) -> None:
+    rate = result.bytes / result.seconds / 1e6 if result.seconds > 0 else 0.0
+    verb = "would upload" if result.dry_run else "uploaded"
+    line = (
+        f"{verb} {result.uploaded} objects ({result.bytes / 1e6:.1f} MB), skipped {result.skipped} unchanged"
+        + (f", {'would delete' if result.dry_run else 'deleted'} {result.deleted}" if result.deleted else "")
+        + f" in {result.seconds:.1f} s"
+        + (f" ({rate:.1f} MB/s)" if result.bytes and not result.dry_run else "")
+    )
+    typer.echo(("dry run, nothing changed: " if result.dry_run else "") + line)
+    if rules is not None:
+        typer.echo(f"CORS: GET/HEAD allowed from {', '.join(rules[-1]['AllowedOrigins'])}")
+    for name, url in result.loader_urls.items():
+        typer.echo(f"{name}: {url}")

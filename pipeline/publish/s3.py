@@ -1,0 +1,160 @@
+"""An S3 client that works against AWS S3 and Cloudflare R2, and S3 errors as one-line messages.
+
+R2 rejects the `aws-chunked` upload form that boto3 >= 1.36 uses over https for its default CRC32
+checksums (and S3 then stores `Content-Encoding: br,aws-chunked`), so checksums are only sent
+where an operation requires them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from pipeline.errors import PackError
+
+# One pool slot per transfer thread plus the HEAD workers, so threads never wait for a socket.
+TRANSFER_THREADS = 8
+_DEFAULT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where packages go: `s3://bucket/prefix/<name>/...` at `endpoint_url`."""
+
+    bucket: str
+    prefix: str = ""  # normalized: no leading/trailing slash
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    public_url: str | None = None
+
+    def key(self, package: str, path: str) -> str:
+        return "/".join(part for part in (self.prefix, package, path) if part)
+
+    def package_prefix(self, package: str) -> str:
+        return self.key(package, "") + "/"
+
+    def url(self, key: str) -> str:
+        """The public URL of an object: `--public-url` when given, else the endpoint's URL."""
+        quoted = quote(key)
+        if self.public_url:
+            return f"{self.public_url.rstrip('/')}/{quoted}"
+        if self.endpoint_url:
+            return f"{self.endpoint_url.rstrip('/')}/{self.bucket}/{quoted}"
+        region = self.region or "us-east-1"
+        return f"https://{self.bucket}.s3.{region}.amazonaws.com/{quoted}"
+
+    def describe(self) -> str:
+        where = f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}"
+        return f"{where} at {self.endpoint_url}" if self.endpoint_url else where
+
+
+def normalize_prefix(prefix: str | None) -> str:
+    return "/".join(part for part in (prefix or "").split("/") if part)
+
+
+def is_r2(endpoint_url: str | None) -> bool:
+    host = urlsplit(endpoint_url or "").hostname or ""
+    return host.endswith(".r2.cloudflarestorage.com")
+
+
+def make_client(target: Target):  # -> botocore S3 client (boto3 ships no static type)
+    """A client with R2-safe settings; fails with PackError when no credentials are found."""
+    try:
+        session = boto3.session.Session(profile_name=target.profile)
+    except botocore.exceptions.ProfileNotFound:
+        raise PackError(
+            f"AWS profile {target.profile!r} not found in the AWS config files; fix --profile / AWS_PROFILE"
+        ) from None
+    try:
+        credentials = session.get_credentials()
+    except botocore.exceptions.BotoCoreError as error:
+        raise PackError(f"cannot load AWS credentials: {error}") from None
+    if credentials is None:
+        raise PackError(
+            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (for R2: an R2 API token's "
+            "key pair), or pass --profile / AWS_PROFILE"
+        )
+    region = target.region or ("auto" if is_r2(target.endpoint_url) else session.region_name or "us-east-1")
+    config = Config(
+        signature_version="s3v4",
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        retries={"mode": "standard", "max_attempts": _max_attempts()},
+        max_pool_connections=2 * TRANSFER_THREADS,
+        # Path style works on every endpoint (R2, MinIO, loopback IPs); AWS keeps virtual hosts.
+        s3={"addressing_style": "path" if target.endpoint_url else "auto"},
+    )
+    client = session.client("s3", endpoint_url=target.endpoint_url, region_name=region, config=config)
+    for operation in ("DeleteObjects", "PutBucketCors"):
+        client.meta.events.register(f"before-sign.s3.{operation}", _add_content_md5)
+    return client
+
+
+def _add_content_md5(request, **kwargs) -> None:
+    """Since boto3 1.36 these operations carry a CRC32 only; several S3-compatible servers still
+    demand Content-MD5 for them (MissingContentMD5). AWS accepts both, so send both."""
+    body = request.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if isinstance(body, bytes) and "Content-MD5" not in request.headers:
+        request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
+
+
+def _max_attempts() -> int:
+    # botocore reads AWS_MAX_ATTEMPTS only when the Config leaves it unset; keep that override.
+    value = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else _DEFAULT_ATTEMPTS
+
+
+def check_bucket(client, target: Target) -> None:
+    """Fail early, before any upload, when the bucket is missing or not ours to write."""
+    try:
+        client.head_bucket(Bucket=target.bucket)
+    except Exception as error:  # noqa: BLE001 - every failure becomes one message
+        raise PackError(describe_error(error, f"bucket {target.describe()}")) from None
+
+
+def describe_error(error: BaseException, what: str) -> str:
+    """One line naming what failed, what the server or network said, and what to do."""
+    if isinstance(error, botocore.exceptions.ClientError):
+        response = error.response
+        info = response.get("Error", {})
+        code = str(info.get("Code", "?"))
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        attempts = response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+        message = info.get("Message") or ""
+        said = f"server answered {status} {code}" + (f" ({message})" if message and message != code else "")
+        if attempts:
+            said += f" after {attempts + 1} attempts"
+        if code in ("404", "NoSuchBucket"):
+            return f"{what}: bucket not found ({said}); create it or fix --bucket / PACK_BUCKET"
+        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"):
+            return (
+                f"{what}: access denied ({said}); the credentials need list, read and write "
+                "(and delete for --prune) on this bucket"
+            )
+        if status == 501 or code == "NotImplemented":
+            return (
+                f"{what}: the server does not support this request ({said}); if this is Cloudflare R2 "
+                "the operation or header has no R2 equivalent"
+            )
+        return f"{what}: {said}"
+    if isinstance(error, botocore.exceptions.NoCredentialsError):
+        return f"{what}: no credentials; set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or --profile"
+    if isinstance(error, botocore.exceptions.EndpointConnectionError):
+        return f"{what}: cannot reach the endpoint ({error}); check --endpoint-url and the network"
+    if isinstance(error, (botocore.exceptions.ConnectionClosedError, botocore.exceptions.ConnectionError)):
+        return f"{what}: the connection failed ({error}); the server went away or reset the connection"
+    if isinstance(error, botocore.exceptions.BotoCoreError):
+        return f"{what}: {error}"
+    if isinstance(error, OSError):
+        return f"{what}: {type(error).__name__}: {error}"
+    return f"{what}: {type(error).__name__}: {error}"
