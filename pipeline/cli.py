@@ -16,10 +16,12 @@ app = typer.Typer(
 # --- commands (one import + one registration per command) ---
 from pipeline.commands.build import build, recipes  # noqa: E402
 from pipeline.commands.publish import publish  # noqa: E402
+from pipeline.commands.verify import verify  # noqa: E402
 
 app.command()(build)
 app.command()(recipes)
 app.command()(publish)
+app.command()(verify)
 # --- end commands ---
 
 

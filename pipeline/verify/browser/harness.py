@@ -103,6 +103,7 @@ def verify_in_browser(
             "launch_ms": round(1000 * (time.monotonic() - launch_start)),
             "bundleOverride": bundle,
             "runs": [],
+            "eps": {},  # run label -> the figures a summary prints (see run_summary)
         }
         with progress.task("Browser checks", total=len(runs)) as task:
             for planned in runs:
@@ -123,8 +124,29 @@ def verify_in_browser(
                         check["bundle"] = run_report["bundle"]
                 result.checks.extend(checks)
                 result.report["runs"].append(run_report)
+                result.report["eps"][run_label(run_report)] = run_summary(run_report)
                 task.advance()
     return result
+
+
+def run_label(run_report: dict) -> str:
+    """"webgpu/fp16"; the bundle is named only when it is not the one a chain with that EP loads
+    first ("wasm/fp32 [wasm bundle]" is the apple-mobile path, "wasm/fp32" the desktop fallback)."""
+    label = f"{run_report['ep']}/{run_report['variant']}"
+    default_bundle = "webgpu"
+    return label if run_report["bundle"] == default_bundle else f"{label} [{run_report['bundle']} bundle]"
+
+
+def run_summary(run_report: dict) -> dict:
+    """Flat per-run figures: times in ms, CPU-fallback nodes, slowest kernels, status."""
+    timings = run_report.get("timings_ms") or {}
+    summary = {key: timings[key] for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if timings.get(key) is not None}
+    summary["status"] = run_report.get("status")
+    summary["cpu_fallback_nodes"] = [f"{n['op']} ({n['node']})" for n in run_report.get("cpu_fallback") or []]
+    summary["slowest_kernels"] = [f"{k['node']} {k['op']} {k['mean_us']:.0f} us" for k in run_report.get("slowest_kernels") or []]
+    if run_report.get("error"):
+        summary["error"] = run_report["error"]
+    return summary
 
 
 def _adapter_facts(browser, base_url: str) -> dict:
@@ -214,8 +236,9 @@ def _verify_run(
             continue
         actual = decode_tensor(encoded)
         actual_shapes[name] = list(actual.shape)
-        kind = output.get("kind", "tensor")
-        threshold = webgpu_aware_threshold(thresholds[planned.variant][name], kind, variant["precision"], planned.ep)
+        given = dict(thresholds[planned.variant][name])
+        kind = given.pop("kind", None) or output.get("kind", "tensor")  # the build may pass the kind beside the bounds
+        threshold = webgpu_aware_threshold(given, kind, variant["precision"], planned.ep)
         metrics = compare(references[name], actual, kind)
         passed, reason = judge(metrics, threshold)
         check.update(metrics=_json_metrics(metrics), threshold=threshold)

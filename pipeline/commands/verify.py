@@ -1,0 +1,146 @@
+"""`pack verify DIST/NAME`: re-run the browser checks on a built package.
+
+The reference is recomputed on the host from the package itself (its fp32 variant on onnxruntime
+CPU, fed the package's sample), and each check keeps the threshold the build recorded in
+report.json (recipe overrides included); without a report the defaults apply. The package is not
+modified: the result goes to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import brotli
+import numpy as np
+import typer
+
+from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.errors import PackError
+from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
+from pipeline.verify.browser.package import load_manifest
+from pipeline.verify.host import reference_outputs
+from pipeline.verify.metrics import format_metrics
+from pipeline.verify.thresholds import threshold_for
+
+# The most faithful variant available is the reference when a package ships no fp32 one.
+REFERENCE_PRECISIONS = ("fp32", "fp16")
+MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip"}
+
+
+def verify(
+    package: Annotated[Path, typer.Argument(help="A package folder made by `pack build` (dist/<name>).")],
+    gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter (verifies fp16 on WebGPU where the GPU has shader-f16).")] = False,
+    bundle: Annotated[Optional[str], typer.Option("--bundle", help="Diagnostic: run every check on this bundle of the installed onnxruntime-web instead of the shipped one (webgpu, wasm, or root = the JSEP build pack never ships).")] = None,
+    watchdog_ms: Annotated[Optional[int], typer.Option("--watchdog-ms", min=1000, help="Per-stage time limit in the browser; default: the manifest's loader.watchdogMs.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print checks and browser facts as JSON; no progress output.")] = False,
+) -> None:
+    """Verify a built package in headless Chromium on WebGPU and WASM (exit 1 when a check fails)."""
+    with cli_errors():
+        progress = progress_for(json_output)
+        manifest = load_manifest(package)
+        feeds = sample_feeds(package, manifest)
+        reference_variant, reference_path = reference_model(package, manifest)
+        progress.note(f"reference: {reference_path.name} on onnxruntime CPU")
+        references = reference_outputs(reference_path, feeds)
+        thresholds = recorded_thresholds(package, manifest)
+        result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
+    document = {"name": manifest.get("name"), "passed": not result.failed, "reference": reference_variant,
+                "checks": result.checks, "browser": result.report}
+    if json_output:
+        print_json(document)
+    else:
+        for line in summary_lines(result):
+            typer.echo(line)
+    raise typer.Exit(1 if result.failed else 0)
+
+
+def sample_feeds(package: Path, manifest: dict) -> dict[str, np.ndarray]:
+    """The package's sample inputs, decoded from `sample.<h>.bin` (or its .br copy)."""
+    sample = manifest["sample"]
+    path = package / sample["file"]
+    if path.is_file():
+        raw = path.read_bytes()
+    elif path.with_name(path.name + ".br").is_file():
+        raw = brotli.decompress(path.with_name(path.name + ".br").read_bytes())
+    else:
+        raise PackError(f"{path}: sample file missing; rebuild the package")
+    feeds = {}
+    for name, tensor in sample["tensors"].items():
+        dtype = NUMPY_DTYPES.get(tensor["dtype"])
+        if dtype is None:
+            raise PackError(f"manifest.json sample.tensors.{name}: dtype {tensor['dtype']!r} unsupported; rebuild the package")
+        chunk = raw[tensor["offset"]: tensor["offset"] + tensor["length"]]
+        feeds[name] = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tensor["dims"]).copy()
+    return feeds
+
+
+def reference_model(package: Path, manifest: dict) -> tuple[str, Path]:
+    """(variant name, model path) of the highest-precision variant the package ships."""
+    for precision in REFERENCE_PRECISIONS:
+        for name, variant in manifest["variants"].items():
+            if variant.get("precision") == precision:
+                path = package / variant["model"]
+                if not path.is_file():
+                    raise PackError(f"{path}: model file of variant {name!r} missing; rebuild the package")
+                return name, path
+    raise PackError(f"{package / 'manifest.json'}: no fp32 or fp16 variant to compute a reference from; rebuild with an fp32 variant")
+
+
+def recorded_thresholds(package: Path, manifest: dict) -> dict[str, dict[str, dict]]:
+    """thresholds[variant][output]: the build's recorded browser (else host) thresholds, else defaults."""
+    recorded: dict[tuple[str, str], dict] = {}
+    try:
+        report = json.loads((package / "report.json").read_text())
+    except (OSError, ValueError):
+        report = {}
+    # browser checks on wasm and host checks carry the unwidened bounds (the harness widens fp16 on
+    # webgpu itself); webgpu checks come last
+    def preference(check: dict) -> int:
+        if check.get("stage") == "browser" and check.get("ep") == "wasm":
+            return 0
+        return 1 if check.get("stage") == "host" else 2
+
+    for check in sorted(report.get("checks", []), key=preference):
+        key = (check.get("variant"), check.get("output"))
+        if check.get("threshold") and key not in recorded:
+            recorded[key] = dict(check["threshold"])
+    table: dict[str, dict[str, dict]] = {}
+    for variant, spec in manifest["variants"].items():
+        table[variant] = {}
+        for output in manifest["outputs"]:
+            kind = output.get("kind", "tensor")
+            bounds = recorded.get((variant, output["name"])) or threshold_for(kind, spec.get("precision", "fp32"), "wasm")
+            table[variant][output["name"]] = {"kind": kind, **bounds}
+    return table
+
+
+def summary_lines(result: BrowserResult) -> list[str]:
+    """Per-check lines, per-run browser facts, and a verdict."""
+    report = result.report
+    adapter = report.get("adapter") or {}
+    adapter_text = (f"{adapter.get('vendor') or '?'} {adapter.get('architecture') or ''}".strip()
+                    + (" (fallback adapter)" if adapter.get("isFallbackAdapter") else "")
+                    + f"; features: {'shader-f16' if 'shader-f16' in (adapter.get('features') or []) else 'no shader-f16'}"
+                    if adapter.get("available") else f"no WebGPU adapter ({adapter.get('reason')})")
+    lines = [f"browser: Chromium {report.get('chromium')}{' --gpu' if report.get('gpu') else ''}; WebGPU adapter: {adapter_text}"]
+    lines.append("checks:")
+    for check in result.checks:
+        where = f"{check['ep']:<6} {check['variant']:<9} {check.get('output') or '':<8}"
+        figures = format_metrics(check.get("metrics") or {}, check.get("threshold") or {})
+        detail = check.get("detail") if check["status"] != "passed" else None
+        lines.append(f"  {MARKS.get(check['status'], check['status'])} {where} {'  '.join(p for p in (figures, detail) if p)}".rstrip())
+    lines.append("runs:")
+    for label, run in report.get("eps", {}).items():
+        times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms"
+                          for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if key in run)
+        lines.append(f"  {label}: {run.get('status')}; {times or 'no timings'}")
+        if run.get("cpu_fallback_nodes"):
+            lines.append(f"    CPU fallback: {', '.join(run['cpu_fallback_nodes'][:12])}")
+        if run.get("slowest_kernels"):
+            lines.append(f"    slowest kernels: {', '.join(run['slowest_kernels'][:5])}")
+    counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
+    verdict = "FAILED" if result.failed else "PASSED"
+    lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable")
+    return lines
