@@ -11,6 +11,7 @@ import hashlib
 import http.client
 import ipaddress
 import json
+import logging
 import os
 import random
 import socket
@@ -29,6 +30,8 @@ from botocore.config import Config
 os.environ.setdefault("MOTO_DISABLE_GLOBAL_CORS", "true")  # must precede the moto import
 
 from moto.server import ThreadedMotoServer  # noqa: E402
+
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log drowns test output
 
 ACCESS_KEY = "testing-key-id"
 SECRET_KEY = "testing-secret"
@@ -462,3 +465,53 @@ def assert_manifests_complete(client, bucket: str, prefix: str = "") -> list[str
             assert stored is not None, f"{manifest_key} names {path}, which is not in the bucket"
             assert hashlib.sha256(decoded_body(stored)).hexdigest() == entry["sha256"], f"{folder + path} differs"
     return manifests
+
+
+# --- pytest fixtures (import them into a test module to use them) ----------------------------
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    server = MotoS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory) -> tuple[Path, Path]:
+    return make_loopback_cert(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """Test credentials only; nothing from the machine's AWS configuration."""
+    isolate_aws_env(monkeypatch, tmp_path)
+    use_test_credentials(monkeypatch)
+
+
+@pytest.fixture(params=["http", "https"])
+def proxy(request, s3_server, tls_files, aws_env, monkeypatch):
+    """A fault proxy in front of moto, plain or TLS-terminating (boto3 uploads differently over https)."""
+    tls = tls_files if request.param == "https" else None
+    if tls is not None:
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(tls_files[0]))
+    front = FaultProxy(s3_server.port, tls=tls)
+    yield front
+    front.stop()
+
+
+def run_cli(*args: str):
+    """`pack publish ARGS` through typer's CliRunner; stdout and stderr kept apart."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    return CliRunner().invoke(app, ["publish", *args])
+
+
+def run_json(*args: str) -> dict:
+    result = run_cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)

@@ -164,8 +164,8 @@ def _check_references(manifest_path: Path, manifest: dict[str, Any]) -> None:
 
 
 def _safe_path(root: Path, path: str) -> Path:
-    parts = PurePosixPath(path).parts
-    if not path or path.startswith("/") or "\\" in path or ".." in parts or "." in parts:
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in parts):
         raise PackError(f"{root / 'manifest.json'}: file path {path!r} is not a plain relative path")
     return root.joinpath(*parts)
 

@@ -1,0 +1,242 @@
+"""`pack publish` against a real S3 server (moto) on loopback, over http and over https."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import boto3
+from botocore.config import Config
+from publish_helpers import (  # noqa: F401 - fixtures
+    ACCESS_KEY,
+    SECRET_KEY,
+    assert_manifests_complete,
+    aws_env,
+    bucket_snapshot,
+    decoded_body,
+    is_upload,
+    new_bucket,
+    proxy,
+    run_cli,
+    run_json,
+    s3_server,
+    tls_files,
+    write_package,
+)
+
+from pipeline.publish.plan import IMMUTABLE_CACHE, SHORT_CACHE
+
+MIB = 1024 * 1024
+
+
+def _put_path(request) -> str:
+    return request.path.partition("?")[0]
+
+
+def test_first_publish_stores_every_object_with_its_headers(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist")
+    summary = run_json(str(package.root), "--bucket", bucket, "--prefix", "/models/", "--endpoint-url", proxy.url)
+
+    snapshot = bucket_snapshot(s3_server.client(), bucket)
+    expected = {f"models/demo/{path}" for path in package.manifest["files"]} | {
+        f"models/demo/{name}" for name in ("manifest.json", "loader.js", "loader.d.ts", "index.html")
+    }
+    assert set(snapshot) == expected  # no .br keys, no report.json
+    for path, entry in package.manifest["files"].items():
+        stored = snapshot[f"models/demo/{path}"]
+        assert decoded_body(stored) == package.hashed[path]
+        assert stored["cache_control"] == IMMUTABLE_CACHE
+        assert stored["metadata"]["sha256"] == entry["sha256"]
+        # The stored encoding is exactly "br": never "br,aws-chunked" (what R2 rejects).
+        assert stored["content_encoding"] == ("br" if entry["encodings"] else None)
+        if entry["encodings"]:
+            assert stored["body"] == (package.root / entry["encodings"]["br"]["path"]).read_bytes()
+    wasm_key = next(key for key in snapshot if key.endswith(".wasm"))
+    assert snapshot[wasm_key]["content_type"] == "application/wasm"
+    for name in ("manifest.json", "loader.js", "index.html"):
+        stored = snapshot[f"models/demo/{name}"]
+        assert stored["cache_control"] == SHORT_CACHE
+        assert stored["body"] == (package.root / name).read_bytes()
+        assert stored["metadata"]["sha256"] == hashlib.sha256(stored["body"]).hexdigest()
+
+    assert summary["uploaded"] == len(expected) and summary["skipped"] == 0
+    assert summary["bytes"] == sum(len(stored["body"]) for stored in snapshot.values())
+    assert {obj["key"] for obj in summary["objects"]} == expected
+    assert summary["loader_url"] == f"{proxy.url}/{bucket}/models/demo/loader.js"
+    assert assert_manifests_complete(s3_server.client(), bucket) == ["models/demo/manifest.json"]
+
+
+def test_uploads_go_hashed_files_then_manifest_then_loader_then_page(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist", incompressible_bytes=11 * MIB)
+    run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--part-size", "5")
+
+    writes = [request for request in proxy.requests if request.method in ("PUT", "POST")]
+    order = [_put_path(request).rsplit("/", 1)[-1] for request in writes]
+    manifest_at = order.index("manifest.json")
+    hashed_names = {path.rsplit("/", 1)[-1] for path in package.manifest["files"]}
+    assert set(order[:manifest_at]) == hashed_names  # every part and completion before the manifest
+    assert order[manifest_at + 1 :] in (
+        ["loader.d.ts", "loader.js", "index.html"],
+        ["loader.js", "loader.d.ts", "index.html"],
+    )
+
+
+def test_large_file_goes_multipart_in_equal_parts(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist", incompressible_bytes=12 * MIB)
+    run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--part-size", "5")
+
+    big = package.manifest["variants"]["fp32"]["model"]
+    parts = [r for r in proxy.uploads() if _put_path(r).endswith(big) and "uploadId=" in r.query]
+    assert sorted(r.body_size for r in parts) == [2 * MIB, 5 * MIB, 5 * MIB]
+    head = s3_server.client().head_object(Bucket=bucket, Key=f"demo/{big}")
+    assert head["ETag"].strip('"').endswith("-3")  # a multipart ETag, not an MD5: why sha256 is in metadata
+    assert head["Metadata"]["sha256"] == package.manifest["files"][big]["sha256"]
+    assert head["CacheControl"] == IMMUTABLE_CACHE
+
+
+def test_https_uploads_carry_no_aws_chunked_or_trailing_checksums(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist", incompressible_bytes=6 * MIB)
+    run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--part-size", "5")
+    uploads = proxy.uploads()
+    assert len(uploads) >= 8
+    for request in uploads:
+        assert "aws-chunked" not in request.headers.get("content-encoding", "")
+        assert "x-amz-trailer" not in request.headers
+        assert request.headers.get("x-amz-content-sha256") != "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+
+
+def test_the_https_proxy_sees_the_upload_form_r2_rejects_from_a_default_client(s3_server, tls_files, tmp_path):
+    """Control for the test above: a default boto3 client over https does send aws-chunked, so the
+    https proxy is a faithful stand-in for what R2 receives."""
+    from publish_helpers import FaultProxy
+
+    front = FaultProxy(s3_server.port, tls=tls_files)
+    try:
+        bucket = new_bucket(s3_server)
+        default = boto3.client(
+            "s3",
+            endpoint_url=front.url,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            verify=str(tls_files[0]),
+            config=Config(s3={"addressing_style": "path"}),
+        )
+        default.put_object(Bucket=bucket, Key="x.onnx", Body=b"abc" * 1000, ContentEncoding="br")
+        (upload,) = front.uploads()
+        assert "aws-chunked" in upload.headers.get("content-encoding", "") or "x-amz-trailer" in upload.headers
+    finally:
+        front.stop()
+
+
+def test_republishing_an_unchanged_package_uploads_nothing(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist", incompressible_bytes=6 * MIB)
+    args = (str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--part-size", "5")
+    first = run_json(*args)
+    before = len(proxy.uploads())
+    again = run_json(*args)
+    assert again["uploaded"] == 0 and again["bytes"] == 0
+    assert again["skipped"] == first["uploaded"]
+    assert len(proxy.uploads()) == before
+    assert all(obj["action"] == "skipped" for obj in again["objects"])
+
+
+def test_new_version_uploads_only_what_changed(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    v1 = write_package(tmp_path / "v1")
+    v2 = write_package(tmp_path / "v2", version="v2")
+    run_json(str(v1.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+    summary = run_json(str(v2.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+
+    uploaded = {obj["key"].removeprefix("demo/") for obj in summary["objects"] if obj["action"] == "uploaded"}
+    changed = {p for p in v2.manifest["files"] if p not in v1.manifest["files"]}
+    assert changed == {v2.manifest["variants"]["fp16"]["model"], v2.manifest["variants"]["fp32"]["model"]}
+    # loader.d.ts is the same in both versions: skipped like the runtime files and the sample
+    assert uploaded == changed | {"manifest.json", "loader.js", "index.html"}
+    manifest = json.loads(s3_server.client().get_object(Bucket=bucket, Key="demo/manifest.json")["Body"].read())
+    assert manifest == v2.manifest
+    assert_manifests_complete(s3_server.client(), bucket)
+
+
+def test_an_object_with_stale_headers_is_uploaded_again(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist")
+    run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+    wasm = package.manifest["runtime"]["bundles"]["wasm"]["wasm"]
+    admin = s3_server.client()
+    admin.copy_object(  # same bytes and sha256, wrong type (as an older tool might have stored it)
+        Bucket=bucket, Key=f"demo/{wasm}", CopySource={"Bucket": bucket, "Key": f"demo/{wasm}"},
+        MetadataDirective="REPLACE", ContentType="application/octet-stream", ContentEncoding="br",
+        CacheControl=IMMUTABLE_CACHE, Metadata=admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["Metadata"],
+    )
+    summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+    assert [obj["key"] for obj in summary["objects"] if obj["action"] == "uploaded"] == [f"demo/{wasm}"]
+    assert admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["ContentType"] == "application/wasm"
+
+
+def test_dry_run_lists_the_plan_and_changes_nothing(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist")
+    summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--dry-run", "--prune")
+    assert summary["dry_run"] is True
+    assert summary["uploaded"] == len(package.manifest["files"]) + 4
+    assert {obj["action"] for obj in summary["objects"]} == {"would-upload"}
+    assert [r for r in proxy.requests if r.method in ("PUT", "POST", "DELETE")] == []
+    assert bucket_snapshot(s3_server.client(), bucket) == {}
+
+
+def test_prune_removes_only_what_no_manifest_references(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    admin = s3_server.client()
+    v1 = write_package(tmp_path / "v1")
+    other = write_package(tmp_path / "v1", name="other")
+    run_json(str(tmp_path / "v1"), "--bucket", bucket, "--prefix", "m", "--endpoint-url", proxy.url)
+    admin.put_object(Bucket=bucket, Key="m/demo/report.json", Body=b"{}")  # stale, unreferenced
+    admin.put_object(Bucket=bucket, Key="m/half/model.0123456789abcdef.onnx", Body=b"x")  # no manifest
+    admin.put_object(Bucket=bucket, Key="site/index.html", Body=b"<html>")  # outside the prefix
+    admin.put_object(Bucket=bucket, Key="m/readme.txt", Body=b"top level")  # not in a package folder
+
+    v2 = write_package(tmp_path / "v2", version="v2")
+    dry = run_json(str(v2.root), "--bucket", bucket, "--prefix", "m", "--endpoint-url", proxy.url, "--prune", "--dry-run")
+    old_models = {f"m/demo/{v1.manifest['variants'][v]['model']}" for v in ("fp16", "fp32")}
+    expected_deleted = old_models | {"m/demo/report.json"}
+    assert {o["key"] for o in dry["objects"] if o["action"] == "would-delete"} == expected_deleted
+    assert expected_deleted <= set(bucket_snapshot(admin, bucket))
+
+    summary = run_json(str(v2.root), "--bucket", bucket, "--prefix", "m", "--endpoint-url", proxy.url, "--prune")
+    assert {o["key"] for o in summary["objects"] if o["action"] == "deleted"} == expected_deleted
+    assert summary["deleted"] == len(expected_deleted)
+    remaining = set(bucket_snapshot(admin, bucket))
+    assert not remaining & expected_deleted
+    assert {"m/half/model.0123456789abcdef.onnx", "site/index.html", "m/readme.txt"} <= remaining
+    assert {f"m/other/{p}" for p in other.manifest["files"]} <= remaining
+    assert sorted(assert_manifests_complete(admin, bucket)) == ["m/demo/manifest.json", "m/other/manifest.json"]
+    deletes = [r for r in proxy.requests if r.method == "POST" and "delete" in r.query]
+    assert deletes and all("content-md5" in r.headers for r in deletes)  # servers that demand it
+
+
+def test_cors_rule_is_set_and_other_rules_are_kept(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    admin = s3_server.client()
+    theirs = {"ID": "theirs", "AllowedMethods": ["PUT"], "AllowedOrigins": ["https://upload.example"]}
+    admin.put_bucket_cors(Bucket=bucket, CORSConfiguration={"CORSRules": [theirs]})
+    package = write_package(tmp_path / "dist")
+    args = ["--bucket", bucket, "--endpoint-url", proxy.url, "--cors", "https://app.example", "--cors", "http://localhost:5173"]
+    summary = run_json(str(package.root), *args)
+    rules = admin.get_bucket_cors(Bucket=bucket)["CORSRules"]
+    assert summary["cors"] == rules
+    ours = next(rule for rule in rules if rule.get("ID") == "pack-publish")
+    assert ours["AllowedOrigins"] == ["https://app.example", "http://localhost:5173"]
+    assert sorted(ours["AllowedMethods"]) == ["GET", "HEAD"]
+    assert {"Content-Length", "Content-Encoding"} <= set(ours["ExposeHeaders"])
+    assert any(rule.get("ID") == "theirs" for rule in rules)
+    # Setting it again replaces our rule instead of adding a second one
+    run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--cors", "https://new.example")
+    rules = admin.get_bucket_cors(Bucket=bucket)["CORSRules"]
+    assert [r["AllowedOrigins"] for r in rules if r.get("ID") == "pack-publish"] == [["https://new.example"]]
+    assert len(rules) == 2
