@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.loader.render import render_loader
 from pipeline.runtime import resolve_runtime
 from pipeline.verify.host import reference_outputs
 from pipeline.verify.thresholds import threshold_for
@@ -55,7 +56,7 @@ def negative_step_slice_model() -> onnx.ModelProto:
 
 def matmul_models(inner: int = 64, outer: int = 8, seed: int = 0) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """(fp32, fp16) of y = tanh(x @ W) with fp32 I/O; the fp16 model computes in fp16 behind Casts."""
-    weights = np.random.default_rng(seed).standard_normal((inner, outer)).astype(np.float32) / np.sqrt(inner)
+    weights = (np.random.default_rng(seed).standard_normal((inner, outer)) / np.sqrt(inner)).astype(np.float32)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, inner])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, outer])
     fp32 = _model(
@@ -130,7 +131,7 @@ def write_package(
     variant_for: dict[str, list[str]] | None = None,
     kinds: dict[str, str] | None = None,
 ) -> Path:
-    """A package folder in the ARCHITECTURE.md layout. Runtime files are copied from the npm cache
+    """A package folder in the ARCHITECTURE.md layout, with the loader rendered. Runtime files are copied from the npm cache
     (their 14-27 MB wasm is left unencoded to keep tests fast; small files get brotli copies)."""
     root.mkdir(parents=True, exist_ok=True)
     chains = chains or DESKTOP_ONLY
@@ -175,6 +176,7 @@ def write_package(
         "loader": {"watchdogMs": 60000, "prewarm": False},
         "verification": {"browser": False, "passed": False},
     }
+    render_loader(root, manifest)  # the package's own loader.js: the harness verifies through it
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root
 

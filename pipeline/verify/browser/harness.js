@@ -67,33 +67,6 @@ function withWatchdog(promise, ms, what) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
-// Temporary: drives onnxruntime-web directly, for packages built before loader.js existed.
-// Used only when Python asks for driver 'direct'; the default is the package's own loader.
-async function loadDirect(options, manifest) {
-  const ort = await import(options.runtime.module);
-  ort.env.wasm.wasmPaths = {wasm: options.runtime.wasm};
-  ort.env.wasm.numThreads = Math.min(4, navigator.hardwareConcurrency || 1);
-  const variant = manifest.variants[options.variant];
-  const epOptions = manifest.epOptions?.[options.executionProviders[0]] ?? {};
-  const session = await ort.InferenceSession.create(new URL(variant.model, packageRoot).href, {
-    ...options.sessionOptions,
-    executionProviders: options.executionProviders.map((name) => ({name, ...(name === options.executionProviders[0] ? epOptions : {})})),
-  });
-  return {
-    info: {ep: options.executionProviders[0], variant: options.variant, bundle: options.runtime.module, fallbacks: []},
-    session, ort,
-    async run(feeds) {
-      const tensors = {};
-      for (const [name, feed] of Object.entries(feeds)) tensors[name] = new ort.Tensor(feed.type, feed.data, feed.dims);
-      const results = await session.run(tensors);
-      const outputs = {};
-      for (const [name, tensor] of Object.entries(results)) outputs[name] = {data: tensor.data, dims: tensor.dims, type: tensor.type};
-      return outputs;
-    },
-    release() { return session.release(); },
-  };
-}
-
 async function loadThroughLoader(options) {
   const {load} = await import(new URL('loader.js', packageRoot).href);
   return load(options);
@@ -108,12 +81,13 @@ async function run(options) {
   try {
     const manifest = await (await fetchOk('manifest.json')).json();
     stage = 'sample';
+    // read here rather than through the loader's sampleFeeds so a loader fault cannot alter the inputs
     const feeds = await sampleFeeds(manifest);
     stage = 'session-create';
     const loadOptions = {
       executionProviders: [options.ep],
       variant: options.variant,
-      runtime: options.runtime,
+      runtime: options.runtime, // a shipped bundle key, or {module, wasm} URLs (diagnostic --bundle)
       sessionOptions: {logSeverityLevel: 0, logVerbosityLevel: 0, enableProfiling: true},
       watchdogMs: options.watchdogMs,
       prewarm: false,
@@ -121,8 +95,8 @@ async function run(options) {
       onEvent: (event) => events.push(JSON.parse(JSON.stringify(event ?? null))),
     };
     let start = now();
-    const loading = options.driver === 'direct' ? loadDirect(loadOptions, manifest) : loadThroughLoader(loadOptions);
-    model = await withWatchdog(loading, options.watchdogMs, 'session creation');
+    // the loader allows 3 watchdogs for creation (download + compile + session); so do we
+    model = await withWatchdog(loadThroughLoader(loadOptions), 3 * options.watchdogMs, 'session creation');
     timings.session_create_ms = now() - start;
     stage = 'first-run';
     start = now();

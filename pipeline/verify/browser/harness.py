@@ -61,7 +61,6 @@ def verify_in_browser(
     gpu: bool = False,
     progress: Progress | None = None,
     bundle: str | None = None,
-    driver: str = "loader",
     watchdog_ms: int | None = None,
     browser=None,
 ) -> BrowserResult:
@@ -71,7 +70,6 @@ def verify_in_browser(
     to at least the WebGPU fp16 default (its kernels accumulate in fp16).
     `bundle` (diagnostic) replaces the shipped bundle of every run with one of the installed
     runtime ("root" = the JSEP build the package never ships), to show what it would do.
-    `driver` "direct" talks to onnxruntime-web without loader.js (packages without a loader only).
     `browser` reuses an open Playwright browser (tests); otherwise one is launched and closed.
     """
     progress = progress or Progress.quiet()
@@ -113,10 +111,9 @@ def verify_in_browser(
                         "wasm": server.url + RUNTIME_PREFIX[1:] + diagnostic_runtime.wasm.name,
                     }
                 else:
-                    shipped = manifest["runtime"]["bundles"][planned.bundle]
-                    runtime_urls = {"module": server.url + shipped["module"], "wasm": server.url + shipped["wasm"]}
+                    runtime_urls = planned.bundle  # the loader takes a shipped bundle by its key
                 checks, run_report = _verify_run(
-                    browser, server.url, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog, driver
+                    browser, server.url, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog
                 )
                 if bundle is not None:
                     run_report["bundle"] = f"{bundle} (override of {planned.bundle})"
@@ -159,8 +156,8 @@ def _adapter_facts(browser, base_url: str) -> dict:
 
 
 def _verify_run(
-    browser, base_url: str, manifest: dict, planned: BrowserRun, runtime_urls: dict, adapter: dict,
-    references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int, driver: str,
+    browser, base_url: str, manifest: dict, planned: BrowserRun, runtime: str | dict, adapter: dict,
+    references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int,
 ) -> tuple[list[dict], dict]:
     variant = manifest["variants"][planned.variant]
     missing = _missing_features(planned.ep, variant, adapter)
@@ -182,8 +179,8 @@ def _verify_run(
         if planned.ep == "webgpu":
             probe_adapter(page)  # a fresh page may need its own retry before onnxruntime asks
         outcome = _run_in_page(page, {
-            "ep": planned.ep, "variant": planned.variant, "runtime": runtime_urls, "watchdogMs": watchdog_ms,
-            "steadyRuns": STEADY_RUNS, "steadyBudgetMs": STEADY_BUDGET_MS, "driver": driver,
+            "ep": planned.ep, "variant": planned.variant, "runtime": runtime, "watchdogMs": watchdog_ms,
+            "steadyRuns": STEADY_RUNS, "steadyBudgetMs": STEADY_BUDGET_MS,
         }, watchdog_ms)
         gpu_error_list = gpu_errors(page) if not outcome.get("hung") else []
     finally:
@@ -266,7 +263,7 @@ def _run_in_page(page, options: dict, watchdog_ms: int) -> dict:
     main thread that never yields, which no in-page timer can.
     """
     page.evaluate("options => window.packHarness.start(options)", options)
-    limit_ms = watchdog_ms * (3 + options["steadyRuns"]) + 10_000
+    limit_ms = watchdog_ms * (4 + options["steadyRuns"]) + 10_000
     try:
         page.wait_for_function("() => window.__packResult !== null", timeout=limit_ms, polling=200)
     except Exception as error:  # noqa: BLE001 - Playwright TimeoutError or a crashed page
