@@ -1,0 +1,411 @@
+"""loader.js in headless Chromium (SwiftShader WebGPU: no shader-f16), served like production.
+
+One browser per module; every test gets a fresh context (empty Cache Storage) unless it is about
+the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loader_helpers import (
+    LOAD_AND_RUN,
+    TEST_PREFIX,
+    blank_pages_dir,
+    decode_output,
+    image_sample,
+    make_package,
+    read_manifest,
+    reference,
+)
+from pipeline.runtime import resolve_runtime
+from pipeline.verify.browser.chromium import launch_browser, new_watched_page, probe_adapter
+from pipeline.verify.browser.server import running_server
+
+pytestmark = pytest.mark.browser
+
+RUNTIME_PREFIX = "/__loader_runtime__/"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with launch_browser() as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> Path:
+    return blank_pages_dir(tmp_path_factory.mktemp("pages"))
+
+
+@pytest.fixture(scope="module")
+def image_package(tmp_path_factory) -> Path:
+    return make_package(tmp_path_factory.mktemp("pkg") / "image", "image")
+
+
+@pytest.fixture(scope="module")
+def audio_package(tmp_path_factory) -> Path:
+    return make_package(tmp_path_factory.mktemp("pkg") / "audio", "audio")
+
+
+@pytest.fixture(scope="module")
+def server(image_package, pages):
+    runtime_dist = resolve_runtime(read_manifest(image_package)["runtime"]["version"]).bundles["root"].module.parent
+    with running_server(image_package, {TEST_PREFIX: pages, RUNTIME_PREFIX: runtime_dist}) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def adapter_features(browser, server) -> list[str]:
+    page, _ = new_watched_page(browser)
+    try:
+        page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+        facts = probe_adapter(page)
+    finally:
+        page.context.close()
+    assert facts["available"], f"no WebGPU adapter in this Chromium: {facts}"
+    return facts["features"]
+
+
+def blank_page(browser, server, **context_options):
+    context = browser.new_context(**context_options)
+    page = context.new_page()
+    page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+    return page
+
+
+def load_and_run(page, base: str, options: dict | None = None, run: bool = True) -> dict:
+    return page.evaluate(LOAD_AND_RUN, {"base": base, "options": options or {}, "run": run})
+
+
+def served_since(server, mark: int) -> list[str]:
+    return [request.path for request in server.requests[mark:] if request.status == 200]
+
+
+def test_demo_page_runs_image_model_and_draws_input_and_output(browser, server, adapter_features):
+    page = blank_page(browser, server)
+    try:
+        page.goto(server.url + "index.html")
+        page.wait_for_function("window.packDemo", timeout=60_000)
+        demo = page.evaluate("window.packDemo")
+        assert demo["ok"], demo["error"]
+        assert demo["ep"] == "webgpu"
+        # SwiftShader has no shader-f16, so the webgpu EP must get fp32.
+        assert "shader-f16" not in adapter_features
+        assert demo["variant"] == "fp32"
+        assert demo["ms"] > 0 and demo["error"] is None
+        kinds = page.evaluate("[...document.querySelectorAll('figure')].map(f => [f.dataset.name, f.dataset.kind])")
+        assert kinds == [["x", "image"], ["y", "image"]]
+        # The canvases show the sample and the model's output (scaled from [0, 1] to bytes).
+        drawn = page.evaluate(
+            """[...document.querySelectorAll('figure canvas')].map(c =>
+                 Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data))"""
+        )
+        sample = image_sample()[0]
+        expected_out = reference("image", image_sample())[0]
+        for pixels, expected in zip(drawn, [sample, expected_out]):
+            rgb = np.array(pixels, dtype=np.float64).reshape(64, 64, 4)[..., :3].transpose(2, 0, 1)
+            assert np.abs(rgb - expected * 255).max() <= 1.0
+    finally:
+        page.context.close()
+
+
+def test_demo_page_draws_waveforms_for_an_audio_model(browser, audio_package, pages):
+    with running_server(audio_package, {TEST_PREFIX: pages}) as audio_server:
+        page = blank_page(browser, audio_server)
+        try:
+            page.goto(audio_server.url + "index.html")
+            page.wait_for_function("window.packDemo", timeout=60_000)
+            demo = page.evaluate("window.packDemo")
+            assert demo["ok"], demo["error"]
+            kinds = page.evaluate("[...document.querySelectorAll('figure')].map(f => f.dataset.kind)")
+            assert kinds == ["audio", "audio"]
+            # A waveform: the middle row of the output canvas is painted where the signal crosses it.
+            painted = page.evaluate(
+                """(() => { const c = document.querySelectorAll('figure canvas')[1];
+                   const row = c.getContext('2d').getImageData(0, c.height / 2, c.width, 1).data;
+                   let n = 0; for (let i = 3; i < row.length; i += 4) n += row[i] > 0; return n / c.width; })()"""
+            )
+            assert painted > 0.9
+        finally:
+            page.context.close()
+
+
+def test_fp16_failing_on_webgpu_falls_back_to_wasm_and_says_why(browser, server):
+    page = blank_page(browser, server)
+    try:
+        result = load_and_run(page, server.url, {"variant": {"webgpu": "fp16"}})
+        assert result["ok"], result
+        info = result["infoAfterRun"]
+        assert (info["ep"], info["variant"], info["bundle"]) == ("wasm", "fp32", "webgpu")
+        [failure] = info["fallbacks"]
+        assert (failure["ep"], failure["variant"]) == ("webgpu", "fp16")
+        assert "requires f16" in failure["error"]
+        assert failure["inputShapes"] == {"x": [1, 3, 64, 64]}
+        assert failure["outputShapes"] == {"y": [1, 3, 64, 64]}
+        # Logged once, with provider, error and shapes.
+        [warning] = [w for w in result["warnings"] if w.startswith("[pack]")]
+        assert "webgpu/fp16" in warning and "requires f16" in warning and "[1,3,64,64]" in warning
+        assert [e["type"] for e in result["events"]].count("fallback") == 1
+        output = decode_output(result["outputs"]["y"])
+        np.testing.assert_allclose(output, reference("image", image_sample()), atol=1e-5)
+    finally:
+        page.context.close()
+
+
+def test_variant_choice_follows_shader_f16_and_the_recipe(browser, server):
+    page = blank_page(browser, server)
+    try:
+        picks = page.evaluate(
+            """async (base) => {
+                 const { pickVariant } = await import(base + 'loader.js');
+                 const manifest = await (await fetch(base + 'manifest.json')).json();
+                 const f16 = new Set(['shader-f16', 'timestamp-query']);
+                 const none = new Set(['timestamp-query']);
+                 return [pickVariant(manifest, 'webgpu', f16), pickVariant(manifest, 'webgpu', none),
+                         pickVariant(manifest, 'wasm', f16), pickVariant(manifest, 'wasm', none),
+                         pickVariant(manifest, 'webgpu', none, 'fp16'),
+                         pickVariant({ ...manifest, variantFor: { webgpu: ['fp16'] } }, 'webgpu', none)];
+               }""",
+            server.url,
+        )
+        assert picks == ["fp16", "fp32", "fp32", "fp32", "fp16", "fp32"]
+    finally:
+        page.context.close()
+
+
+def test_tampered_file_is_rejected_with_a_clear_error(browser, image_package, pages, tmp_path):
+    tampered = shutil.copytree(image_package, tmp_path / "tampered")
+    manifest = read_manifest(tampered)
+    model = manifest["variants"]["fp32"]["model"]
+    data = bytearray((tampered / model).read_bytes())
+    data[-1] ^= 0x01  # same size, different bytes
+    (tampered / model).write_bytes(bytes(data))
+    (tampered / f"{model}.br").unlink(missing_ok=True)
+    with running_server(tampered, {TEST_PREFIX: pages}) as tampered_server:
+        page = blank_page(browser, tampered_server)
+        try:
+            result = load_and_run(page, tampered_server.url, {"executionProviders": ["wasm"]}, run=False)
+        finally:
+            page.context.close()
+    assert not result["ok"]
+    assert result["name"] == "PackIntegrityError"
+    assert model in result["message"] and "sha256 mismatch" in result["message"]
+    assert "re-publish" in result["message"]
+
+
+def test_second_load_comes_from_cache_storage_without_network_bytes(browser, server):
+    page = blank_page(browser, server)
+    try:
+        first = load_and_run(page, server.url, {"executionProviders": ["wasm"]})
+        assert first["ok"], first
+        manifest = read_manifest(Path(server.root))
+        bundle = manifest["runtime"]["bundles"][first["info"]["bundle"]]
+        cached = {bundle["module"], bundle["wasm"], manifest["variants"]["fp32"]["model"]}
+        assert cached <= set(e["file"] for e in first["events"] if e["type"] == "download")
+
+        page.reload()
+        mark = len(server.requests)
+        network = []
+        page.on("requestfinished", lambda request: network.append(request.url))
+        started = time.monotonic()
+        second = load_and_run(page, server.url, {"executionProviders": ["wasm"]})
+        second_s = time.monotonic() - started
+        assert second["ok"], second
+        served = served_since(server, mark)
+        assert not [path for path in served if path.lstrip("/") in cached], served
+        assert not [url for url in network if any(url.endswith(path) for path in cached)], network
+        assert {e["file"] for e in second["events"] if e["type"] == "cache-hit"} >= cached
+        # The cache answers with the same, re-checked bytes: same output.
+        assert second["outputs"]["y"]["bytes"] == first["outputs"]["y"]["bytes"]
+        assert second_s < 30
+    finally:
+        page.context.close()
+
+
+USER_AGENTS = {
+    "chrome-windows": ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36", "Win32", 0, "desktop"),
+    "edge-windows": ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36 Edg/131.0.0.0", "Win32", 10, "desktop"),
+    "firefox-linux": ("Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0", "Linux x86_64", 0, "desktop"),
+    "chrome-mac": ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36", "MacIntel", 0, "desktop"),
+    "safari-mac": ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.1 Safari/605.1.15", "MacIntel", 0, "desktop"),
+    "safari-iphone": ("Mozilla/5.0 (iPhone; CPU iPhone OS 18_1 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.1 Mobile/15E148 Safari/604.1", "iPhone", 5, "apple-mobile"),
+    "chrome-iphone": ("Mozilla/5.0 (iPhone; CPU iPhone OS 18_1 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) CriOS/131.0.6778.73 Mobile/15E148 Safari/604.1", "iPhone", 5, "apple-mobile"),
+    "safari-ipad": ("Mozilla/5.0 (iPad; CPU OS 17_7 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.7 Mobile/15E148 Safari/604.1", "iPad", 5, "apple-mobile"),
+    "ipados-desktop-mode": ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.1 Safari/605.1.15", "MacIntel", 5, "apple-mobile"),
+    "chrome-android": ("Mozilla/5.0 (Linux; Android 10; K) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Mobile Safari/537.36", "Linux armv81", 5, "android"),
+    "firefox-android": ("Mozilla/5.0 (Android 14; Mobile; rv:133.0) Gecko/133.0 Firefox/133.0", "Linux aarch64", 5, "android"),
+}
+
+
+def test_platform_detection_and_chains_for_real_user_agents(browser, server):
+    page = blank_page(browser, server)
+    try:
+        got = page.evaluate(
+            """async ({ base, agents }) => {
+                 const { detectPlatform, chainFor } = await import(base + 'loader.js');
+                 const manifest = await (await fetch(base + 'manifest.json')).json();
+                 const bare = { ...manifest, executionProviders: { desktop: ['wasm'] } };
+                 const out = {};
+                 for (const [name, [userAgent, platform, maxTouchPoints]] of Object.entries(agents)) {
+                   const detected = detectPlatform({ userAgent, platform, maxTouchPoints });
+                   out[name] = [detected, chainFor(manifest, detected), chainFor(bare, detected)];
+                 }
+                 return out;
+               }""",
+            {"base": server.url, "agents": {name: list(agent[:3]) for name, agent in USER_AGENTS.items()}},
+        )
+    finally:
+        page.context.close()
+    manifest_chains = read_manifest(Path(server.root))["executionProviders"]
+    for name, (_, _, _, expected) in USER_AGENTS.items():
+        detected, chain, bare_chain = got[name]
+        assert detected == expected, name
+        assert chain == manifest_chains[expected], name
+        # A manifest without the platform's chain: the built-in defaults (Apple mobile: wasm only).
+        expected_bare = {"desktop": ["wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}[expected]
+        assert bare_chain == expected_bare, name
+
+
+def test_ipados_desktop_mode_page_loads_the_wasm_bundle_without_threads(browser, server):
+    user_agent, platform, touch_points, _ = USER_AGENTS["ipados-desktop-mode"]
+    context = browser.new_context(user_agent=user_agent)
+    # What iPadOS Safari reports in desktop mode; Chromium cannot emulate platform/maxTouchPoints.
+    context.add_init_script(
+        f"""Object.defineProperty(Navigator.prototype, 'platform', {{ get: () => {json.dumps(platform)} }});
+            Object.defineProperty(Navigator.prototype, 'maxTouchPoints', {{ get: () => {touch_points} }});"""
+    )
+    page = context.new_page()
+    try:
+        page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+        mark = len(server.requests)
+        result = load_and_run(page, server.url, {"cache": False})
+        assert result["ok"], result
+        info = result["infoAfterRun"]
+        assert (info["platform"], info["chain"], info["bundle"], info["ep"]) == ("apple-mobile", ["wasm"], "wasm", "wasm")
+        assert result["crossOriginIsolated"] and info["threads"] == 1
+        bundles = read_manifest(Path(server.root))["runtime"]["bundles"]
+        served = served_since(server, mark)
+        assert "/" + bundles["wasm"]["module"] in served and "/" + bundles["webgpu"]["wasm"] not in served
+        np.testing.assert_allclose(decode_output(result["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
+    finally:
+        context.close()
+
+
+def test_hung_run_hits_the_watchdog_and_falls_back(browser, server):
+    page = blank_page(browser, server)
+    try:
+        loaded = load_and_run(page, server.url, {"watchdogMs": 1500, "cache": False}, run=False)
+        assert loaded["ok"] and loaded["info"]["ep"] == "webgpu", loaded
+        result = page.evaluate(
+            """async () => {
+                 const model = window.__packModel;
+                 model.session.run = () => new Promise(() => {});  // a run that never ends
+                 const started = performance.now();
+                 const outputs = await model.run(await model.sampleFeeds());
+                 return { ms: performance.now() - started, info: model.info, dims: Array.from(outputs.y.dims) };
+               }"""
+        )
+    finally:
+        page.context.close()
+    assert result["info"]["ep"] == "wasm" and result["dims"] == [1, 3, 64, 64]
+    [failure] = result["info"]["fallbacks"]
+    assert failure["phase"] == "run" and "watchdog" in failure["error"] and "1500 ms" in failure["error"]
+    assert failure["inputShapes"] == {"x": [1, 3, 64, 64]}
+    assert result["ms"] >= 1500
+
+
+def test_progress_totals_are_the_manifest_decoded_sizes(browser, server):
+    page = blank_page(browser, server)
+    try:
+        result = load_and_run(page, server.url, {}, run=False)
+    finally:
+        page.context.close()
+    assert result["ok"], result
+    manifest = read_manifest(Path(server.root))
+    bundle = manifest["runtime"]["bundles"][result["info"]["bundle"]]
+    needed = [bundle["module"], bundle["wasm"], manifest["variants"][result["info"]["variant"]]["model"]]
+    expected_total = sum(manifest["files"][path]["size"] for path in needed)
+    progress = result["progress"]
+    assert {p["total"] for p in progress} == {expected_total}
+    loaded = [p["loaded"] for p in progress]
+    assert loaded == sorted(loaded) and loaded[-1] == expected_total
+    assert {p["file"] for p in progress} == set(needed)
+
+
+def test_abort_signal_stops_the_load(browser, server):
+    page = blank_page(browser, server)
+    try:
+        result = page.evaluate(
+            """async (base) => {
+                 const { load } = await import(base + 'loader.js');
+                 const controller = new AbortController();
+                 try {
+                   await load({ signal: controller.signal, cache: false, onProgress: () => controller.abort() });
+                   return { ok: true };
+                 } catch (error) { return { ok: false, name: error.name }; }
+               }""",
+            server.url,
+        )
+    finally:
+        page.context.close()
+    assert result == {"ok": False, "name": "AbortError"}
+
+
+def test_bad_feeds_are_the_callers_error_not_a_fallback(browser, server):
+    page = blank_page(browser, server)
+    try:
+        load_and_run(page, server.url, {"executionProviders": ["wasm"], "cache": False}, run=False)
+        result = page.evaluate(
+            """async () => {
+                 const model = window.__packModel;
+                 const attempt = async (feeds) => { try { await model.run(feeds); return 'ran'; } catch (e) { return `${e.name}: ${e.message}`; } };
+                 const wrongDims = await attempt({ x: { data: new Float32Array(12), dims: [1, 3, 2, 2], type: 'float32' } });
+                 const missing = await attempt({});
+                 const wrongType = await attempt({ x: { data: new Int32Array(12288), dims: [1, 3, 64, 64], type: 'int32' } });
+                 const fallbacks = model.info.fallbacks.length;
+                 await model.release();
+                 const afterRelease = await attempt(await model.sampleFeeds());
+                 return { wrongDims, missing, wrongType, fallbacks, afterRelease, session: model.session };
+               }"""
+        )
+    finally:
+        page.context.close()
+    assert result["wrongDims"].startswith("TypeError") and "[1,3,2,2]" in result["wrongDims"]
+    assert result["missing"].startswith("TypeError") and 'missing input "x"' in result["missing"]
+    assert result["wrongType"].startswith("TypeError") and "int32" in result["wrongType"]
+    assert result["fallbacks"] == 0
+    assert "released" in result["afterRelease"] and result["session"] is None
+
+
+def test_runtime_override_urls(browser, server):
+    manifest = read_manifest(Path(server.root))
+    root = resolve_runtime(manifest["runtime"]["version"]).bundles["root"]
+    shipped = manifest["runtime"]["bundles"]["webgpu"]
+    page = blank_page(browser, server)
+    try:
+        # URLs of a shipped bundle are that bundle (sha256-checked); other URLs are a custom build.
+        as_shipped = load_and_run(page, server.url, {"runtime": {"module": server.url + shipped["module"], "wasm": server.url + shipped["wasm"]}, "cache": False})
+        page.reload()
+        custom = load_and_run(
+            page,
+            server.url,
+            {"runtime": {"module": server.url + RUNTIME_PREFIX[1:] + root.module.name, "wasm": server.url + RUNTIME_PREFIX[1:] + root.wasm.name}, "cache": False},
+        )
+    finally:
+        page.context.close()
+    assert as_shipped["ok"] and as_shipped["info"]["bundle"] == "webgpu", as_shipped
+    assert any(e["type"] == "download" and e["file"] == shipped["module"] for e in as_shipped["events"])
+    assert custom["ok"] and custom["info"]["bundle"] == "custom", custom
+    # The root (JSEP) build of onnxruntime-web 1.30.0 rejects this Conv (no `dilations` attribute)
+    # on WebGPU at the first run: the pre-warm catches it and the loader falls back to wasm.
+    [failure] = custom["info"]["fallbacks"]
+    assert (failure["ep"], failure["phase"]) == ("webgpu", "prewarm") and "dilations" in failure["error"]
+    assert custom["info"]["ep"] == "wasm"
+    np.testing.assert_allclose(decode_output(custom["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
