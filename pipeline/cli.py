@@ -17,11 +17,14 @@ app = typer.Typer(
 from pipeline.commands.build import build, recipes  # noqa: E402
 from pipeline.commands.publish import publish  # noqa: E402
 from pipeline.commands.verify import verify  # noqa: E402
+from pipeline.commands.graph import diagnose, inspect  # noqa: E402
 
 app.command()(build)
 app.command()(recipes)
 app.command()(publish)
 app.command()(verify)
+app.command()(inspect)
+app.command()(diagnose)
 # --- end commands ---
 
 

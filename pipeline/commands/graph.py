@@ -1,0 +1,116 @@
+"""`pack inspect` and `pack diagnose`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.errors import PackError
+from pipeline.graph.model_io import load_model
+from pipeline.runtime import DEFAULT_VERSION
+
+BUNDLES = ("root", "webgpu")
+EPS = ("webgpu", "wasm")
+
+
+def inspect(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL.onnx", help="The ONNX model to inspect.")],
+    no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip measuring CPU fallback in headless Chromium.")] = False,
+    runtime_version: Annotated[str, typer.Option("--runtime", help="onnxruntime-web version to measure with.")] = DEFAULT_VERSION,
+    gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the inspection as JSON; no progress output.")] = False,
+) -> None:
+    """Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback."""
+    from pipeline.graph.inspect import human_lines, inspect_model, measure_cpu_fallback
+
+    with cli_errors():
+        progress = progress_for(json_output)
+        model = load_model(model_path)
+        document = inspect_model(model_path, model)
+        document["cpu_fallback"] = None
+        if not no_browser:
+            from pipeline.graph.browser_runner import BrowserModelRunner
+            from pipeline.runtime import resolve_runtime
+
+            progress.note("Measuring node placement in headless Chromium (webgpu bundle)")
+            with BrowserModelRunner(resolve_runtime(runtime_version, progress), gpu=gpu) as runner:
+                document["cpu_fallback"] = measure_cpu_fallback(model, runner)
+    if json_output:
+        print_json(document)
+    else:
+        for line in human_lines(document):
+            typer.echo(line)
+
+
+def _parse_dims(options: list[str]) -> dict[str, int]:
+    dims = {}
+    for option in options:
+        name, _, value = option.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise PackError(f"--dim '{option}': expected NAME=SIZE with a positive size, e.g. --dim batch=1")
+        dims[name] = int(value)
+    return dims
+
+
+def _load_inputs(path: Path, model) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise PackError(f"--inputs {path}: no such file; give an .npz with one array per model input")
+    try:
+        archive = np.load(path)
+    except (OSError, ValueError) as error:
+        raise PackError(f"--inputs {path}: not a readable .npz ({error}); save inputs with numpy.savez") from None
+    initializers = {i.name for i in model.graph.initializer}
+    wanted = [v.name for v in model.graph.input if v.name not in initializers]
+    missing = [name for name in wanted if name not in archive.files]
+    if missing:
+        raise PackError(f"--inputs {path}: no array for input(s) {', '.join(missing)}; the keys must be the model's input names")
+    return {name: archive[name] for name in wanted}
+
+
+def diagnose(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL.onnx", help="The model that fails or disagrees in the browser.")],
+    bundle: Annotated[Optional[list[str]], typer.Option("--bundle", help="onnxruntime-web bundle: root, webgpu (repeatable; default both).")] = None,
+    ep: Annotated[Optional[list[str]], typer.Option("--ep", help="Execution provider: webgpu, wasm (repeatable; default both).")] = None,
+    inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Inputs as .npz, keys = input names (default: seeded random).")] = None,
+    dim: Annotated[Optional[list[str]], typer.Option("--dim", help="NAME=SIZE for a symbolic input dimension (repeatable; default 1).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
+    runtime_version: Annotated[str, typer.Option("--runtime", help="onnxruntime-web version to run.")] = DEFAULT_VERSION,
+    gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON; no progress output.")] = False,
+) -> None:
+    """Run the model on each bundle x EP and name the first node whose output parts from the host.
+
+    Exit code 0 when every run agrees with onnxruntime on the host, 1 when some run parts.
+    """
+    from pipeline.graph.browser_runner import BrowserModelRunner
+    from pipeline.graph.diagnose import diagnose as run_diagnosis
+    from pipeline.graph.diagnose import human_lines, random_feeds
+    from pipeline.runtime import resolve_runtime
+
+    with cli_errors():
+        bundles = bundle or list(BUNDLES)
+        eps = ep or list(EPS)
+        for name in bundles:
+            if name not in BUNDLES:
+                raise PackError(f"--bundle {name}: unknown; choose from {', '.join(BUNDLES)}")
+        for name in eps:
+            if name not in EPS:
+                raise PackError(f"--ep {name}: unknown; choose from {', '.join(EPS)}")
+        dims = _parse_dims(dim or [])
+        progress = progress_for(json_output)
+        model = load_model(model_path)
+        feeds = _load_inputs(inputs, model) if inputs else random_feeds(model, dims, seed)
+        combos = tuple((b, e) for b in bundles for e in eps)
+        with BrowserModelRunner(resolve_runtime(runtime_version, progress), gpu=gpu) as runner:
+            document = run_diagnosis(model, feeds, runner, combos, progress)
+        document["model"] = model_path.name
+    if json_output:
+        print_json(document)
+    else:
+        for line in human_lines(document):
+            typer.echo(line)
+    raise typer.Exit(1 if document["parted"] else 0)
