@@ -63,7 +63,8 @@ class StaticServer:
         self._media_types = _manifest_media_types(self.root)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="pack-static-server", daemon=True)
+        # a short poll interval keeps shutdown() quick (it waits for the next poll)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pack-static-server", daemon=True)
 
     @property
     def url(self) -> str:
