@@ -18,6 +18,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -188,6 +189,7 @@ class FaultProxy:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self._tls.load_cert_chain(str(tls[0]), str(tls[1]))
         self._server: ThreadingHTTPServer | None = None
+        self.down = False  # set at once by a 'down' fault; the listener closes a moment later
         self.port = port
         self.start()
 
@@ -222,7 +224,16 @@ class FaultProxy:
             def handle_error(self, request, client_address):  # resets are the point; stay quiet
                 pass
 
-        self._server = Server(("127.0.0.1", self.port), _handler_for(self))
+        self.down = False
+        deadline = time.monotonic() + 5
+        while True:  # a 'down' fault's listener may still be closing on another thread
+            try:
+                self._server = Server(("127.0.0.1", self.port), _handler_for(self))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
@@ -243,6 +254,8 @@ class FaultProxy:
 
     def _decide(self, request: SeenRequest) -> Fault | None:
         with self._lock:
+            if self.down:
+                return Fault("reset")
             self.requests.append(request)
             for fault in self.faults:
                 if fault.fires(request):
@@ -284,10 +297,11 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             request = SeenRequest(self.command, self.path, headers, len(body))
             fault = proxy._decide(request)
             if fault is not None and fault.action in ("reset", "down"):
+                if fault.action == "down":
+                    proxy.down = True
+                    threading.Thread(target=proxy.stop, daemon=True).start()
                 self.close_connection = True
                 _reset(self.connection)
-                if fault.action == "down":
-                    threading.Thread(target=proxy.stop, daemon=True).start()
                 return
             if fault is not None:
                 return self._answer_error(fault.status, fault.code)

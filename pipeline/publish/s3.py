@@ -87,7 +87,7 @@ def make_client(target: Target):  # -> botocore S3 client (boto3 ships no static
         signature_version="s3v4",
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        retries={"mode": "standard", "max_attempts": _max_attempts()},
+        retries={"mode": "standard", "total_max_attempts": _max_attempts()},
         max_pool_connections=2 * TRANSFER_THREADS,
         # Path style works on every endpoint (R2, MinIO, loopback IPs); AWS keeps virtual hosts.
         s3={"addressing_style": "path" if target.endpoint_url else "auto"},
