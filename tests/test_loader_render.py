@@ -104,3 +104,49 @@ def test_generated_scripts_are_valid_es_modules(tmp_path):
         module.write_bytes((tmp_path / name).read_bytes())
         checked = subprocess.run(["node", "--check", str(module)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
+
+
+TYPESCRIPT = "typescript@5.6.3"
+USAGE_TS = """
+import { load, detectPlatform, chainFor, type Feeds } from './loader';
+export async function main(): Promise<void> {
+  const model = await load({
+    executionProviders: ['webgpu', 'wasm'], variant: { webgpu: 'fp16' }, watchdogMs: 1000,
+    onProgress: ({ loaded, total }) => console.log(loaded / total),
+    onEvent: (e) => { if (e.type === 'fallback') console.log(e.from.ep, e.error); },
+  });
+  const feeds: Feeds = await model.sampleFeeds();
+  const outputs = await model.run(feeds);
+  console.log(outputs.y.dims, model.info.ep, model.info.fallbacks[0]?.inputShapes);
+  await model.session?.endProfiling();
+  await model.release();
+  console.log(chainFor(model.manifest, detectPlatform({ userAgent: navigator.userAgent })));
+}
+"""
+MISUSE_TS = """
+import { load } from './loader';
+export async function main(): Promise<void> {
+  const model = await load({ variant: 'int8' });
+  await model.run({ nope: { data: new Float32Array(1), dims: [1], type: 'float32' } });
+}
+"""
+
+
+@pytest.mark.network_registry
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm to install TypeScript")
+def test_declarations_type_check_usage_and_reject_misuse(tmp_path):
+    from pipeline.runtime import cache_dir
+
+    prefix = cache_dir() / "test-tools" / TYPESCRIPT.replace("@", "-")
+    tsc = prefix / "node_modules" / ".bin" / "tsc"
+    if not tsc.exists():
+        installed = subprocess.run(["npm", "install", "--silent", "--prefix", str(prefix), TYPESCRIPT], capture_output=True, text=True, timeout=300)
+        assert installed.returncode == 0, installed.stderr
+    render_loader(tmp_path, MANIFEST)
+    (tmp_path / "use.ts").write_text(USAGE_TS)
+    (tmp_path / "misuse.ts").write_text(MISUSE_TS)
+    flags = ["--noEmit", "--strict", "--target", "es2022", "--module", "es2022", "--moduleResolution", "bundler", "--lib", "es2022,dom"]
+    good = subprocess.run([str(tsc), *flags, "use.ts"], cwd=tmp_path, capture_output=True, text=True)
+    assert good.returncode == 0, good.stdout
+    bad = subprocess.run([str(tsc), *flags, "misuse.ts"], cwd=tmp_path, capture_output=True, text=True)
+    assert "'\"int8\"' is not assignable" in bad.stdout and "'nope' does not exist" in bad.stdout, bad.stdout
