@@ -409,3 +409,41 @@ def test_runtime_override_urls(browser, server):
     assert (failure["ep"], failure["phase"]) == ("webgpu", "prewarm") and "dilations" in failure["error"]
     assert custom["info"]["ep"] == "wasm"
     np.testing.assert_allclose(decode_output(custom["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
+
+
+# Init scripts that stand in for browsers: one without WebGPU, one whose first adapter requests
+# return null (seen on real GPUs in a fresh browser).
+NO_WEBGPU = "Object.defineProperty(Navigator.prototype, 'gpu', { get: () => undefined });"
+NULL_ADAPTER_TWICE = """
+(() => {
+  const request = GPU.prototype.requestAdapter;
+  let calls = 0;
+  GPU.prototype.requestAdapter = function (...args) { calls += 1; return calls <= 2 ? Promise.resolve(null) : request.apply(this, args); };
+})();
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [(NO_WEBGPU, ("wasm", "wasm", 0)), (NULL_ADAPTER_TWICE, ("webgpu", "webgpu", 3))],
+    ids=["no-webgpu", "null-adapter-twice"],
+)
+def test_webgpu_adapter_is_retried_and_its_absence_means_the_wasm_bundle(browser, server, script, expected):
+    context = browser.new_context()
+    context.add_init_script(script)
+    page = context.new_page()
+    try:
+        page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+        result = load_and_run(page, server.url, {"cache": False})
+    finally:
+        context.close()
+    assert result["ok"], result
+    info = result["infoAfterRun"]
+    [adapter] = [e for e in result["events"] if e["type"] == "adapter"]
+    assert (info["ep"], info["bundle"], adapter["attempts"]) == expected
+    assert info["chain"] == ["webgpu", "wasm"]
+    if info["ep"] == "wasm":
+        [skipped] = info["fallbacks"]
+        assert (skipped["ep"], skipped["phase"]) == ("webgpu", "select") and "navigator.gpu is undefined" in skipped["error"]
+    else:
+        assert info["fallbacks"] == []
