@@ -447,3 +447,35 @@ def test_webgpu_adapter_is_retried_and_its_absence_means_the_wasm_bundle(browser
         assert (skipped["ep"], skipped["phase"]) == ("webgpu", "select") and "navigator.gpu is undefined" in skipped["error"]
     else:
         assert info["fallbacks"] == []
+
+
+def test_webgpu_ep_options_and_session_options_reach_onnxruntime(browser, image_package, pages, tmp_path):
+    package = shutil.copytree(image_package, tmp_path / "nchw")
+    manifest = read_manifest(package)
+    manifest["epOptions"] = {"webgpu": {"preferredLayout": "NCHW"}}
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    with running_server(package, {TEST_PREFIX: pages}) as nchw_server:
+        page = blank_page(browser, nchw_server)
+        try:
+            first = load_and_run(page, nchw_server.url, {"cache": False}, run=False)
+            assert first["ok"], first
+            # The second load reuses the page's onnxruntime module: record what it is asked for.
+            created = page.evaluate(
+                """async (base) => {
+                     const ort = window.__packModel.ort;
+                     const create = ort.InferenceSession.create;
+                     const seen = [];
+                     ort.InferenceSession.create = (model, options) => { seen.push(options); return create.call(ort.InferenceSession, model, options); };
+                     const { load } = await import(base + 'loader.js');
+                     const model = await load({ executionProviders: ['webgpu', 'wasm'], cache: false,
+                                                sessionOptions: { logSeverityLevel: 3, executionProviders: ['cpu'] } });
+                     return { seen: JSON.parse(JSON.stringify(seen)), ep: model.info.ep };
+                   }""",
+                nchw_server.url,
+            )
+        finally:
+            page.context.close()
+    assert created["ep"] == "webgpu"
+    [options] = created["seen"]
+    assert options["executionProviders"] == [{"name": "webgpu", "preferredLayout": "NCHW"}]
+    assert options["logSeverityLevel"] == 3
