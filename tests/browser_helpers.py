@@ -75,6 +75,21 @@ def matmul_models(inner: int = 64, outer: int = 8, seed: int = 0) -> tuple[onnx.
     return fp32, fp16
 
 
+def conv_model(in_channels: int = 9, seed: int = 0) -> onnx.ModelProto:
+    """One 3x3 Conv, x [1, C, 8, 8] -> 16 channels. With C = 9, onnxruntime-web 1.30's native WebGPU
+    EP computes it wrongly in its default NHWC layout (about 50 % of the range off on SwiftShader);
+    with the EP option preferredLayout 'NCHW', and with C = 8, it is right."""
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((16, in_channels, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(16).astype(np.float32)
+    return _model(
+        [helper.make_node("Conv", ["x", "W", "B"], ["y"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, in_channels, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [numpy_helper.from_array(weights, "W"), numpy_helper.from_array(bias, "B")],
+    )
+
+
 def cpu_fallback_model() -> onnx.ModelProto:
     """Relu -> Det -> Neg: onnxruntime-web 1.30's WebGPU EP has no Det kernel, so Det runs on the CPU."""
     return _model(
@@ -130,6 +145,7 @@ def write_package(
     chains: dict[str, list[str]] | None = None,
     variant_for: dict[str, list[str]] | None = None,
     kinds: dict[str, str] | None = None,
+    ep_options: dict[str, dict] | None = None,
 ) -> Path:
     """A package folder in the ARCHITECTURE.md layout, with the loader rendered. Runtime files are copied from the npm cache
     (their 14-27 MB wasm is left unencoded to keep tests fast; small files get brotli copies)."""
@@ -172,7 +188,7 @@ def write_package(
         "sample": {"file": sample_path, "tensors": tensors},
         "runtime": {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles},
         "executionProviders": chains,
-        "epOptions": {},
+        "epOptions": ep_options or {},
         "loader": {"watchdogMs": 60000, "prewarm": False},
         "verification": {"browser": False, "passed": False},
     }

@@ -127,7 +127,8 @@ def summary_lines(result: BrowserResult) -> list[str]:
     lines = [f"browser: Chromium {report.get('chromium')}{' --gpu' if report.get('gpu') else ''}; WebGPU adapter: {adapter_text}"]
     lines.append("checks:")
     for check in result.checks:
-        where = f"{check['ep']:<6} {check['variant']:<9} {check.get('output') or '':<8}"
+        run = f"{check['ep']}/{check['variant']}" + (f" [{check['bundle']} bundle]" if check.get("bundle") not in (None, "webgpu") else "")
+        where = f"{run:<12} {check.get('output') or '':<8}"
         figures = format_metrics(check.get("metrics") or {}, check.get("threshold") or {})
         detail = check.get("detail") if check["status"] != "passed" else None
         lines.append(f"  {MARKS.get(check['status'], check['status'])} {where} {'  '.join(p for p in (figures, detail) if p)}".rstrip())

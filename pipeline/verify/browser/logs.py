@@ -99,8 +99,11 @@ def slowest_kernels(lines: list[ConsoleLine], top: int = 5) -> list[dict]:
 def failure_signals(lines: list[ConsoleLine], gpu_error_list: list[dict]) -> list[str]:
     """Reasons to fail a run that resolved: GPU errors, onnxruntime errors, wrong output sizes."""
     signals: list[str] = []
-    for error in gpu_error_list:
+    # the first errors say why; the ones after are mostly "invalid due to a previous error"
+    for error in gpu_error_list[:2]:
         signals.append(f"WebGPU {error.get('kind', 'error')}: {_first_line(error.get('message', ''))}")
+    if len(gpu_error_list) > 2:
+        signals.append(f"{len(gpu_error_list)} WebGPU errors in all")
     seen_gpu_in_console = False
     for line in lines:
         text = line.text
