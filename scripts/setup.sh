@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up pack on a fresh Debian machine: Chromium (for the browser checks), Node/npm (onnxruntime-web
+# is installed through npm), and a virtual environment at .venv with pack and its test tools.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get install -y -qq "$@" >/dev/null 2>&1 || { as_root apt-get update -qq >/dev/null && as_root apt-get install -y -qq "$@" >/dev/null; }
+}
+
+command -v chromium >/dev/null || { echo "setup: installing Debian's chromium"; apt_install chromium; }
+command -v npm >/dev/null || { echo "setup: installing npm"; apt_install nodejs npm; }
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c "import pipeline, pytest, moto" 2>/dev/null || [ pyproject.toml -nt .venv/.pack-installed ]; then
+  echo "setup: installing pack and its test tools into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+  touch .venv/.pack-installed
+fi
+echo "setup: ready ($(.venv/bin/pack --help >/dev/null && echo 'pack OK'), $(chromium --version 2>/dev/null | head -1), npm $(npm --version))"

@@ -1,0 +1,172 @@
+"""`pack build` end to end through the CLI on generated models (host checks; --no-browser)."""
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import brotli
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from tests.build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, save
+
+runner = CliRunner()
+
+
+def build(*args: str):
+    return runner.invoke(app, ["build", *args])
+
+
+@pytest.fixture
+def conv_file(tmp_path) -> Path:
+    return save(conv_model(), tmp_path / "tiny-conv.onnx")
+
+
+def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_path):
+    out = tmp_path / "dist"
+    result = build(str(conv_file), "--no-browser", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    package = out / "tiny-conv"
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert set(manifest["variants"]) == {"fp16", "fp32"}
+    assert manifest["variants"]["fp16"]["requires"] == ["shader-f16"]
+    assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 16, 16], "dtype": "float32", "sampleShape": [1, 3, 16, 16]}]
+    assert manifest["verification"] == {"browser": False, "passed": True}
+    assert set(manifest["runtime"]["bundles"]) == {"webgpu", "wasm"}
+    for path, entry in manifest["files"].items():
+        data = (package / path).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        assert path.split(".")[-2] == entry["sha256"][:16] or f".{entry['sha256'][:16]}." in path
+        assert entry["integrity"] == "sha256-" + base64.b64encode(hashlib.sha256(data).digest()).decode()
+        assert entry["size"] == len(data)
+        if entry["encodings"]:
+            encoded = (package / entry["encodings"]["br"]["path"]).read_bytes()
+            assert brotli.decompress(encoded) == data and len(encoded) == entry["encodings"]["br"]["size"] < len(data)
+    for name in ("loader.js", "loader.d.ts", "index.html", "report.json"):
+        assert (package / name).exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging folder left
+    report = json.loads((package / "report.json").read_text())
+    host = [c for c in report["checks"] if c["stage"] == "host"]
+    assert {(c["variant"], c["status"]) for c in host} == {("fp16", "passed"), ("fp32", "passed")}
+    assert all(c["status"] == "skipped" for c in report["checks"] if c["stage"] == "browser")
+    assert "NOT browser-verified" in result.output
+
+
+def test_rebuild_is_byte_identical(conv_file, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert build(str(conv_file), "--no-browser", "--out", str(first)).exit_code == 0
+    assert build(str(conv_file), "--no-browser", "--out", str(second)).exit_code == 0
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
+    for rel in files:
+        a, b = (first / rel), (second / rel)
+        if rel.name == "report.json":  # differs in its timings only
+            ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+            ra.pop("timings"), rb.pop("timings")
+            assert ra == rb
+        else:
+            assert a.read_bytes() == b.read_bytes(), rel
+
+
+def test_json_output_is_the_report(conv_file, tmp_path):
+    result = build(str(conv_file), "--no-browser", "--json", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    assert report["name"] == "tiny-conv" and report["passed"] is True and report["refused"] is None
+    assert {"stage", "ep", "variant", "status", "metrics", "threshold"} <= set(report["checks"][0])
+    assert any(step["name"] == "fp16_convert" and step["changed"] for step in report["steps"])
+
+
+def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
+    recipe = tmp_path / "strict.toml"
+    recipe.write_text(f'source.uri = "{conv_file.name}"\n[outputs.y.fp16]\nmax_abs = 0.0\n')
+    out = tmp_path / "dist"
+    result = build(str(recipe), "--no-browser", "--out", str(out))
+    assert result.exit_code == 1, result.output
+    report = json.loads((out / "strict" / "report.json").read_text())
+    failed = [c for c in report["checks"] if c["status"] == "failed"]
+    assert report["passed"] is False and failed[0]["variant"] == "fp16" and "max_abs" in failed[0]["detail"]
+    assert json.loads((out / "strict" / "manifest.json").read_text())["verification"]["passed"] is False
+    assert "FAIL" in result.output
+
+
+def test_consumed_output_model_builds(tmp_path):
+    path = save(model_from_text(OUTPUT_ALSO_CONSUMED), tmp_path / "consumed.onnx")
+    result = build(str(path), "--no-browser", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.output
+
+
+def test_inputs_npz_and_symbolic_dims(tmp_path):
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    dyn (float[N, 4] x, float s) => (float[N, 4] y) { y = Mul (x, s) }
+    """
+    path = save(model_from_text(text), tmp_path / "dyn.onnx")
+    out = tmp_path / "d"
+    missing = build(str(path), "--no-browser", "--out", str(out))
+    assert missing.exit_code == 2
+    assert "input 'x' has symbolic dims ['N']" in missing.output and "--input x=Nx4" in missing.output
+    assert not out.exists() or not any(out.iterdir())
+    assert build(str(path), "--input", "x=3x4", "--no-browser", "--out", str(out)).exit_code == 0
+    npz = tmp_path / "sample.npz"
+    np.savez(npz, x=np.ones((2, 4), np.float32), s=np.float32(2.0))
+    result = build(str(path), "--inputs", str(npz), "--no-browser", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "dyn" / "manifest.json").read_text())
+    assert manifest["sample"]["tensors"]["x"]["dims"] == [2, 4] and manifest["sample"]["tensors"]["s"]["dims"] == []
+
+
+def _file(name: str, content: str | bytes):
+    def setup(folder: Path) -> str:
+        path = folder / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return str(path)
+
+    return setup
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (_file("trunc.onnx", conv_model().SerializeToString()[:500]), "trunc.onnx: not a readable ONNX model"),
+        (lambda d: str(d / "absent.onnx"), "absent.onnx"),
+        (_file("bad.toml", 'source.uri = "x.onnx"\n[verify]\nsed = 1\n'), "bad.toml: unknown key 'verify.sed'"),
+        (_file("typed.toml", 'source.uri = "x.onnx"\nvariants = "fp16"\n'), "typed.toml: key 'variants': expected a non-empty list"),
+        (_file("nosrc.toml", 'name = "x"\n'), "nosrc.toml: no source"),
+        (lambda d: "no-such-recipe", "not a built-in recipe"),
+    ],
+    ids=["truncated-onnx", "missing-model", "unknown-key", "ill-typed-key", "no-source", "unknown-recipe"],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, setup, message):
+    target = setup(tmp_path)
+    out = tmp_path / "dist"
+    result = build(target, "--no-browser", "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
+    assert not out.exists() or not [p for p in out.iterdir()]
+
+
+def test_unreadable_model_is_reported(tmp_path):
+    path = save(conv_model(), tmp_path / "locked.onnx")
+    path.chmod(0)
+    try:
+        if path.open("rb"):  # root reads anything: make it a folder instead
+            path.chmod(0o644)
+            path.unlink()
+            path.mkdir()
+    except PermissionError:
+        pass
+    result = build(str(path), "--no-browser", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 2 and "locked.onnx" in result.output
+
+
+def test_recipes_lists_one_line_each():
+    result = runner.invoke(app, ["recipes"])
+    assert result.exit_code == 0
+    lines = result.output.strip().splitlines()
+    assert any(line.startswith("gtcrn ") for line in lines)
+    assert len(lines) == len(list(Path(__file__).resolve().parent.parent.joinpath("recipes").glob("*.toml")))
