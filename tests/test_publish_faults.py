@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from publish_helpers import (  # noqa: F401 - fixtures
+from tests.publish_helpers import (  # noqa: F401 - fixtures
     Fault,
     assert_manifests_complete,
     aws_env,

@@ -7,7 +7,7 @@ import json
 
 import brotli
 import pytest
-from publish_helpers import write_package
+from tests.publish_helpers import write_package
 
 from pipeline.errors import PackError
 from pipeline.publish.plan import IMMUTABLE_CACHE, SHORT_CACHE, Stage, find_packages, plan_package
