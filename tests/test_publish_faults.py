@@ -211,3 +211,16 @@ def test_prune_after_a_failed_publish_of_another_version_deletes_nothing_referen
     assert deleted == {f"demo/{v2.manifest['variants'][v]['model']}" for v in ("fp16", "fp32")}
     assert set(bucket_snapshot(s3_server.client(), bucket)) == set(before)
     _assert_v1_intact(s3_server, bucket, v1, before)
+
+
+@https_only
+def test_failure_in_a_later_package_names_those_already_published(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    write_package(tmp_path / "dist", name="alpha")
+    beta = write_package(tmp_path / "dist", name="beta")
+    proxy.faults.append(Fault("status", match=key_endswith(f"beta/{beta.manifest['sample']['file']}"), times=None))
+    result = run_cli(str(tmp_path / "dist"), "--bucket", bucket, "--endpoint-url", proxy.url)
+    assert result.exit_code == 2
+    assert "manifest.json of beta was not changed" in result.stderr
+    assert "(already published in this run: alpha)" in result.stderr
+    assert assert_manifests_complete(s3_server.client(), bucket) == ["alpha/manifest.json"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 
 import boto3
@@ -24,7 +25,10 @@ from tests.publish_helpers import (  # noqa: F401 - fixtures
     write_package,
 )
 
-from pipeline.publish.plan import IMMUTABLE_CACHE, SHORT_CACHE
+from pipeline.progress import Progress
+from pipeline.publish.plan import IMMUTABLE_CACHE, SHORT_CACHE, plan_package
+from pipeline.publish.publisher import publish
+from pipeline.publish.s3 import Target, make_client
 
 MIB = 1024 * 1024
 
@@ -240,3 +244,15 @@ def test_cors_rule_is_set_and_other_rules_are_kept(proxy, s3_server, tmp_path):
     rules = admin.get_bucket_cors(Bucket=bucket)["CORSRules"]
     assert [r["AllowedOrigins"] for r in rules if r.get("ID") == "pack-publish"] == [["https://new.example"]]
     assert len(rules) == 2
+
+
+def test_large_uploads_show_a_byte_progress_bar(s3_server, aws_env, tmp_path):
+    bucket = new_bucket(s3_server)
+    plan = plan_package(write_package(tmp_path / "dist", incompressible_bytes=11 * MIB).root)
+    target = Target(bucket=bucket, endpoint_url=s3_server.url)
+    stream = io.StringIO()
+    result = publish(make_client(target), target, [plan], part_size=5 * MIB, progress=Progress(enabled=True, stream=stream))
+    final = stream.getvalue().rstrip("\n").rsplit("\r\x1b[2K", 1)[-1]
+    total_mb = f"{result.bytes / 1000 / 1000:.1f} MB"
+    assert final.startswith("upload demo [########################] 100.0%")
+    assert final.endswith(f"{total_mb}/{total_mb}")
