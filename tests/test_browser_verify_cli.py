@@ -1,0 +1,53 @@
+"""`pack verify DIST/NAME` through the CLI on a tiny package."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from browser_helpers import Variant, negative_step_slice_model, write_package
+from pipeline.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def slice_package(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("verify-cli")
+    feeds = {"x": np.linspace(-1, 1, 31, dtype=np.float32).reshape(1, 1, 1, 31)}
+    return write_package(tmp / "slice", {"fp32": Variant(negative_step_slice_model())}, feeds)
+
+
+@pytest.mark.browser
+def test_verify_passes_and_prints_json(slice_package: Path) -> None:
+    result = runner.invoke(app, ["verify", str(slice_package), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["passed"] is True and document["reference"] == "fp32"
+    assert [(c["ep"], c["status"]) for c in document["checks"]] == [("webgpu", "passed"), ("wasm", "passed")]
+    assert set(document["browser"]["eps"]) == {"webgpu/fp32", "wasm/fp32"}
+
+
+@pytest.mark.browser
+def test_verify_on_the_root_bundle_exits_1_and_says_why(slice_package: Path) -> None:
+    result = runner.invoke(app, ["verify", str(slice_package), "--bundle", "root"])
+    assert result.exit_code == 1, result.output
+    assert "FAIL webgpu/fp32 [root (override of webgpu) bundle]" in result.stdout
+    assert "does not match actual shape of {1,1,1,30}" in result.stdout
+    assert "FAILED: 1 passed, 1 failed, 0 not verifiable" in result.stdout
+
+
+def test_verify_a_folder_without_manifest_is_bad_input(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["verify", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "manifest.json: not found; point at a folder made by `pack build`" in result.output
+
+
+def test_verify_an_unknown_bundle_is_bad_input(slice_package: Path) -> None:
+    result = runner.invoke(app, ["verify", str(slice_package), "--bundle", "jspi2"])
+    assert result.exit_code == 2
+    assert "--bundle jspi2: unknown; choose one of root, wasm, webgpu" in result.output
