@@ -30,3 +30,7 @@ app.command()(diagnose)
 
 def main() -> None:  # pragma: no cover - console entry
     app()
+
+
+if __name__ == "__main__":
+    app()

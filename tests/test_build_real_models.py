@@ -1,0 +1,51 @@
+"""Real third-party models shipped inside registry packages (../shared notes models.md)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+pytestmark = pytest.mark.network_registry
+runner = CliRunner()
+
+
+def _build(recipe: str, out) -> tuple[int, dict, dict]:
+    result = runner.invoke(app, ["build", recipe, "--no-browser", "--json", "--out", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    package = out / recipe
+    return result.exit_code, json.loads((package / "report.json").read_text()), json.loads((package / "manifest.json").read_text())
+
+
+def test_gtcrn_from_pypi_converts_and_verifies_on_the_host(tmp_path):
+    code, report, manifest = _build("gtcrn", tmp_path)
+    assert code == 0 and report["passed"], [c for c in report["checks"] if c["status"] != "passed"]
+    assert report["source"]["precision"] == "fp32"
+    assert set(manifest["variants"]) == {"fp16", "fp32"}
+    enh = [c for c in report["checks"] if c["stage"] == "host" and c["variant"] == "fp16" and c["output"] == "enh"][0]
+    assert enh["metrics"]["snr_db"] >= enh["threshold"]["snr_db"]
+    fp16 = next(p for p in manifest["files"] if p.startswith("model.fp16"))
+    fp32 = next(p for p in manifest["files"] if p.startswith("model.fp32"))
+    assert manifest["files"][fp16]["size"] < 0.85 * manifest["files"][fp32]["size"]
+
+
+def test_isnet_fp16_is_handled_as_already_fp16(tmp_path):
+    code, report, manifest = _build("isnet-fp16", tmp_path)
+    assert report["source"]["precision"] == "fp16"
+    assert any("already fp16" in r.get("what", "") for s in report["steps"] for r in s["records"])
+    assert manifest["variants"]["fp16"]["requires"] == ["shader-f16"]
+    assert manifest["variants"]["fp32"]["precision"] == "fp32"  # upcast fallback
+    host_fp16 = [c for c in report["checks"] if c["stage"] == "host" and c["variant"] == "fp16"]
+    assert host_fp16 and all(c["status"] == "passed" for c in host_fp16)
+    assert code == 0
+
+
+def test_isnet_uint8_is_handled_as_quantized(tmp_path):
+    code, report, manifest = _build("isnet-uint8", tmp_path)
+    assert report["source"]["precision"] == "quantized"
+    assert list(manifest["variants"]) == ["quantized"] and manifest["variantFor"] == {"wasm": ["quantized"]}
+    assert not any(s["name"] == "fp16_convert" and s["changed"] for s in report["steps"])
+    host = [c for c in report["checks"] if c["stage"] == "host"]
+    assert host and all(c["status"] == "passed" and c["metrics"]["nan"] == 0 for c in host)
+    assert code == 0
