@@ -192,11 +192,21 @@ def test_access_denied_on_upload_says_so(proxy, s3_server, published_v1):
 @https_only
 def test_access_denied_on_the_bucket_stops_before_any_upload(proxy, s3_server, published_v1):
     bucket, v1, v2, before = published_v1
-    proxy.faults.append(Fault("status", match=lambda r: r.method == "HEAD", times=None, status=403, code="AccessDenied"))
+    bucket_level = lambda r: r.path.partition("?")[0] == f"/{bucket}"  # HeadBucket and ListObjectsV2
+    proxy.faults.append(Fault("status", match=bucket_level, times=None, status=403, code="AccessDenied"))
     result = _publish_v2(proxy, bucket, v2)
     assert result.exit_code == 2
     assert f"bucket s3://{bucket}/ at {proxy.url}: access denied" in result.stderr
     assert proxy.uploads() == []
+
+
+@https_only
+def test_a_token_refused_head_bucket_but_allowed_to_list_still_publishes(proxy, s3_server, published_v1):
+    bucket, v1, v2, before = published_v1
+    head_bucket = lambda r: r.method == "HEAD" and r.path == f"/{bucket}"
+    proxy.faults.append(fault := Fault("status", match=head_bucket, times=None, status=403, code="AccessDenied"))
+    _assert_rerun_completes(proxy, s3_server, bucket, v2)
+    assert fault.fired == 1
 
 
 @https_only

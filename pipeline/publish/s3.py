@@ -118,8 +118,21 @@ def check_bucket(client, target: Target) -> None:
     """Fail early, before any upload, when the bucket is missing or not ours to write."""
     try:
         client.head_bucket(Bucket=target.bucket)
+    except botocore.exceptions.ClientError as error:
+        # Tokens scoped to objects (R2 "Object Read & Write", IAM policies on bucket/*) may be
+        # refused HeadBucket yet allowed to list and write: listing decides then.
+        if not _is_denied(error):
+            raise PackError(describe_error(error, f"bucket {target.describe()}")) from None
+        try:
+            client.list_objects_v2(Bucket=target.bucket, Prefix=target.prefix, MaxKeys=1)
+        except Exception:  # noqa: BLE001 - report the first refusal
+            raise PackError(describe_error(error, f"bucket {target.describe()}")) from None
     except Exception as error:  # noqa: BLE001 - every failure becomes one message
         raise PackError(describe_error(error, f"bucket {target.describe()}")) from None
+
+
+def _is_denied(error: botocore.exceptions.ClientError) -> bool:
+    return str(error.response.get("Error", {}).get("Code")) in ("403", "AccessDenied")
 
 
 def describe_error(error: BaseException, what: str) -> str:
