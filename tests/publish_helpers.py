@@ -150,8 +150,9 @@ def key_endswith(suffix: str) -> Callable[[SeenRequest], bool]:
 @dataclass
 class Fault:
     """From the `nth` request that `match`es on, `times` times (None: forever): `action` is
-    'reset' (TCP RST before answering), 'status' (answer `status` with an S3 error `code`), or
-    'down' (the proxy stops listening and drops every connection: the server is gone)."""
+    'reset' (TCP RST before answering), 'status' (answer `status` with an S3 error `code`),
+    'down' (the proxy stops listening and drops every connection: the server is gone), or
+    'stall' (hold the request until `release` is set, then forward it)."""
 
     action: str
     match: Callable[[SeenRequest], bool] = lambda request: True
@@ -161,6 +162,7 @@ class Fault:
     code: str = "InternalError"
     seen: int = 0
     fired: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
 
     def fires(self, request: SeenRequest) -> bool:
         if not self.match(request):
@@ -303,7 +305,9 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 _reset(self.connection)
                 return
-            if fault is not None:
+            if fault is not None and fault.action == "stall":
+                fault.release.wait(timeout=60)
+            elif fault is not None:
                 return self._answer_error(fault.status, fault.code)
             upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)
             try:

@@ -4,6 +4,12 @@ a missing object, the error says what happened, and running the command again co
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from tests.publish_helpers import (  # noqa: F401 - fixtures
@@ -234,3 +240,34 @@ def test_failure_in_a_later_package_names_those_already_published(proxy, s3_serv
     assert "manifest.json of beta was not changed" in result.stderr
     assert "(already published in this run: alpha)" in result.stderr
     assert assert_manifests_complete(s3_server.client(), bucket) == ["alpha/manifest.json"]
+
+
+@pytest.mark.parametrize("proxy", ["http"], indirect=True)
+def test_interrupted_publish_keeps_the_previous_version(proxy, s3_server, published_v1):
+    """Ctrl-C while a part is in flight: the process stops, v1 stays, a re-run completes."""
+    bucket, v1, v2, before = published_v1
+    part = lambda request: is_upload(request) and "partNumber=" in request.query
+    proxy.faults.append(stall := Fault("stall", match=part))
+    command = [sys.executable, "-c", "from pipeline.cli import app; app()", "publish", str(v2.root),
+               "--bucket", bucket, "--endpoint-url", proxy.url, "--part-size", "5"]
+    repo = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(command, cwd=repo, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while stall.fired == 0 and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert stall.fired == 1, "the upload never reached the stalled part"
+        child.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        stall.release.set()  # the part in flight ends; nothing new may start
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        stall.release.set()
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130  # the shell's code for SIGINT
+    assert "interrupted: manifest.json of demo was not changed" in stderr
+    assert "Traceback" not in stderr
+    _assert_v1_intact(s3_server, bucket, v1, before)
+    proxy.faults.clear()
+    _assert_rerun_completes(proxy, s3_server, bucket, v2)

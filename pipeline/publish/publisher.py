@@ -9,6 +9,7 @@ stored with the same sha256 and headers are skipped.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -137,6 +138,11 @@ def _publish_package(
             batch = list(group)
             try:
                 upload_batch(client, target, plan.name, batch, part_size, bar.advance)
+            except KeyboardInterrupt:
+                # s3transfer has cancelled the batch (and aborted multipart uploads) by now.
+                consequence = _AFTER_FAILURE[stage].format(name=plan.name)
+                print(f"interrupted: {consequence}; run the same command again to finish", file=sys.stderr)
+                raise
             except UploadFailed as failure:
                 consequence = _AFTER_FAILURE[stage].format(name=plan.name)
                 raise PackError(
