@@ -205,6 +205,7 @@ def test_public_urls():
     assert Target(bucket="b", prefix="p", region="eu-west-1").url("p/x/loader.js") == (
         "https://b.s3.eu-west-1.amazonaws.com/p/x/loader.js"
     )
+    assert Target(bucket="a.b", region="eu-west-1").url("k.js") == "https://s3.eu-west-1.amazonaws.com/a.b/k.js"
     assert Target(bucket="b", public_url="https://cdn.example/").url("x/loader.js") == "https://cdn.example/x/loader.js"
     assert Target(bucket="b", endpoint_url="http://127.0.0.1:9000").url("x/a b.js") == "http://127.0.0.1:9000/b/x/a%20b.js"
 
@@ -232,3 +233,9 @@ def test_publishes_a_package_built_by_pack_build(proxy, s3_server, tmp_path):
     assert summary["loader_url"].endswith(f"/{bucket}/tiny-conv/loader.js")
     again = run_json("--bucket", bucket, "--endpoint-url", proxy.url, str(tmp_path / "dist"))
     assert again["uploaded"] == 0
+
+
+def test_aws_region_from_the_environment_is_used(aws_env, monkeypatch):
+    monkeypatch.setenv("AWS_REGION", "ap-southeast-2")
+    assert make_client(Target(bucket="b")).meta.region_name == "ap-southeast-2"
+    assert make_client(Target(bucket="b", region="eu-west-1")).meta.region_name == "eu-west-1"

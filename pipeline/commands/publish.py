@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -72,6 +73,7 @@ def publish(
             public_url=public_url or None,
         )
         client = make_client(target)
+        target = replace(target, region=client.meta.region_name)  # as resolved (AWS_REGION, profile)
         check_bucket(client, target)
         rules = set_cors(client, target, origins, dry_run) if origins else None
         result = publish_plans(

@@ -49,6 +49,8 @@ class Target:
         if self.endpoint_url:
             return f"{self.endpoint_url.rstrip('/')}/{self.bucket}/{quoted}"
         region = self.region or "us-east-1"
+        if "." in self.bucket:  # a dotted bucket name breaks the wildcard certificate of virtual hosts
+            return f"https://s3.{region}.amazonaws.com/{self.bucket}/{quoted}"
         return f"https://{self.bucket}.s3.{region}.amazonaws.com/{quoted}"
 
     def describe(self) -> str:
@@ -82,7 +84,12 @@ def make_client(target: Target):  # -> botocore S3 client (boto3 ships no static
             "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (for R2: an R2 API token's "
             "key pair), or pass --profile / AWS_PROFILE"
         )
-    region = target.region or ("auto" if is_r2(target.endpoint_url) else session.region_name or "us-east-1")
+    region = target.region or (
+        "auto"
+        if is_r2(target.endpoint_url)
+        # botocore reads AWS_DEFAULT_REGION and profiles; CI actions often set only AWS_REGION
+        else session.region_name or os.environ.get("AWS_REGION") or "us-east-1"
+    )
     config = Config(
         signature_version="s3v4",
         request_checksum_calculation="when_required",
