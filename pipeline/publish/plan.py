@@ -149,12 +149,15 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 def _check_references(manifest_path: Path, manifest: dict[str, Any]) -> None:
     """Every path the loader may fetch must be listed in `files`, or it would not be published."""
     files = manifest["files"]
-    referenced: list[str] = []
-    for variant in (manifest.get("variants") or {}).values():
-        referenced.append(variant.get("model"))
-    if manifest.get("sample"):
+
+    def objects(value: Any) -> list[dict[str, Any]]:
+        items = value.values() if isinstance(value, dict) else []
+        return [item for item in items if isinstance(item, dict)]
+
+    referenced: list[Any] = [variant.get("model") for variant in objects(manifest.get("variants"))]
+    if isinstance(manifest.get("sample"), dict):
         referenced.append(manifest["sample"].get("file"))
-    for bundle in ((manifest.get("runtime") or {}).get("bundles") or {}).values():
+    for bundle in objects((manifest.get("runtime") or {}).get("bundles")):
         referenced += [bundle.get("module"), bundle.get("wasm")]
     for path in referenced:
         if path is not None and path not in files:
