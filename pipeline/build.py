@@ -331,6 +331,43 @@ def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant]
     return run.outputs
 
 
+def _webgpu_failed(checks: list[dict]) -> bool:
+    return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
+
+
+def _browser_checks(staging: Path, manifest: dict, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, report: dict, progress: Progress) -> None:
+    """Browser verification through the package's loader. When WebGPU fails under the EP's default
+    NHWC layout, the same package is tried with `preferredLayout: 'NCHW'` (onnxruntime-web 1.30's
+    NHWC transform breaks some real graphs, GTCRN's Conv among them); if that passes, the manifest
+    keeps it, and the step records both figures."""
+    from pipeline.verify.browser.chromium import launch_browser
+    from pipeline.verify.browser.harness import verify_in_browser
+
+    with launch_browser(gpu=gpu) as browser:
+        result = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
+        if _webgpu_failed(result.checks) and "preferredLayout" not in manifest["epOptions"].get("webgpu", {}):
+            progress.note("webgpu failed with the NHWC layout; trying preferredLayout NCHW")
+            manifest["epOptions"] = {**manifest["epOptions"], "webgpu": {**manifest["epOptions"].get("webgpu", {}), "preferredLayout": "NCHW"}}
+            _write_json(staging / "manifest.json", manifest)
+            retry = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
+            fixed = not _webgpu_failed(retry.checks)
+            failed_before = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in result.checks if c["ep"] == "webgpu" and c["status"] == "failed"]
+            report["steps"].append({
+                "name": "layout",
+                "changed": fixed,
+                "records": [{"what": "webgpu preferredLayout NCHW: " + ("passes where NHWC failed" if fixed else "fails too; kept NHWC"), "nhwc_failures": failed_before}],
+            })
+            if fixed:
+                result = retry
+            else:
+                del manifest["epOptions"]["webgpu"]["preferredLayout"]
+                if not manifest["epOptions"]["webgpu"]:
+                    del manifest["epOptions"]["webgpu"]
+                _write_json(staging / "manifest.json", manifest)
+    report["checks"].extend(result.checks)
+    report["browser"] = result.report
+
+
 def _write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
@@ -384,11 +421,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         _write_json(staging / "manifest.json", manifest)
         with timer.stage("browser_verify"):
             if options.browser:
-                from pipeline.verify.browser.harness import verify_in_browser
-
-                result = verify_in_browser(staging, reference, browser_thresholds(variants, reference, recipe), gpu=options.gpu, progress=progress)
-                report["checks"].extend(result.checks)
-                report["browser"] = result.report
+                _browser_checks(staging, manifest, reference, browser_thresholds(variants, reference, recipe), options.gpu, report, progress)
             else:
                 for ep, names in manifest["variantFor"].items():
                     for name in names:

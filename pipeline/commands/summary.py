@@ -12,7 +12,8 @@ MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped"
 
 
 def check_line(check: dict) -> str:
-    where = f"{check['stage']:<7} {check['ep']:<6} {check['variant']:<9}"
+    ep = check["ep"] + (f"@{check['bundle']}" if check.get("bundle") and check["bundle"] != check["ep"] else "")
+    where = f"{check['stage']:<7} {ep:<13} {check['variant']:<9}"
     output = f" {check['output']}" if check.get("output") else ""
     figures = format_metrics(check.get("metrics", {}), check.get("threshold", {}))
     detail = check.get("detail")
