@@ -46,13 +46,13 @@ def test_slowest_kernels_prefer_gpu_time() -> None:
         '{"cat" : "Api","pid" :-1,"tid" :-1,"dur" :30,"ts" :445700,"ph" : "X","name" :"slice0&Slice&Slice","args" : {}}',
         '{"cat" : "Api","pid" :-1,"tid" :-1,"dur" :500,"ts" :445800,"ph" : "X","name" :"conv&Conv&Conv2DMatMul","args" : {}}',
     ]
-    ranked = slowest_kernels(_lines(trace, "log"))
+    ranked = slowest_kernels(_lines(trace, "log"), runs=2)
     assert ranked == [
-        {"node": "conv", "op": "Conv", "clock": "gpu", "calls": 1, "total_us": 500.0, "mean_us": 500.0},
-        {"node": "slice0", "op": "Slice", "clock": "gpu", "calls": 2, "total_us": 100.0, "mean_us": 50.0},
+        {"node": "conv", "op": "Conv", "clock": "gpu", "calls": 1, "total_us": 500.0, "per_run_us": 250.0},
+        {"node": "slice0", "op": "Slice", "clock": "gpu", "calls": 2, "total_us": 100.0, "per_run_us": 50.0},
     ]
     host_only = slowest_kernels(_lines(trace[:1], "log"))
-    assert host_only == [{"node": "slice0", "op": "Slice", "clock": "host", "calls": 1, "total_us": 16284.0, "mean_us": 16284.0}]
+    assert host_only == [{"node": "slice0", "op": "Slice", "clock": "host", "calls": 1, "total_us": 16284.0, "per_run_us": 16284.0}]
 
 
 def test_failure_signals_beside_exceptions() -> None:

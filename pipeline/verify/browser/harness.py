@@ -140,7 +140,7 @@ def run_summary(run_report: dict) -> dict:
     summary = {key: timings[key] for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if timings.get(key) is not None}
     summary["status"] = run_report.get("status")
     summary["cpu_fallback_nodes"] = [f"{n['op']} ({n['node']})" for n in run_report.get("cpu_fallback") or []]
-    summary["slowest_kernels"] = [f"{k['node']} {k['op']} {k['mean_us']:.0f} us" for k in run_report.get("slowest_kernels") or []]
+    summary["slowest_kernels"] = [f"{k['node']} {k['op']} {k['per_run_us'] / 1000:.2f} ms/run" for k in run_report.get("slowest_kernels") or []]
     if run_report.get("error"):
         summary["error"] = run_report["error"]
     return summary
@@ -197,7 +197,7 @@ def _verify_run(
         cpu_fallback=placement.cpu_nodes if planned.ep != "wasm" else [],
         kernels_without_ep_support=placement.unsupported,
         all_nodes_on_cpu=placement.all_on_cpu and planned.ep != "wasm",
-        slowest_kernels=logs.slowest_kernels(console),
+        slowest_kernels=logs.slowest_kernels(console, runs=_profiled_runs(outcome)),
         crossOriginIsolated=outcome.get("crossOriginIsolated"),
     )
     signals = logs.failure_signals(console, gpu_error_list)
@@ -295,6 +295,13 @@ def webgpu_aware_threshold(threshold: dict, kind: str, precision: str, ep: str) 
         if key in widened:
             widened[key] = min(widened[key], bound) if key in LOWER_BOUNDS else max(widened[key], bound)
     return widened
+
+
+def _profiled_runs(outcome: dict) -> int:
+    timings = outcome.get("timings") or {}
+    if "first_run_ms" not in timings:
+        return 1  # the first run failed (or never started): at most one run was profiled
+    return 1 + int(timings.get("steady_runs") or 0)
 
 
 def _missing_features(ep: str, variant: dict, adapter: dict) -> list[str]:

@@ -67,8 +67,9 @@ def parse_placement(lines: list[ConsoleLine]) -> Placement:
     return placement
 
 
-def slowest_kernels(lines: list[ConsoleLine], top: int = 5) -> list[dict]:
-    """The nodes with the most total kernel time over all profiled runs.
+def slowest_kernels(lines: list[ConsoleLine], top: int = 5, runs: int = 1) -> list[dict]:
+    """The nodes with the most kernel time over the `runs` profiled runs (`per_run_us` = total / runs;
+    one node may dispatch several programs per run, so `calls` can exceed `runs`).
 
     The native WebGPU EP reports GPU time as `cat: "Api"` events named `node&OpType&Program`;
     the CPU EP reports `cat: "Node"` events named `<node>_kernel_time` (host time). GPU time is
@@ -91,7 +92,7 @@ def slowest_kernels(lines: list[ConsoleLine], top: int = 5) -> list[dict]:
     ranked = sorted(source.items(), key=lambda item: -sum(item[1]))[:top]
     return [
         {"node": node, "op": op, "clock": clock, "calls": len(durations),
-         "total_us": round(sum(durations), 1), "mean_us": round(sum(durations) / len(durations), 1)}
+         "total_us": round(sum(durations), 1), "per_run_us": round(sum(durations) / max(runs, 1), 1)}
         for (node, op), durations in ranked
     ]
 
