@@ -10,24 +10,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from pipeline.graph.passes.base import PassResult
-
-
-def _unique_name(base: str, taken: set[str]) -> str:
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
-
-
-def _all_names(graph: onnx.GraphProto) -> set[str]:
-    names = {t.name for t in graph.input} | {t.name for t in graph.output} | {t.name for t in graph.initializer}
-    for node in graph.node:
-        names.update(node.input)
-        names.update(node.output)
-        names.add(node.name)
-    return names
+from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model
 
 
 class DetachConsumedOutputs:
@@ -44,13 +27,13 @@ class DetachConsumedOutputs:
         # Already detached: produced by one of our Identity nodes and read by nobody else.
         if not consumed:
             return PassResult(model, False)
-        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model = copy_model(model)
         graph = model.graph
-        taken = _all_names(graph)
+        fresh = NameMaker(graph)
         records = []
         new_nodes = []
         for output_name in sorted(consumed):
-            internal = _unique_name(f"{output_name}__internal", taken)
+            internal = fresh(f"{output_name}__internal")
             for node in graph.node:
                 for i, name in enumerate(node.input):
                     if name == output_name:
@@ -58,7 +41,7 @@ class DetachConsumedOutputs:
                 for i, name in enumerate(node.output):
                     if name == output_name:
                         node.output[i] = internal
-            new_nodes.append(helper.make_node("Identity", [internal], [output_name], name=_unique_name(f"{output_name}__detach", taken)))
+            new_nodes.append(helper.make_node("Identity", [internal], [output_name], name=fresh(f"{output_name}__detach")))
             records.append({"output": output_name, "what": f"readers now use '{internal}'; Identity produces the graph output"})
         graph.node.extend(new_nodes)
         return PassResult(model, True, records)
@@ -73,11 +56,11 @@ class CastRetarget:
     def __call__(self, model: onnx.ModelProto) -> PassResult:
         declared = {
             vi.name: vi.type.tensor_type.elem_type
-            for graph in _graphs(model.graph)
+            for graph in all_graphs(model.graph)
             for vi in list(graph.value_info) + list(graph.output)
         }
         targets = []
-        for graph in _graphs(model.graph):
+        for graph in all_graphs(model.graph):
             for node in graph.node:
                 if node.op_type != "Cast" or declared.get(node.output[0]) != TensorProto.FLOAT16:
                     continue
@@ -86,27 +69,15 @@ class CastRetarget:
                     targets.append(node.name or node.output[0])
         if not targets:
             return PassResult(model, False)
-        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model = copy_model(model)
         wanted = set(targets)
-        for graph in _graphs(model.graph):
+        for graph in all_graphs(model.graph):
             for node in graph.node:
                 if node.op_type == "Cast" and (node.name or node.output[0]) in wanted:
                     for attribute in node.attribute:
                         if attribute.name == "to":
                             attribute.i = TensorProto.FLOAT16
         return PassResult(model, True, [{"node": name, "what": "Cast to=FLOAT -> FLOAT16 (output is typed fp16)"} for name in targets])
-
-
-def _graphs(graph: onnx.GraphProto):
-    """The graph and every subgraph (If/Loop/Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for sub in attribute.graphs:
-                    yield from _graphs(sub)
 
 
 detach_consumed_outputs = DetachConsumedOutputs()
