@@ -108,13 +108,18 @@ def chromium_path() -> str:
     )
 
 
-def launch_flags(gpu: bool = False) -> list[str]:
-    return BASE_FLAGS + (GPU_FLAGS if gpu else [])
+def launch_flags(gpu: bool = False, webgpu: bool = True) -> list[str]:
+    flags = BASE_FLAGS + (GPU_FLAGS if gpu else [])
+    # without --enable-unsafe-webgpu headless Chromium has no adapter: the no-WebGPU path, for tests
+    return flags if webgpu else [flag for flag in flags if flag != "--enable-unsafe-webgpu"]
 
 
 @contextmanager
-def launch_browser(gpu: bool = False):
-    """A Playwright `Browser` on the system Chromium with WebGPU enabled (sync API, this thread)."""
+def launch_browser(gpu: bool = False, webgpu: bool = True):
+    """A Playwright `Browser` on the system Chromium with WebGPU enabled (sync API, this thread).
+
+    `gpu` adds the hardware Vulkan adapter flags; `webgpu=False` leaves WebGPU off (tests of the
+    "no adapter" path)."""
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
@@ -122,7 +127,7 @@ def launch_browser(gpu: bool = False):
     with sync_playwright() as playwright:
         try:
             browser = playwright.chromium.launch(
-                executable_path=executable, args=launch_flags(gpu), headless=True, chromium_sandbox=False
+                executable_path=executable, args=launch_flags(gpu, webgpu), headless=True, chromium_sandbox=False
             )
         except PlaywrightError as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
