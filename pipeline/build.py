@@ -26,6 +26,7 @@ from pipeline.errors import PackError
 from pipeline.graph import passes as graph_passes
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import load_model, model_bytes
+from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
 from pipeline.progress import Progress
@@ -124,7 +125,11 @@ def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, li
         result = graph_passes.PASSES[name](model)
         steps.append(result.as_step(name))
         model = result.model
-    return model, steps
+    # Always last, and again on every variant: conversion can raise the IR version too.
+    result = ir_version_cap(model)
+    if result.changed:
+        steps.append(result.as_step(ir_version_cap.name))
+    return result.model, steps
 
 
 def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
@@ -280,7 +285,7 @@ def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds:
     model_paths: dict[str, Path] = {}
     variant_entries = {}
     for variant in variants:
-        entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
+        entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(ir_version_cap(variant.model).model), progress)
         files.append(entry)
         model_paths[variant.name] = staging / entry.path
         variant_entries[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}

@@ -108,3 +108,17 @@ def test_quantized_model_is_detected():
     """
     precision, why = detect_precision(model_from_text(text))
     assert precision == "quantized" and "DynamicQuantizeLinear" in why
+
+
+def test_ir_version_cap_lowers_onnx_default_and_is_a_no_op_below():
+    from pipeline.graph.passes.ir_version import MAX_RUNTIME_IR_VERSION, ir_version_cap
+
+    model = conv_model()
+    model.ir_version = 14  # what onnx 1.23 writes by default
+    result = ir_version_cap(model)
+    assert result.changed and result.model.ir_version == MAX_RUNTIME_IR_VERSION and model.ir_version == 14
+    assert not ir_version_cap(result.model).changed
+    feeds = {"x": np.ones((1, 3, 16, 16), np.float32)}
+    np.testing.assert_array_equal(run(result.model, feeds)["y"], run(model, feeds)["y"])
+    clean = conv_model()
+    assert clean.ir_version <= MAX_RUNTIME_IR_VERSION and not ir_version_cap(clean).changed
