@@ -71,6 +71,22 @@ def test_rebuild_is_byte_identical(conv_file, tmp_path):
             assert a.read_bytes() == b.read_bytes(), rel
 
 
+def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
+    import pipeline.build
+    import pipeline.verify.host
+
+    assert build(str(conv_file), "--no-browser", "--out", str(tmp_path / "a")).exit_code == 0
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("recomputed work that the cache holds")
+
+    monkeypatch.setattr(pipeline.verify.host, "_run_uncached", must_not_run)
+    monkeypatch.setattr(pipeline.build, "convert_to_fp16", must_not_run)
+    monkeypatch.setattr("pipeline.assets.files.brotli.compress", must_not_run)
+    result = build(str(conv_file), "--no-browser", "--out", str(tmp_path / "b"))
+    assert result.exit_code == 0, result.output
+
+
 def test_json_output_is_the_report(conv_file, tmp_path):
     result = build(str(conv_file), "--no-browser", "--json", "--out", str(tmp_path / "d"))
     assert result.exit_code == 0

@@ -32,6 +32,9 @@ def detect_precision(model: onnx.ModelProto) -> tuple[str, str]:
     fp16, fp32 = weights.get("fp16", 0), weights.get("fp32", 0)
     if fp16 and fp16 >= fp32:
         return "fp16", f"{fp16} bytes of fp16 weights vs {fp32} of fp32"
-    if any(node.name.startswith("graph_input_cast") for node in model.graph.node):
-        return "fp16", "converter-inserted graph_input_cast nodes"
+    casts_to_fp16 = any(
+        node.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT16 for a in node.attribute) for node in model.graph.node
+    )
+    if casts_to_fp16 and any(node.name.startswith("graph_input_cast") for node in model.graph.node):
+        return "fp16", "converter-inserted graph_input_cast nodes that cast to fp16"
     return "fp32", "fp32 weights"

@@ -7,6 +7,8 @@ the error or the signal; when a session crashes the child, lower optimisation le
 
 from __future__ import annotations
 
+import hashlib
+from importlib import metadata
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cache import cache_dir
 from pipeline.errors import PackError
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
@@ -37,7 +40,36 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+def _run_key(model_path: Path, feeds: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256(f"{metadata.version('onnxruntime')}|".encode())
+    with model_path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    for name in sorted(feeds):
+        array = np.ascontiguousarray(feeds[name])
+        digest.update(f"|{name}|{array.dtype}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def run_model(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
+    """Outputs of `model_path` on `feeds`; successful runs are cached by model bytes, inputs and
+    onnxruntime version, so a rebuild of unchanged inputs runs nothing."""
+    cached = cache_dir("host-runs") / f"{_run_key(model_path, feeds)}.npz"
+    if cached.exists():
+        with np.load(cached, allow_pickle=False) as result:
+            level = str(result["__level__"])
+            crashes = [str(c) for c in result["__crashes__"]]
+            return HostRun({n: result[n] for n in result.files if not n.startswith("__")}, None, level, crashes)
+    run = _run_uncached(model_path, feeds)
+    if run.outputs is not None:
+        tmp = cached.with_suffix(".tmp.npz")
+        np.savez(tmp, __level__=np.array(run.level), __crashes__=np.array(run.crashes, dtype=str), **run.outputs)
+        tmp.replace(cached)
+    return run
+
+
+def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
     crashes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pack-host-") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
