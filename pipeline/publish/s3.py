@@ -8,13 +8,15 @@ where an operation requires them.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-import boto3
 import botocore.exceptions
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 
 from pipeline.errors import PackError
@@ -69,14 +71,16 @@ def is_r2(endpoint_url: str | None) -> bool:
 
 def make_client(target: Target):  # -> botocore S3 client (boto3 ships no static type)
     """A client with R2-safe settings; fails with PackError when no credentials are found."""
-    try:
-        session = boto3.session.Session(profile_name=target.profile)
-    except botocore.exceptions.ProfileNotFound:
-        raise PackError(
-            f"AWS profile {target.profile!r} not found in the AWS config files; fix --profile / AWS_PROFILE"
-        ) from None
+    session = botocore.session.Session(profile=target.profile)
+    # The service model JSON is parsed once per process, not once per client.
+    session.register_component("data_loader", _shared_loader())
     try:
         credentials = session.get_credentials()
+        region_name = session.get_config_variable("region")
+    except botocore.exceptions.ProfileNotFound:
+        raise PackError(
+            f"AWS profile {session.profile!r} not found in the AWS config files; fix --profile / AWS_PROFILE"
+        ) from None
     except botocore.exceptions.BotoCoreError as error:
         raise PackError(f"cannot load AWS credentials: {error}") from None
     if credentials is None:
@@ -88,7 +92,7 @@ def make_client(target: Target):  # -> botocore S3 client (boto3 ships no static
         "auto"
         if is_r2(target.endpoint_url)
         # botocore reads AWS_DEFAULT_REGION and profiles; CI actions often set only AWS_REGION
-        else session.region_name or os.environ.get("AWS_REGION") or "us-east-1"
+        else region_name or os.environ.get("AWS_REGION") or "us-east-1"
     )
     config = Config(
         signature_version="s3v4",
@@ -99,7 +103,7 @@ def make_client(target: Target):  # -> botocore S3 client (boto3 ships no static
         # Path style works on every endpoint (R2, MinIO, loopback IPs); AWS keeps virtual hosts.
         s3={"addressing_style": "path" if target.endpoint_url else "auto"},
     )
-    client = session.client("s3", endpoint_url=target.endpoint_url, region_name=region, config=config)
+    client = session.create_client("s3", endpoint_url=target.endpoint_url, region_name=region, config=config)
     for operation in ("DeleteObjects", "PutBucketCors"):
         client.meta.events.register(f"before-sign.s3.{operation}", _add_content_md5)
     return client
@@ -113,6 +117,11 @@ def _add_content_md5(request, **kwargs) -> None:
         body = body.encode("utf-8")
     if isinstance(body, bytes) and "Content-MD5" not in request.headers:
         request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
+
+
+@functools.cache
+def _shared_loader() -> botocore.loaders.Loader:
+    return botocore.loaders.create_loader()
 
 
 def _max_attempts() -> int:
