@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pipeline.verify.browser.server import running_server
 RUNTIME_PREFIX = "/__ort__/"
 MODEL_PREFIX = "/__models__/"
 RUN_WATCHDOG_MS = 60_000
+_FATAL = re.compile(r"Aborted|RuntimeError|out of bounds|unreachable|watchdog|device (?:was )?lost|Out of memory", re.I)
 
 # Runs inside the harness page: import the bundle, create a session, run, hand outputs back as base64.
 _RUN_IN_PAGE = r"""
@@ -206,9 +208,9 @@ class BrowserModelRunner:
                 result.output_errors[output_name] = f"output {output_name}: {encoded.get('error')}"
         result.signals = logs.failure_signals(console, errors)
         (self._models / name).unlink(missing_ok=True)
-        if (not result.ok and result.stage != "session-create") or errors:
-            # A failed run or a GPU error can leave the wasm heap or the device unusable; a refused
-            # session (shape inference, missing kernel) leaves nothing behind and keeps the page.
+        if errors or (not result.ok and (result.stage in ("page", "import") or _FATAL.search(result.error or ""))):
+            # A wasm abort, a crashed page or a GPU error can leave the heap or the device unusable;
+            # a refused session or a kernel that threw leaves nothing behind, so the page stays.
             self._drop_page(bundle, ep)
         return result
 

@@ -12,6 +12,7 @@ stay in the prefix to show its fault.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -175,7 +176,10 @@ def locate(model: onnx.ModelProto, feeds: dict[str, np.ndarray], host: dict[str,
         outcome.update(status="not-localised",
                        detail="exposing the intermediates makes every tensor match the host: the fault depends on how the whole graph is optimised")
         return outcome
-    culprit = _bisect(failing, count)
+    # Output-size warnings name tensors that already came out wrong: the earliest bounds the search.
+    suspects = [index for index, node in enumerate(model.graph.node) if set(node.output) & _mis_sized(everything)]
+    upper = suspects[0] if suspects and failing(suspects[0]) else count - 1
+    culprit = _bisect(failing, upper + 1)
     run = prefix_run(culprit)
     if run.ok:
         found = first_disagreement(model, run, host, culprit)
@@ -183,6 +187,13 @@ def locate(model: onnx.ModelProto, feeds: dict[str, np.ndarray], host: dict[str,
         return _parted(outcome, found, "bisection")
     node = model.graph.node[culprit]
     return _parted(outcome, Divergence(culprit, node_label(node, culprit), node.op_type, error=run.why()), "bisection")
+
+
+_SIZE_WARNING = re.compile(r"does not match actual shape of \{[^}]*\} for output (\S+)")
+
+
+def _mis_sized(run: BrowserRun) -> set[str]:
+    return {match.group(1) for signal in run.signals if (match := _SIZE_WARNING.search(signal))}
 
 
 def _parted(outcome: dict[str, Any], found: Divergence, how: str) -> dict[str, Any]:
