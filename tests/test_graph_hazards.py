@@ -100,3 +100,14 @@ g (float[4] x) => (uint8[4] q, uint8 s_zero) <float scale = {0.1}, uint8 zero = 
 { q = QuantizeLinear(x, scale, zero)  s_zero = Identity(zero) }""")
     readiness = fp16_readiness(model)
     assert readiness["precision"] == "quantized" and not readiness["ready"]
+
+
+def test_fp16_readiness_flags_overflow_and_wholesale_underflow_only():
+    model = parse("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[3] x) => (float[3] y)
+<float[3] big = {1e5, 1, 2}, float eps = {1e-12}, float[200] mostly_fine = {""" + ", ".join(["1e-9"] + ["0.5"] * 199) + """}>
+{ a = Add(x, big)  b = Add(a, eps)  c = ReduceSum(mostly_fine)  y = Add(b, c) }""")
+    found = {f["node"]: f["detail"] for f in fp16_readiness(model)["findings"] if f["hazard"] == "outside-fp16-range"}
+    assert set(found) == {"big", "eps"}
+    assert found["big"].startswith("1 values above 65504") and "1 of 1 non-zero values below 6e-8" in found["eps"]

@@ -145,6 +145,7 @@ def preferred_layout(model: onnx.ModelProto) -> str | None:
 
 _FP16_MAX = 65504.0
 _FP16_TINY = 5.96e-08  # smallest fp16 subnormal: smaller non-zero magnitudes become 0
+_UNDERFLOW_SHARE = 0.01
 
 
 def fp16_readiness(model: onnx.ModelProto) -> dict[str, Any]:
@@ -165,15 +166,16 @@ def fp16_readiness(model: onnx.ModelProto) -> dict[str, Any]:
             findings.append(_hazard(node_label(node, index), "Cast", "cast-to-float", [FP16], "cast_retarget",
                                     "the converter relabels this Cast's output fp16 but keeps to=FLOAT (repaired after conversion)"))
     findings.extend(if_hazards(model))
-    out_of_range = []
     for init in graph.initializer:
         if init.data_type != onnx.TensorProto.FLOAT:
             continue
-        values = np.abs(onnx.numpy_helper.to_array(init))
-        if values.size and (values.max() > _FP16_MAX or np.any((values > 0) & (values < _FP16_TINY))):
-            out_of_range.append(init.name)
-    for name in out_of_range:
-        findings.append(_hazard(name, "initializer", "outside-fp16-range", [FP16], None,
-                                "holds values above 65504 or non-zero below 6e-8: they become inf or 0 in fp16"))
+        magnitudes = np.abs(onnx.numpy_helper.to_array(init)).reshape(-1)
+        overflow = int(np.count_nonzero(magnitudes > _FP16_MAX))
+        nonzero = int(np.count_nonzero(magnitudes))
+        underflow = int(np.count_nonzero((magnitudes > 0) & (magnitudes < _FP16_TINY)))
+        # A few flushed-to-zero weights are harmless; overflow (inf) or wholesale underflow is not.
+        if overflow or (nonzero and underflow / nonzero > _UNDERFLOW_SHARE):
+            findings.append(_hazard(init.name, "initializer", "outside-fp16-range", [FP16], None,
+                                    f"{overflow} values above 65504 become inf, {underflow} of {nonzero} non-zero values below 6e-8 become 0 in fp16"))
     blocking = precision != "fp32" or any(f["repair"] is None and f["hazard"] == "if-subgraph" for f in findings)
     return {"precision": precision, "why": why, "ready": not blocking, "findings": findings}
