@@ -272,10 +272,10 @@ def human_lines(document: dict[str, Any]) -> list[str]:
             lines.append("    host:    runs")
         else:
             host, browser = run["host"], run["browser"]
-            width = max(len(str(host["shape"])), len(str(browser["shape"]))) + 2
-            lines.append(f"    {'':8}{'host (onnxruntime CPU)':<{max(width, 24)}} browser")
-            lines.append(f"    {'shape':8}{str(host['shape']):<{max(width, 24)}} {browser['shape']}")
-            lines.append(f"    {'first':8}{str(host['first']):<{max(width, 24)}} {browser['first']}")
+            width = max(len(str(host["shape"])), len(str(host["first"])), len("host (onnxruntime CPU)")) + 2
+            lines.append(f"    {'':8}{'host (onnxruntime CPU)':<{width}}browser")
+            lines.append(f"    {'shape':8}{str(host['shape']):<{width}}{browser['shape']}")
+            lines.append(f"    {'first':8}{str(host['first']):<{width}}{browser['first']}")
             metrics = run.get("metrics", {})
             if "max_abs" in metrics:
                 lines.append(f"    max abs error {metrics['max_abs']:.3g}, relative L2 {metrics.get('rel_l2', 0):.3g}")
