@@ -122,3 +122,14 @@ def test_ir_version_cap_lowers_onnx_default_and_is_a_no_op_below():
     np.testing.assert_array_equal(run(result.model, feeds)["y"], run(model, feeds)["y"])
     clean = conv_model()
     assert clean.ir_version <= MAX_RUNTIME_IR_VERSION and not ir_version_cap(clean).changed
+
+
+def test_upcast_model_converts_again():
+    """The converter is not idempotent: a re-conversion must not meet its own cast names."""
+    model = conv_model()
+    converted, _ = convert_to_fp16(model)
+    upcast, step = upcast_to_fp32(converted)
+    assert not any(n.op_type == "Cast" for n in upcast.graph.node)
+    again, _ = convert_to_fp16(upcast)
+    feeds = {"x": np.random.default_rng(2).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)}
+    np.testing.assert_allclose(run(again, feeds)["y"], run(model, feeds)["y"], atol=1e-2)

@@ -92,10 +92,59 @@ def _upcast_graph(graph: onnx.GraphProto) -> int:
     return changed
 
 
+def _drop_noop_casts(model: onnx.ModelProto) -> int:
+    """Remove the converter's casts that became fp32 -> fp32. Left in place they keep the
+    converter's names (`*_input_cast_0`), and converting the model again would reuse those names
+    and break single assignment (the converter is not idempotent)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    outputs = {o.name for o in model.graph.output}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    renames: dict[str, str] = {}
+    kept = []
+    for node in model.graph.node:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        is_noop = node.op_type == "Cast" and types.get(node.input[0]) == TensorProto.FLOAT and any(a.name == "to" and a.i == TensorProto.FLOAT for a in node.attribute)
+        if not is_noop:
+            kept.append(node)
+        elif node.output[0] not in outputs:
+            renames[node.output[0]] = node.input[0]
+        elif node.input[0] in producers and readers.get(node.input[0]) == 1 and node.input[0] not in outputs:
+            # The cast only renamed a result into a graph output: let its producer write the output.
+            producer = producers[node.input[0]]
+            producer.output[:] = [node.output[0] if name == node.input[0] else name for name in producer.output]
+            renames[node.input[0]] = node.output[0]
+        else:
+            node.op_type = "Identity"
+            del node.attribute[:]
+            kept.append(node)
+    for graph in list(_subgraphs(model.graph)):
+        for node in graph.node:
+            node.input[:] = [renames.get(name, name) for name in node.input]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return len(renames)
+
+
+def _subgraphs(graph: onnx.GraphProto):
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+                yield sub
+                yield from _subgraphs(sub)
+
+
 def upcast_to_fp32(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     """An fp32 model computed from an fp16 model's weights: the fallback variant (and the host
     reference) for models that ship only as fp16."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     changed = _upcast_graph(model.graph)
     model = topological_sort(model).model
-    return model, {"name": "upcast_fp32", "changed": bool(changed), "records": [{"what": f"{changed} fp16 tensors, types and casts made fp32"}]}
+    dropped = _drop_noop_casts(model)
+    what = f"{changed} fp16 tensors, types and casts made fp32; {dropped} casts that became fp32 -> fp32 removed"
+    return model, {"name": "upcast_fp32", "changed": bool(changed), "records": [{"what": what}]}
