@@ -133,3 +133,32 @@ def test_upcast_model_converts_again():
     again, _ = convert_to_fp16(upcast)
     feeds = {"x": np.random.default_rng(2).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)}
     np.testing.assert_allclose(run(again, feeds)["y"], run(model, feeds)["y"], atol=1e-2)
+
+
+def test_second_conversion_around_blocked_ops_keeps_single_assignment():
+    """A model converted before (Resize kept fp32 behind `*_output_cast_0` tensors) and upcast
+    converts again: the converter would otherwise reuse those names."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    up (float[1,2,4,4] x) => (float[1,2,8,8] y) <float[4] scales = {1.0, 1.0, 2.0, 2.0}, float[1] w = {0.5}> {
+      h = Mul (x, w)
+      r = Resize <mode = "nearest"> (h, , scales)
+      y = Relu (r)
+    }
+    """
+    model = model_from_text(text)
+    converted, _ = convert_to_fp16(model)
+    upcast, _ = upcast_to_fp32(converted)
+    again, steps = convert_to_fp16(upcast)
+    assert steps[0]["name"] == "rename_converter_names"
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 2, 4, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run(again, feeds)["y"], run(model, feeds)["y"], atol=2e-3)
+
+
+def test_rename_converter_names_is_idempotent_and_a_no_op_on_clean_models():
+    from pipeline.graph.passes.fp16_ready import rename_converter_names
+
+    assert not rename_converter_names(conv_model()).changed
+    converted, _ = convert_to_fp16(model_from_text(OUTPUT_ALSO_CONSUMED))
+    once = rename_converter_names(converted)
+    assert not rename_converter_names(once.model).changed

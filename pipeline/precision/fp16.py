@@ -1,6 +1,6 @@
 """fp16 conversion that survives real models, and the reverse upcast for models shipped as fp16.
 
-`convert_to_fp16` = detach consumed outputs → onnxconverter-common (fp32 I/O kept, safe block list)
+`convert_to_fp16` = rename names the converter would reuse → detach consumed outputs → onnxconverter-common (fp32 I/O kept, safe block list)
 → Cast retarget → topological sort → full onnx.checker. Each step is recorded for report.json.
 """
 
@@ -14,7 +14,7 @@ from onnx import TensorProto, numpy_helper
 from onnxconverter_common import float16
 
 from pipeline.graph.passes.base import PassResult
-from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs
+from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs, rename_converter_names
 from pipeline.graph.passes.topo_sort import topological_sort
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
@@ -44,8 +44,10 @@ def convert_to_fp16(model: onnx.ModelProto, extra_block_list: list[str] = ()) ->
     """Returns (fp16 model, steps). Raises FP16Refused with the reason when it cannot be done."""
     block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
     steps = []
-    result = detach_consumed_outputs(model)
-    steps.append(result.as_step(detach_consumed_outputs.name))
+    result = PassResult(model, False)
+    for repair in (rename_converter_names, detach_consumed_outputs):
+        result = repair(result.model)
+        steps.append(result.as_step(repair.name))
     result = _converter_step(result.model, block_list)
     steps.append(result.as_step("fp16_convert"))
     for repair in (cast_retarget, topological_sort):

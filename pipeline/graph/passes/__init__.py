@@ -11,14 +11,14 @@ import onnx
 
 from pipeline.graph.passes.base import GraphPass, PassResult
 from pipeline.graph.passes.fold_if import fold_if
-from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs
+from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs, rename_converter_names
 from pipeline.graph.passes.neg_step_slice import neg_step_slice
 from pipeline.graph.passes.stale_shapes import stale_shapes
 from pipeline.graph.passes.topo_sort import topological_sort
 
 PASSES: dict[str, GraphPass] = {
     graph_pass.name: graph_pass
-    for graph_pass in (fold_if, neg_step_slice, stale_shapes, detach_consumed_outputs, cast_retarget, topological_sort)
+    for graph_pass in (fold_if, neg_step_slice, stale_shapes, rename_converter_names, detach_consumed_outputs, cast_retarget, topological_sort)
 }
 
 

@@ -6,6 +6,8 @@ contract in base.py. The failures they fix are measured on real models (../share
 
 from __future__ import annotations
 
+import re
+
 import onnx
 from onnx import TensorProto, helper
 
@@ -80,5 +82,39 @@ class CastRetarget:
         return PassResult(model, True, [{"node": name, "what": "Cast to=FLOAT -> FLOAT16 (output is typed fp16)"} for name in targets])
 
 
+class RenameConverterNames:
+    """Tensors and nodes already named like the converter's own casts (`<node>_output_cast_0`,
+    `graph_input_cast_0`, ...), left by an earlier conversion, collide with the casts a new
+    conversion adds and break single assignment. Give them fresh names (graph inputs and outputs
+    keep theirs: they are the model's interface)."""
+
+    name = "rename_converter_names"
+    PATTERN = re.compile(r"(_input_cast_\d+|_output_cast_\d+|^graph_input_cast\d*|^graph_output_cast\d*)$")
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        interface = {v.name for v in [*model.graph.input, *model.graph.output]}
+        clashing = sorted({
+            name
+            for graph in all_graphs(model.graph)
+            for node in graph.node
+            for name in [*node.output, node.name]
+            if name and name not in interface and self.PATTERN.search(name)
+        })
+        if not clashing:
+            return PassResult(model, False)
+        model = copy_model(model)
+        fresh = NameMaker(model.graph)
+        renames = {name: fresh(self.PATTERN.sub("", name) + "__prev_cast") for name in clashing}
+        for graph in all_graphs(model.graph):
+            for node in graph.node:
+                node.input[:] = [renames.get(n, n) for n in node.input]
+                node.output[:] = [renames.get(n, n) for n in node.output]
+                node.name = renames.get(node.name, node.name)
+            for info in graph.value_info:
+                info.name = renames.get(info.name, info.name)
+        return PassResult(model, True, [{"what": f"renamed {len(renames)} names that the converter would reuse", "examples": clashing[:3]}])
+
+
 detach_consumed_outputs = DetachConsumedOutputs()
+rename_converter_names = RenameConverterNames()
 cast_retarget = CastRetarget()
