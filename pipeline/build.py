@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from importlib import metadata
 import os
 import shutil
 import tempfile
@@ -37,8 +38,9 @@ from pipeline.verify.host import run_model
 from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
 
-# Bump when a change to conversion or repairs must invalidate cached variants.
-WORK_CACHE_VERSION = "1"
+# Cached conversions are keyed by the code that makes them too: editing any of these files, or
+# another onnx / onnxconverter-common, invalidates them without a version to remember to bump.
+_CONVERSION_CODE = ("precision/fp16.py", "graph/passes/fp16_ready.py", "graph/passes/topo_sort.py")
 
 
 @dataclass
@@ -133,7 +135,10 @@ def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, li
 
 
 def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
-    config = json.dumps([WORK_CACHE_VERSION, onnx.__version__, source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
+    package_dir = Path(__file__).resolve().parent
+    code = hashlib.sha256(b"".join((package_dir / name).read_bytes() for name in _CONVERSION_CODE)).hexdigest()
+    versions = [metadata.version("onnx"), metadata.version("onnxconverter-common")]
+    config = json.dumps([code, versions, source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
     return hashlib.sha256(config.encode()).hexdigest()
 
 
