@@ -32,9 +32,12 @@ BASE_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-# A hardware Vulkan adapter in headless Chromium (measured on NVIDIA; shared notes). The Dawn
-# toggles expose shader-f16 on NVIDIA's Vulkan driver.
+# A hardware Vulkan adapter in headless Chromium (measured on an NVIDIA H200: docs/gpu.md). The Dawn
+# toggles expose shader-f16 on NVIDIA's Vulkan driver. --enable-webgpu-developer-features unmasks
+# GPUAdapterInfo (without it `device` and `description` are empty, so report.json could not say which
+# GPU verified the package) and leaves timestamp queries unquantized for the kernel profile.
 GPU_FLAGS = [
+    "--enable-webgpu-developer-features",
     "--use-angle=vulkan",
     "--enable-features=Vulkan",
     "--use-vulkan=native",

