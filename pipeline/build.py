@@ -14,8 +14,10 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -31,7 +33,7 @@ from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
 from pipeline.progress import Progress
-from pipeline.recipe import Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
+from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.runtime import resolve_runtime
 from pipeline.source import resolve_source
 from pipeline.verify.host import run_model
@@ -47,6 +49,7 @@ _CONVERSION_CODE = ("precision/fp16.py", "graph/passes/fp16_ready.py", "graph/pa
 class BuildOptions:
     target: str  # recipe name, recipe path, or model path
     source: str | None = None
+    source_sha256: str | None = None  # for --source; the recipe's sha256 belongs to its own source
     inputs_npz: Path | None = None
     input_shapes: list[str] = field(default_factory=list)
     out_dir: Path = Path("dist")
@@ -74,20 +77,18 @@ class BuildResult:
 
 
 class Timer:
+    """Wall time per stage, in report.json `timings` as `<stage>_s`."""
+
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
 
-    def stage(self, name: str):
-        timer = self
-
-        class _Stage:
-            def __enter__(self_inner):
-                self_inner.start = time.perf_counter()
-
-            def __exit__(self_inner, *exc):
-                timer.timings[f"{name}_s"] = round(time.perf_counter() - self_inner.start, 3)
-
-        return _Stage()
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[f"{name}_s"] = round(time.perf_counter() - start, 3)
 
 
 def load_build_recipe(options: BuildOptions) -> Recipe:
@@ -101,14 +102,12 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
         raise PackError(f"'{options.target}': not a built-in recipe, a .toml recipe or an .onnx model; `pack recipes` lists the recipes")
     if options.source:
         recipe.source = options.source
-        recipe.source_sha256 = None if options.source != recipe.source else recipe.source_sha256
+        recipe.source_sha256 = options.source_sha256
     if not recipe.source:
         where = recipe.path or options.target
         raise PackError(f"{where}: no source; set recipe key 'source.uri' or pass --source")
     for option in options.input_shapes:
         name, shape = parse_input_option(option)
-        from pipeline.recipe import InputSpec
-
         spec = recipe.inputs.setdefault(name, InputSpec(name=name))
         spec.shape = shape
     return recipe

@@ -186,3 +186,26 @@ def test_recipes_lists_one_line_each():
     lines = result.output.strip().splitlines()
     assert any(line.startswith("gtcrn ") for line in lines)
     assert len(lines) == len(list(Path(__file__).resolve().parent.parent.joinpath("recipes").glob("*.toml")))
+
+
+def test_source_option_overrides_the_recipe_with_its_own_sha256(conv_file, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(conv_file.parent))
+    handler.log_message = lambda *a: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        recipe = tmp_path / "over.toml"
+        recipe.write_text('source.uri = "elsewhere.onnx"\nsource.sha256 = "' + "0" * 64 + '"\n')
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/{conv_file.name}"
+        sha = hashlib.sha256(conv_file.read_bytes()).hexdigest()
+        missing_sha = build(str(recipe), "--source", url, "--no-browser", "--out", str(tmp_path / "d"))
+        assert missing_sha.exit_code == 2 and "needs its sha256" in missing_sha.output
+        result = build(str(recipe), "--source", url, "--sha256", sha, "--no-browser", "--out", str(tmp_path / "d"))
+        assert result.exit_code == 0, result.output
+        assert json.loads((tmp_path / "d" / "over" / "report.json").read_text())["source"]["uri"] == url
+    finally:
+        httpd.shutdown()

