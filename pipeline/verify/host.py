@@ -22,6 +22,7 @@ from pipeline.cache import cache_dir
 from pipeline.errors import PackError
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
+WORKER_MODULE = "pipeline.verify.session_worker"  # run as `python -m`; tests swap in a crashing one
 RUN_TIMEOUT_S = 600
 
 
@@ -76,7 +77,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
         out_path = Path(tmp) / "out.npz"
         np.savez(feeds_path, **feeds)
         for level in OPT_LEVELS:
-            command = [sys.executable, "-m", "pipeline.verify.session_worker", str(model_path), str(feeds_path), str(out_path), level]
+            command = [sys.executable, "-m", WORKER_MODULE, str(model_path), str(feeds_path), str(out_path), level]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
