@@ -209,3 +209,21 @@ def test_source_option_overrides_the_recipe_with_its_own_sha256(conv_file, tmp_p
         assert json.loads((tmp_path / "d" / "over" / "report.json").read_text())["source"]["uri"] == url
     finally:
         httpd.shutdown()
+
+
+def test_external_data_beside_the_model_is_read(tmp_path):
+    import onnx
+
+    folder = tmp_path / "src"
+    folder.mkdir()
+    model = conv_model(channels=64)
+    onnx.save(model, str(folder / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.onnx.data", size_threshold=0)
+    assert (folder / "ext.onnx.data").stat().st_size > 10_000
+    result = build(str(folder / "ext.onnx"), "--no-browser", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "d" / "ext" / "manifest.json").read_text())
+    shipped = tmp_path / "d" / "ext" / manifest["variants"]["fp32"]["model"]
+    assert onnx.load(str(shipped)).graph.initializer[0].raw_data  # weights inlined: one file to fetch
+    (folder / "ext.onnx.data").unlink()
+    missing = build(str(folder / "ext.onnx"), "--no-browser", "--out", str(tmp_path / "e"))
+    assert missing.exit_code == 2 and "ext.onnx" in missing.output, missing.output

@@ -27,6 +27,8 @@ def load_model(path: Path) -> onnx.ModelProto:
         raise PackError(f"{path}: not a readable ONNX model ({str(error).splitlines()[0][:200]}); the file may be truncated, re-download it") from None
     except FileNotFoundError as error:
         raise PackError(f"{path}: external data file missing ({error.filename}); put it beside the model") from None
+    except onnx.checker.ValidationError as error:  # onnx's word for unreadable external data
+        raise PackError(f"{path}: external data cannot be read ({str(error).splitlines()[0][:200]}); put the data file beside the model") from None
     except OSError as error:
         raise PackError(f"{path}: cannot read ({error.strerror}); check the file") from None
     if not model.graph.node and not model.graph.output:
