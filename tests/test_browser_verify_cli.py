@@ -36,7 +36,7 @@ def test_verify_passes_and_prints_json(slice_package: Path) -> None:
 def test_verify_on_the_root_bundle_exits_1_and_says_why(slice_package: Path) -> None:
     result = runner.invoke(app, ["verify", str(slice_package), "--bundle", "root"])
     assert result.exit_code == 1, result.output
-    assert "FAIL webgpu/fp32 [root (override of webgpu) bundle]" in result.stdout
+    assert "FAIL browser webgpu/fp32 [root (override of webgpu) bundle]" in result.stdout
     assert "does not match actual shape of {1,1,1,30}" in result.stdout
     assert "FAILED: 1 passed, 1 failed, 0 not verifiable" in result.stdout
 

@@ -12,13 +12,36 @@ MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped"
 
 
 def check_line(check: dict) -> str:
-    ep = check["ep"] + (f"@{check['bundle']}" if check.get("bundle") and check["bundle"] != check["ep"] else "")
-    where = f"{check['stage']:<7} {ep:<13} {check['variant']:<9}"
+    bundle = check.get("bundle")
+    run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle != check["ep"] else "")
     output = f" {check['output']}" if check.get("output") else ""
     figures = format_metrics(check.get("metrics", {}), check.get("threshold", {}))
-    detail = check.get("detail")
-    tail = "  ".join(part for part in (figures, detail if check["status"] != "passed" else None) if part)
-    return f"  {MARKS.get(check['status'], check['status'])} {where}{output}  {tail}".rstrip()
+    detail = check.get("detail") if check["status"] != "passed" else None
+    tail = "  ".join(part for part in (figures, detail) if part)
+    return f"  {MARKS.get(check['status'], check['status'])} {check['stage']:<7} {run:<28}{output}  {tail}".rstrip()
+
+
+def browser_lines(browser: dict) -> list[str]:
+    """The adapter, then per run: status, times, CPU-fallback nodes and the slowest kernels."""
+    adapter = browser.get("adapter") or {}
+    if adapter.get("available"):
+        name = f"{adapter.get('vendor') or '?'} {adapter.get('architecture') or adapter.get('description') or ''}".strip()
+        fallback = " (fallback adapter)" if adapter.get("isFallbackAdapter") else ""
+        f16 = "shader-f16" if "shader-f16" in (adapter.get("features") or []) else "no shader-f16"
+        adapter_text = f"{name}{fallback}; {f16}"
+    else:
+        adapter_text = f"none ({adapter.get('reason')})"
+    lines = [f"browser: Chromium {browser.get('chromium')}{' --gpu' if browser.get('gpu') else ''}; WebGPU adapter: {adapter_text}"]
+    for label, run in (browser.get("eps") or {}).items():
+        times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms" for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if key in run)
+        lines.append(f"  {label}: {run.get('status')}; {times or 'no timings'}")
+        nodes = run.get("cpu_fallback_nodes") or []
+        if nodes:
+            more = f" (+{len(nodes) - 12} more)" if len(nodes) > 12 else ""
+            lines.append(f"    CPU fallback: {', '.join(nodes[:12])}{more}")
+        if run.get("slowest_kernels"):
+            lines.append(f"    slowest kernels: {', '.join(run['slowest_kernels'][:5])}")
+    return lines
 
 
 def print_summary(report: dict, package_dir: Path) -> None:
@@ -36,12 +59,9 @@ def print_summary(report: dict, package_dir: Path) -> None:
     echo("checks:")
     for check in report["checks"]:
         echo(check_line(check))
-    browser = report.get("browser") or {}
-    for ep, info in (browser.get("eps") or {}).items():
-        if isinstance(info, dict):
-            fallback = info.get("cpu_fallback_nodes") or info.get("cpuFallback") or []
-            times = ", ".join(f"{k} {v:.0f} ms" for k, v in info.items() if k.endswith("_ms") and isinstance(v, (int, float)))
-            echo(f"  browser {ep}: {times}" + (f"; CPU fallback: {', '.join(map(str, fallback[:8]))}" if fallback else ""))
+    if report.get("browser"):
+        for line in browser_lines(report["browser"]):
+            echo(line)
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in report.get("timings", {}).items())
     echo(f"timings: {timings}")
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])

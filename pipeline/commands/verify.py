@@ -17,16 +17,15 @@ import numpy as np
 import typer
 
 from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.commands.summary import MARKS, browser_lines, check_line
 from pipeline.errors import PackError
 from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
 from pipeline.verify.browser.package import load_manifest
 from pipeline.verify.host import reference_outputs
-from pipeline.verify.metrics import format_metrics
 from pipeline.verify.thresholds import threshold_for
 
 # The most faithful variant available is the reference when a package ships no fp32 one.
 REFERENCE_PRECISIONS = ("fp32", "fp16")
-MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip"}
 
 
 def verify(
@@ -118,29 +117,8 @@ def recorded_thresholds(package: Path, manifest: dict) -> dict[str, dict[str, di
 
 def summary_lines(result: BrowserResult) -> list[str]:
     """Per-check lines, per-run browser facts, and a verdict."""
-    report = result.report
-    adapter = report.get("adapter") or {}
-    adapter_text = (f"{adapter.get('vendor') or '?'} {adapter.get('architecture') or ''}".strip()
-                    + (" (fallback adapter)" if adapter.get("isFallbackAdapter") else "")
-                    + f"; features: {'shader-f16' if 'shader-f16' in (adapter.get('features') or []) else 'no shader-f16'}"
-                    if adapter.get("available") else f"no WebGPU adapter ({adapter.get('reason')})")
-    lines = [f"browser: Chromium {report.get('chromium')}{' --gpu' if report.get('gpu') else ''}; WebGPU adapter: {adapter_text}"]
-    lines.append("checks:")
-    for check in result.checks:
-        run = f"{check['ep']}/{check['variant']}" + (f" [{check['bundle']} bundle]" if check.get("bundle") not in (None, "webgpu") else "")
-        where = f"{run:<12} {check.get('output') or '':<8}"
-        figures = format_metrics(check.get("metrics") or {}, check.get("threshold") or {})
-        detail = check.get("detail") if check["status"] != "passed" else None
-        lines.append(f"  {MARKS.get(check['status'], check['status'])} {where} {'  '.join(p for p in (figures, detail) if p)}".rstrip())
-    lines.append("runs:")
-    for label, run in report.get("eps", {}).items():
-        times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms"
-                          for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if key in run)
-        lines.append(f"  {label}: {run.get('status')}; {times or 'no timings'}")
-        if run.get("cpu_fallback_nodes"):
-            lines.append(f"    CPU fallback: {', '.join(run['cpu_fallback_nodes'][:12])}")
-        if run.get("slowest_kernels"):
-            lines.append(f"    slowest kernels: {', '.join(run['slowest_kernels'][:5])}")
+    browser = browser_lines(result.report)
+    lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
     counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
     verdict = "FAILED" if result.failed else "PASSED"
     lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable")

@@ -18,7 +18,6 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from pipeline.errors import PackError
 
