@@ -401,6 +401,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress)
     report["source"].update(uri=recipe.source, file=source_path.name)
     with timer.stage("repair"):
+        progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
         source_sha = hashlib.sha256(model_bytes(model)).hexdigest()
         report["source"]["sha256"] = source_sha
@@ -409,6 +410,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     with timer.stage("samples"):
         feeds = make_feeds(model, recipe, options.inputs_npz)
     with timer.stage("convert"):
+        progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
         variants, reference_model = make_variants(model, recipe, source_sha, report)
 
     options.out_dir.mkdir(parents=True, exist_ok=True)
