@@ -441,6 +441,12 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         report["passed"] = bool(ran) and all(c["status"] == "passed" for c in ran)
         browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])
         manifest["verification"] = {"browser": browser_ran, "passed": report["passed"]}
+        # Per (bundle, EP, variant) browser status: the loader skips a pair recorded as failed.
+        runs = report.get("browser", {}).get("runs", []) if options.browser else []
+        manifest["verification"]["runs"] = sorted(
+            ({key: run[key] for key in ("bundle", "ep", "variant", "status")} for run in runs),
+            key=lambda run: (run["bundle"], run["ep"], run["variant"], run["status"]),
+        )
         _write_json(staging / "manifest.json", manifest)
         _write_json(staging / "report.json", report)
         _finish(staging, destination)

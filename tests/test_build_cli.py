@@ -34,7 +34,7 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     assert set(manifest["variants"]) == {"fp16", "fp32"}
     assert manifest["variants"]["fp16"]["requires"] == ["shader-f16"]
     assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 16, 16], "dtype": "float32", "sampleShape": [1, 3, 16, 16]}]
-    assert manifest["verification"] == {"browser": False, "passed": True}
+    assert manifest["verification"] == {"browser": False, "passed": True, "runs": []}
     assert set(manifest["runtime"]["bundles"]) == {"webgpu", "wasm"}
     for path, entry in manifest["files"].items():
         data = (package / path).read_bytes()

@@ -479,3 +479,106 @@ def test_webgpu_ep_options_and_session_options_reach_onnxruntime(browser, image_
     [options] = created["seen"]
     assert options["executionProviders"] == [{"name": "webgpu", "preferredLayout": "NCHW"}]
     assert options["logSeverityLevel"] == 3
+
+
+def _with_verification_runs(image_package: Path, folder: Path, failed: set[tuple[str, str, str]]) -> Path:
+    """A copy of the image package whose manifest records the build's browser runs, `failed` among them."""
+    package = shutil.copytree(image_package, folder)
+    manifest = read_manifest(package)
+    pairs = [("wasm", "wasm", "fp32"), ("webgpu", "wasm", "fp32"), ("webgpu", "webgpu", "fp16"), ("webgpu", "webgpu", "fp32")]
+    statuses = {("webgpu", "webgpu", "fp16"): "not-verifiable"}
+    manifest["verification"] = {
+        "browser": True,
+        "passed": not failed,
+        "runs": [{"bundle": b, "ep": e, "variant": v, "status": "failed" if (b, e, v) in failed else statuses.get((b, e, v), "passed")} for b, e, v in pairs],
+    }
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    return package
+
+
+def test_pair_that_failed_verification_is_skipped_unless_forced(browser, image_package, pages, tmp_path):
+    package = _with_verification_runs(image_package, tmp_path / "failed-webgpu", {("webgpu", "webgpu", "fp32")})
+    bundles = read_manifest(package)["runtime"]["bundles"]
+    with running_server(package, {TEST_PREFIX: pages}) as failed_server:
+        page = blank_page(browser, failed_server)
+        try:
+            mark = len(failed_server.requests)
+            skipped = load_and_run(page, failed_server.url, {"cache": False})
+            served = served_since(failed_server, mark)
+            page.reload()
+            forced_variant = load_and_run(page, failed_server.url, {"variant": {"webgpu": "fp32"}, "cache": False})
+            page.reload()
+            # What the build's verification harness passes: one EP, a variant and a runtime key.
+            harness_like = load_and_run(page, failed_server.url, {"executionProviders": ["webgpu"], "variant": "fp32", "runtime": "webgpu", "cache": False}, run=False)
+            page.reload()
+            picks = page.evaluate(
+                """async (base) => {
+                     const { pickVariant, verificationStatus } = await import(base + 'loader.js');
+                     const manifest = await (await fetch(base + 'manifest.json')).json();
+                     const f16 = new Set(['shader-f16']);
+                     const none = new Set();
+                     const fp16Failed = { ...manifest, verification: { runs: manifest.verification.runs.map((r) =>
+                       r.ep === 'webgpu' ? { ...r, status: r.variant === 'fp16' ? 'failed' : 'passed' } : r) } };
+                     return [pickVariant(manifest, 'webgpu', none, undefined, 'webgpu'),  // fp32 failed, fp16 needs f16
+                             pickVariant(manifest, 'webgpu', none),                      // no bundle: no skipping
+                             pickVariant(manifest, 'webgpu', f16, undefined, 'webgpu'),   // not-verifiable is allowed
+                             pickVariant(fp16Failed, 'webgpu', f16, undefined, 'webgpu'), // falls to the next variant
+                             pickVariant(manifest, 'webgpu', none, 'fp32', 'webgpu'),     // forced: never skipped
+                             verificationStatus(manifest, 'webgpu', 'webgpu', 'fp32'),
+                             verificationStatus(manifest, 'webgpu', 'webgpu', 'fp16'),
+                             verificationStatus(manifest, 'wasm', 'wasm', 'fp32'),
+                             verificationStatus(manifest, 'custom', 'wasm', 'fp32'),
+                             verificationStatus({ verification: { browser: false, passed: true } }, 'wasm', 'wasm', 'fp32')];
+                   }""",
+                failed_server.url,
+            )
+        finally:
+            page.context.close()
+
+    # Lands on wasm/fp32 (the wasm bundle, as without an adapter) without trying webgpu.
+    assert skipped["ok"], skipped
+    info = skipped["infoAfterRun"]
+    assert (info["ep"], info["variant"], info["bundle"], info["verified"]) == ("wasm", "fp32", "wasm", "passed")
+    expected_skip = {"ep": "webgpu", "variant": "fp32", "bundle": "webgpu", "reason": "failed browser verification at build time"}
+    assert info["skipped"] == [expected_skip] and info["fallbacks"] == []
+    assert [e for e in skipped["events"] if e["type"] == "skip"] == [{"type": "skip", **expected_skip}]
+    assert [(e["ep"], e["variant"]) for e in skipped["events"] if e["type"] == "session"] == [("wasm", "fp32")]
+    assert not [e for e in skipped["events"] if e["type"] in ("error", "fallback")]
+    assert "/" + bundles["webgpu"]["module"] not in served and "/" + bundles["wasm"]["module"] in served
+    np.testing.assert_allclose(decode_output(skipped["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
+
+    # A forced variant (or runtime) still runs the pair, and says what the build recorded.
+    assert forced_variant["ok"], forced_variant
+    forced = forced_variant["infoAfterRun"]
+    assert (forced["ep"], forced["variant"], forced["bundle"], forced["verified"]) == ("webgpu", "fp32", "webgpu", "failed")
+    assert forced["skipped"] == [] and not [e for e in forced_variant["events"] if e["type"] == "skip"]
+    np.testing.assert_allclose(decode_output(forced_variant["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
+    assert harness_like["ok"], harness_like
+    assert (harness_like["info"]["ep"], harness_like["info"]["variant"], harness_like["info"]["verified"]) == ("webgpu", "fp32", "failed")
+
+    assert picks == [None, "fp32", "fp16", "fp32", "fp32", "failed", "not-verifiable", "passed", "unverified", "unverified"]
+
+
+def test_skipping_keeps_the_bundle_whose_pair_passed_and_fails_clearly_when_nothing_is_left(browser, image_package, pages, tmp_path):
+    # The wasm bundle failed wasm/fp32 but the webgpu bundle passed it: wasm runs on the webgpu bundle.
+    package = _with_verification_runs(image_package, tmp_path / "two-failed", {("webgpu", "webgpu", "fp32"), ("wasm", "wasm", "fp32")})
+    everything = _with_verification_runs(image_package, tmp_path / "all-failed", {("webgpu", "webgpu", "fp32"), ("wasm", "wasm", "fp32"), ("webgpu", "wasm", "fp32")})
+    with running_server(package, {TEST_PREFIX: pages}) as two_server:
+        page = blank_page(browser, two_server)
+        try:
+            kept = load_and_run(page, two_server.url, {"cache": False}, run=False)
+        finally:
+            page.context.close()
+    with running_server(everything, {TEST_PREFIX: pages}) as all_server:
+        page = blank_page(browser, all_server)
+        try:
+            nothing = load_and_run(page, all_server.url, {"cache": False}, run=False)
+        finally:
+            page.context.close()
+    assert kept["ok"], kept
+    assert (kept["info"]["ep"], kept["info"]["bundle"], kept["info"]["verified"]) == ("wasm", "webgpu", "passed")
+    assert [(s["ep"], s["variant"], s["bundle"]) for s in kept["info"]["skipped"]] == [("webgpu", "fp32", "webgpu")]
+    assert not nothing["ok"] and nothing["name"] == "PackLoadError"
+    assert "no execution provider can run here" in nothing["message"]
+    assert "webgpu/fp32: failed browser verification at build time" in nothing["message"]
+    assert "wasm/fp32: failed browser verification at build time" in nothing["message"]

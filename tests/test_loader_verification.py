@@ -1,0 +1,65 @@
+"""`pack build` records each browser run's status in manifest.verification.runs, and the shipped
+loader reads it (info.verified). A real build of a tiny conv model, browser checks on SwiftShader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
+from pipeline.cli import app
+from pipeline.verify.browser.chromium import launch_browser
+from pipeline.verify.browser.server import running_server
+from tests.build_helpers import conv_model, save
+
+runner = CliRunner()
+
+
+def _build(model: Path, out: Path, *flags: str) -> tuple[int, dict, dict]:
+    result = runner.invoke(app, ["build", str(model), "--out", str(out), "--json", *flags])
+    assert result.exit_code in (0, 1), result.output
+    package = out / model.stem
+    return result.exit_code, json.loads((package / "manifest.json").read_text()), json.loads(result.stdout)
+
+
+@pytest.mark.browser
+def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
+    model = save(conv_model(channels=4, size=8), tmp_path / "tiny-verified.onnx")
+    code, manifest, report = _build(model, tmp_path / "dist")
+    runs = manifest["verification"]["runs"]
+    # One entry per browser run, exactly the report's, in (bundle, ep, variant) order.
+    assert runs == sorted(
+        ({"bundle": r["bundle"], "ep": r["ep"], "variant": r["variant"], "status": r["status"]} for r in report["browser"]["runs"]),
+        key=lambda r: (r["bundle"], r["ep"], r["variant"]),
+    )
+    assert [(r["bundle"], r["ep"], r["variant"]) for r in runs] == [
+        ("wasm", "wasm", "fp32"),
+        ("webgpu", "wasm", "fp32"),
+        ("webgpu", "webgpu", "fp16"),
+        ("webgpu", "webgpu", "fp32"),
+    ]
+    statuses = {(r["bundle"], r["ep"], r["variant"]): r["status"] for r in runs}
+    # SwiftShader has no shader-f16: fp16 on webgpu can only be not-verifiable here.
+    assert statuses.pop(("webgpu", "webgpu", "fp16")) == "not-verifiable"
+    assert set(statuses.values()) == {"passed"}, runs
+    assert code == 0 and manifest["verification"]["browser"] is True and manifest["verification"]["passed"] is True
+
+    # The shipped loader lands on webgpu/fp32 and says the build verified that pair.
+    package = tmp_path / "dist" / model.stem
+    with running_server(package, {TEST_PREFIX: blank_pages_dir(tmp_path / "pages")}) as server, launch_browser() as browser:
+        page = browser.new_context().new_page()
+        page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+        loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False}, "run": False})
+    assert loaded["ok"], loaded
+    info = loaded["info"]
+    assert (info["ep"], info["variant"], info["bundle"], info["verified"], info["skipped"]) == ("webgpu", "fp32", "webgpu", "passed", [])
+
+
+def test_no_browser_build_records_no_runs(tmp_path):
+    model = save(conv_model(channels=4, size=8), tmp_path / "tiny-unverified.onnx")
+    code, manifest, _ = _build(model, tmp_path / "dist", "--no-browser")
+    assert code == 0
+    assert manifest["verification"] == {"browser": False, "passed": True, "runs": []}
