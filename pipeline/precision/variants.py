@@ -1,0 +1,94 @@
+"""Which variants a package ships, made from the repaired source model.
+
+fp32 sources are converted to fp16 (cached per source bytes, settings and conversion code); sources
+already in fp16 ship as fp16 with an upcast fp32 fallback; quantized sources ship as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import onnx
+
+from pipeline.cache import cache_dir
+from pipeline.graph.model_io import model_bytes
+from pipeline.precision.detect import detect_precision
+from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
+from pipeline.recipe import Recipe
+
+# Cached conversions are keyed by the code that makes them too: editing any of these files, or
+# another onnx / onnxconverter-common, invalidates them without a version to remember to bump.
+_CONVERSION_CODE = ("precision/fp16.py", "graph/passes/fp16_ready.py", "graph/passes/topo_sort.py")
+
+
+
+@dataclass
+class Variant:
+    name: str  # manifest key: fp32 | fp16 | quantized
+    precision: str
+    model: onnx.ModelProto
+    origin: str  # how it was made, for the summary
+    requires: list[str] = field(default_factory=list)
+
+
+def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
+    package_dir = Path(__file__).resolve().parent.parent
+    code = hashlib.sha256(b"".join((package_dir / name).read_bytes() for name in _CONVERSION_CODE)).hexdigest()
+    versions = [metadata.version("onnx"), metadata.version("onnxconverter-common")]
+    config = json.dumps([code, versions, source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
+    return hashlib.sha256(config.encode()).hexdigest()
+
+
+def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str]) -> tuple[onnx.ModelProto | None, list[dict], str | None]:
+    """fp16 conversion, reused from the work cache when the source and settings are unchanged."""
+    folder = cache_dir("work", key)
+    model_file, steps_file = folder / "fp16.onnx", folder / "fp16.steps.json"
+    if steps_file.exists():
+        cached = json.loads(steps_file.read_text())
+        if cached.get("refused"):
+            return None, cached["steps"], cached["refused"]
+        if model_file.exists():
+            return onnx.load(str(model_file)), cached["steps"], None
+    try:
+        converted, steps = convert_to_fp16(model, block_ops)
+        refused = None
+        model_file.write_bytes(model_bytes(converted))
+    except FP16Refused as error:
+        converted, steps, refused = None, [{"name": "fp16_convert", "changed": False, "records": [], "refused": str(error)}], str(error)
+    steps_file.write_text(json.dumps({"steps": steps, "refused": refused}))
+    return converted, steps, refused
+
+
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, report: dict) -> tuple[list[Variant], onnx.ModelProto]:
+    """The variants to ship and the fp32 model that serves as the host reference."""
+    precision, why = detect_precision(model)
+    report["source"]["precision"] = precision
+    report["source"]["precision_reason"] = why
+    if precision == "quantized":
+        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]})
+        return [Variant("quantized", "quantized", model, "source (quantized)")], model
+    if precision == "fp16":
+        reference, step = upcast_to_fp32(model)
+        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]})
+        variants = []
+        if "fp16" in recipe.variants:
+            variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
+        if "fp32" in recipe.variants:
+            report["steps"].append(step)
+            variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
+        return variants, reference
+    variants = []
+    if "fp16" in recipe.variants:
+        converted, steps, refused = _cached_fp16(model, _work_key(source_sha, recipe), recipe.fp16_block_ops)
+        report["steps"].extend(steps)
+        if refused:
+            report["variants_refused"]["fp16"] = refused
+        else:
+            variants.append(Variant("fp16", "fp16", converted, "converted", ["shader-f16"]))
+    if "fp32" in recipe.variants or not variants:
+        variants.append(Variant("fp32", "fp32", model, "source"))
+    return variants, model
