@@ -206,7 +206,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.build-", dir=options.out_dir))
     try:
         with timer.stage("assets"):
-            manifest, model_paths = write_package(staging, recipe, variants, feeds, reference_model, {}, progress)
+            manifest, model_paths = write_package(staging, recipe, variants, feeds, reference_model, progress)
         with timer.stage("host_verify"):
             reference = _reference_outputs(reference_model, variants, model_paths, feeds, source_path)
             manifest["outputs"] = io_entries(reference_model, reference, recipe, outputs=True)

@@ -48,8 +48,10 @@ def _variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]
     return table
 
 
-def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds: dict[str, np.ndarray], reference_model: onnx.ModelProto, reference: dict[str, np.ndarray], progress: Progress) -> tuple[dict, dict[str, Path]]:
-    """Model files, sample, runtime files, manifest and loader into `staging`. Returns (manifest, model paths)."""
+def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds: dict[str, np.ndarray], reference_model: onnx.ModelProto, progress: Progress) -> tuple[dict, dict[str, Path]]:
+    """Model files, sample and runtime files into `staging`, and the manifest that describes them.
+    Returns (manifest, model path per variant); the build adds the outputs' sample shapes once the
+    reference has run on the shipped fp32 file."""
     files: list[PackageFile] = []
     model_paths: dict[str, Path] = {}
     variant_entries = {}
@@ -81,7 +83,7 @@ def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds:
         "variants": variant_entries,
         "variantFor": _variant_for(variants, recipe),
         "inputs": io_entries(reference_model, feeds, recipe, outputs=False),
-        "outputs": io_entries(reference_model, reference, recipe, outputs=True),
+        "outputs": io_entries(reference_model, None, recipe, outputs=True),
         "sample": {"file": sample.path, "tensors": tensors},
         "runtime": {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles},
         "executionProviders": recipe.chains,
