@@ -40,13 +40,26 @@ def _brotli_quality(size: int, suffix: str) -> int:
     return 11 if size <= 4 << 20 or (suffix in (".wasm", ".mjs", ".js") and size <= 64 << 20) else 5
 
 
-def brotli_encode(data: bytes, sha256: str, suffix: str = "") -> bytes:
+def _compress(data: bytes, quality: int, label: str, progress: Progress) -> bytes:
+    """Streamed in fixed 1 MiB chunks (deterministic output) so the bar moves on large files."""
+    compressor = brotli.Compressor(quality=quality)
+    chunks = []
+    with progress.task(label, len(data), "bytes") as task:
+        for start in range(0, len(data), 1 << 20):
+            chunk = data[start : start + (1 << 20)]
+            chunks.append(compressor.process(chunk))
+            task.advance(len(chunk))
+        chunks.append(compressor.finish())
+    return b"".join(chunks)
+
+
+def brotli_encode(data: bytes, sha256: str, suffix: str, label: str, progress: Progress) -> bytes:
     """Brotli bytes, cached by content hash so unchanged files are never recompressed."""
     quality = _brotli_quality(len(data), suffix)
     cached = cache_dir("brotli") / f"{sha256}.q{quality}.br"
     if cached.exists():
         return cached.read_bytes()
-    encoded = brotli.compress(data, quality=quality)
+    encoded = _compress(data, quality, label, progress)
     atomic_write(cached, encoded)
     return encoded
 
@@ -76,9 +89,7 @@ def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: P
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
-    with progress.task(f"brotli {Path(path).name}", len(data), "bytes") as task:
-        encoded = brotli_encode(data, sha256, suffix)
-        task.advance(len(data))
+    encoded = brotli_encode(data, sha256, suffix, f"brotli {Path(path).name}", progress)
     if len(encoded) <= len(data) * (1 - MIN_SAVING):
         (root / f"{path}.br").write_bytes(encoded)
         return PackageFile(path, sha256, len(data), f"{path}.br", len(encoded))
