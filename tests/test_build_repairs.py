@@ -47,3 +47,27 @@ def test_without_the_repair_the_root_bundle_is_wrong_on_webgpu(tmp_path):
     code, verified = _verify_on_root(package)
     failed = [c for c in verified["checks"] if c["status"] == "failed"]
     assert code == 1 and failed and all(c["ep"] == "webgpu" for c in failed)
+
+
+def test_stale_shapes_in_a_decoder_head_are_repaired_before_the_browser_sees_them(tmp_path):
+    """A WavTokenizer-style ISTFT head whose Squeeze carries a stale 3-D shape: every onnxruntime-web
+    bundle refuses the session; the build's automatic stale_shapes repair makes it pass."""
+    import onnx
+
+    from tests.graph_helpers import decoder_head_model
+
+    model = decoder_head_model(stale=True)
+    onnx.save(model, str(tmp_path / "head.onnx"))
+    for auto in (False, True):
+        recipe = tmp_path / f"head-{'auto' if auto else 'raw'}.toml"
+        recipe.write_text(f'source.uri = "head.onnx"\nvariants = ["fp32"]\n[repairs]\nauto = {str(auto).lower()}\n[outputs.audio]\nkind = "audio"\n')
+        result = runner.invoke(app, ["build", str(recipe), "--json", "--out", str(tmp_path / "dist")])
+        report = json.loads(result.stdout)
+        browser = [c for c in report["checks"] if c["stage"] == "browser"]
+        if auto:
+            assert result.exit_code == 0, [c.get("detail") for c in browser if c["status"] != "passed"]
+            assert next(s for s in report["steps"] if s["name"] == "stale_shapes")["changed"]
+        else:
+            assert result.exit_code == 1
+            assert browser and all(c["status"] == "failed" for c in browser)
+            assert any("ShapeInferenceError" in (c.get("detail") or "") for c in browser)
