@@ -43,7 +43,7 @@ ISOLATION_HEADERS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class ServedRequest:
     path: str
     status: int
@@ -143,15 +143,16 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
             for name, value in ISOLATION_HEADERS.items():
                 self.send_header(name, value)
             self.end_headers()
-            sent = 0
+            # Logged before the body goes out: a client that has read the body finds its request
+            # in the log (logging after the send raced with tests reading the log).
+            record = ServedRequest(url_path, HTTPStatus.OK, encoding, size if send_body else 0)
+            server.requests.append(record)
             if send_body:
                 try:
                     with body_path.open("rb") as body:
                         shutil.copyfileobj(body, self.wfile, 1 << 20)
-                    sent = size
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the page navigated away or was closed mid-transfer
-            server.requests.append(ServedRequest(url_path, HTTPStatus.OK, encoding, sent))
+                    record.size = 0  # the page navigated away or was closed mid-transfer
 
         def _fail(self, status: HTTPStatus, url_path: str) -> None:
             body = f"{status.value} {status.phrase}: {url_path}\n".encode()
@@ -161,9 +162,9 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
             for name, value in ISOLATION_HEADERS.items():
                 self.send_header(name, value)
             self.end_headers()
+            server.requests.append(ServedRequest(url_path, status.value, None, len(body) if self.command != "HEAD" else 0))
             if self.command != "HEAD":
                 self.wfile.write(body)
-            server.requests.append(ServedRequest(url_path, status.value, None, len(body)))
 
     return Handler
 
