@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -214,9 +213,7 @@ def test_second_load_comes_from_cache_storage_without_network_bytes(browser, ser
         mark = len(server.requests)
         network = []
         page.on("requestfinished", lambda request: network.append(request.url))
-        started = time.monotonic()
         second = load_and_run(page, server.url, {"executionProviders": ["wasm"]})
-        second_s = time.monotonic() - started
         assert second["ok"], second
         served = served_since(server, mark)
         assert not [path for path in served if path.lstrip("/") in cached], served
@@ -224,7 +221,6 @@ def test_second_load_comes_from_cache_storage_without_network_bytes(browser, ser
         assert {e["file"] for e in second["events"] if e["type"] == "cache-hit"} >= cached
         # The cache answers with the same, re-checked bytes: same output.
         assert second["outputs"]["y"]["bytes"] == first["outputs"]["y"]["bytes"]
-        assert second_s < 30
     finally:
         page.context.close()
 
