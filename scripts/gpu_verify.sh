@@ -9,6 +9,7 @@
 #                     .whl/                     playwright, greenlet, brotli, onnxconverter-common (cp312 wheels)
 #                     .gpu-web/pkg/pkg.tar      the package without the raw files that have a .br copy
 #                                               (restored from the .br on the device: 6.4 MiB instead of 47)
+#                     .gpu-web/fonts/           DejaVu Sans, Sans Bold, Sans Mono (the device has no fonts)
 #                     .gpu-web/cache/cache.tar.xz  what `pack build` needs from $PACK_CACHE_DIR without a
 #                                               network: the PyPI source, the onnxruntime-web bundles it
 #                                               resolves, brotli encodings, conversions (16 MiB)
@@ -17,6 +18,10 @@
 #                   the machine stays warm), install the wheels there, restore the package
 #   verify          pack verify <package> --gpu --json (and a gpu-browser probe page, for comparison)
 #   build           pack build gtcrn --gpu --json offline from the carried cache
+#   demo            the package's own demo page index.html, no query options (the loader picks EP and variant by
+#                   itself), in Chromium with pack's --gpu flags, then with the same flags minus the Dawn toggle
+#                   vulkan_enable_f16_on_nvidia (no shader-f16 on the same GPU): window.packDemo, the loader's info
+#                   (its 'ready' event), the adapter, a screenshot each (demo.json, demo-f16.png, demo-nof16.png)
 #
 # The device calls (`run` is a tool, not a shell command; each call carries at most 64 MiB; issue them back
 # to back: the machine and /opt are given back about 30 s after a call):
@@ -28,12 +33,15 @@
 #      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh verify
 #   4. carry [".gpu-payload/tool", ".gpu-web/cache"]                   timeout_s 600
 #      bash scripts/gpu_verify.sh build
+# or, for the demo, instead of 3 and 4 (calls 1 and 2 as above):
+#   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/fonts"]           timeout_s 240
+#      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh demo
 # then give_back. The JSON reports come back under the call's files (verify.json, build.json, ...).
 #
 # pack's CLI module imports every command (publish needs boto3), so this drives the command functions
 # directly (typer.run(pipeline.commands.verify.verify)): same options, same exit codes.
 set -u
-MODE=${1:?usage: gpu_verify.sh prepare|stash|verify|build}
+MODE=${1:?usage: gpu_verify.sh prepare|stash|verify|build|demo}
 STASH=${PACK_GPU_STASH:-/opt/packstash}
 TOOL=.gpu-payload/tool
 OUT=${OUT:-/tmp/pack-gpu-out}
@@ -52,6 +60,10 @@ prepare)
   grep -qx '/.gpu-web/' .git/info/exclude 2>/dev/null || printf '/.gpu-web/\n/.gpu-payload/\n/.whl/\n' >> .git/info/exclude
   PACK_CACHE_DIR=${PACK_CACHE_DIR:-$PWD/.cache/pack}
   export PACK_CACHE_DIR
+  # a package older than the code that renders it (loader, manifest) is rebuilt: `demo` tests the shipped loader
+  if [ -f .gpu-web/dist/gtcrn/manifest.json ] && [ -n "$(find pipeline web_template -type f -newer .gpu-web/dist/gtcrn/manifest.json | head -1)" ]; then
+    rm -rf .gpu-web/dist/gtcrn
+  fi
   [ -f .gpu-web/dist/gtcrn/manifest.json ] || .venv/bin/pack build gtcrn --out .gpu-web/dist
   [ -f .gpu-payload/tool/manifest.txt ] || ../shared/tools/gpu-browser/build-payload.sh .gpu-payload
   mkdir -p .whl
@@ -59,7 +71,10 @@ prepare)
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
     playwright==1.65.2 greenlet==3.5.6 brotli==1.2.1 onnxconverter-common==1.16.0
-  mkdir -p .gpu-web/pkg .gpu-web/cache
+  mkdir -p .gpu-web/pkg .gpu-web/cache .gpu-web/fonts
+  # the device has no fonts: without these the demo page's screenshot shows its canvases but no text
+  cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf /usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf \
+     /usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf .gpu-web/fonts/ || echo "no DejaVu fonts (apt-get install fonts-dejavu-core): the demo screenshots will have no text"
   (cd .gpu-web/dist && tar -cf ../pkg/pkg.tar \
      $(find gtcrn -type f ! -name '*.br' -exec sh -c '[ -f "$1.br" ] || echo "$1"' _ {} \;) $(find gtcrn -name '*.br'))
   R=runtime/onnxruntime-web/1.30.0
@@ -144,5 +159,69 @@ print('timings', d.get('timings'))
 EOF
   exit $rc
   ;;
-*) echo "usage: gpu_verify.sh prepare|stash|verify|build" >&2; exit 2 ;;
+demo)
+  device_env
+  if [ -d .gpu-web/fonts ]; then   # a fontconfig of the carried fonts only, else the page's text is not drawn
+    printf '<?xml version="1.0"?>\n<fontconfig><dir>%s</dir><cachedir>%s</cachedir></fontconfig>\n' \
+      "$PWD/.gpu-web/fonts" "$STASH/fontcache" >"$STASH/fonts.conf"
+    export FONTCONFIG_FILE=$STASH/fonts.conf
+  fi
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  t=$(date +%s)
+  timeout 200 python3 - "$STASH/dist/gtcrn" "$OUT" >"$OUT/demo.out" 2>&1 <<'EOF'
+import json, sys, time
+from pathlib import Path
+from pipeline.verify.browser import chromium
+from pipeline.verify.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
+from pipeline.verify.browser.server import running_server
+
+package, out = Path(sys.argv[1]), Path(sys.argv[2])
+F16 = 'vulkan_enable_f16_on_nvidia'
+with_f16 = list(chromium.GPU_FLAGS)
+without_f16 = [flag.replace(',' + F16, '') for flag in with_f16]
+results = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'runs': {}}
+for name, flags in (('f16', with_f16), ('nof16', without_f16)):
+    chromium.GPU_FLAGS = flags                   # launch_flags(gpu=True) reads it at launch
+    run = results['runs'][name] = {'flags': chromium.launch_flags(gpu=True)}
+    started = time.time()
+    try:
+        with running_server(package) as server, launch_browser(gpu=True) as browser:
+            run['chromium'] = browser.version
+            page, watch = new_watched_page(browser)
+            page.set_viewport_size({'width': 1100, 'height': 900})
+            page.goto(server.url + 'index.html')   # no query options: the loader decides
+            page.wait_for_function('() => window.packDemo', timeout=120_000)
+            run['packDemo'] = page.evaluate('() => window.packDemo')
+            events = [json.loads(line) for line in page.evaluate("() => document.getElementById('log').textContent").splitlines() if line.startswith('{')]
+            run['info'] = next((e for e in reversed(events) if e.get('type') == 'ready'), None)
+            run['loader_adapter'] = next((e for e in events if e.get('type') == 'adapter'), None)
+            run['events'] = [e for e in events if e.get('type') in ('platform', 'skip', 'bundle', 'session', 'prewarm', 'error', 'fallback', 'warning')]
+            run['table'] = page.evaluate("() => [...document.querySelectorAll('#info tr')].map(r => [r.cells[0].textContent, r.cells[1].textContent])")
+            run['status'] = page.evaluate("() => document.getElementById('status').textContent")
+            page.evaluate("() => { document.querySelector('details').open = true; }")
+            page.screenshot(path=str(out / f'demo-{name}.png'), full_page=True)
+            run['adapter'] = probe_adapter(page)
+            run['gpu_errors'] = gpu_errors(page)
+            run['console_errors'] = [line.text[:300] for line in watch.lines if line.type in ('error', 'pageerror')][:10]
+            page.context.close()
+    except Exception as error:
+        run['error'] = f'{type(error).__name__}: {error}'
+    run['wall_s'] = round(time.time() - started, 1)
+    a, info, demo = run.get('adapter') or {}, run.get('info') or {}, run.get('packDemo') or {}
+    print(f"{name}: packDemo {json.dumps(demo)}")
+    print(f"  info {json.dumps({k: info.get(k) for k in ('ep', 'variant', 'bundle', 'verified', 'platform', 'chain', 'threads', 'fallbacks', 'skipped')})}")
+    print(f"  adapter {a.get('vendor')} {a.get('description')} fallback={a.get('isFallbackAdapter')} shader-f16={'shader-f16' in (a.get('features') or [])}"
+          f" | loader saw shader-f16={'shader-f16' in ((run.get('loader_adapter') or {}).get('features') or [])}"
+          f" | gpu errors {len(run.get('gpu_errors') or [])} | {run['wall_s']} s {run.get('error') or ''}")
+(out / 'demo.json').write_text(json.dumps(results, indent=1))
+picked = {n: (r.get('packDemo') or {}).get('variant') for n, r in results['runs'].items()}
+good = all((r.get('packDemo') or {}).get('ok') for r in results['runs'].values()) and picked == {'f16': 'fp16', 'nof16': 'fp32'}
+print('fp16 with shader-f16, fp32 without:', picked, 'OK' if good else 'MISMATCH')
+sys.exit(0 if good else 1)
+EOF
+  rc=$?
+  echo "demo: exit $rc in $(( $(date +%s) - t )) s"; tail -c 6000 "$OUT/demo.out"
+  exit $rc
+  ;;
+*) echo "usage: gpu_verify.sh prepare|stash|verify|build|demo" >&2; exit 2 ;;
 esac
