@@ -28,9 +28,5 @@ app.command()(diagnose)
 # --- end commands ---
 
 
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
 if __name__ == "__main__":
     app()

@@ -46,6 +46,26 @@ STASH=${PACK_GPU_STASH:-/opt/packstash}
 TOOL=.gpu-payload/tool
 OUT=${OUT:-/tmp/pack-gpu-out}
 
+print_report() {  # the figures of a pack --json report (verify or build): adapter, browser checks, per-EP times
+  python3 - "$1" <<'EOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f'no JSON: {e}')
+b = d.get('browser') or {}; a = b.get('adapter') or {}
+print('passed:', d.get('passed'), '| chromium', b.get('chromium'), '| adapter', a.get('vendor'), a.get('architecture'), a.get('description'),
+      'fallback' if a.get('isFallbackAdapter') else 'hardware', '| shader-f16:', 'shader-f16' in (a.get('features') or []), '| attempts', a.get('attempts'))
+for c in d.get('checks', []):
+    if c.get('stage') == 'browser':
+        print(f"  {c['status']:<14} {c['ep']}/{c['variant']} [{c.get('bundle')}] {c.get('output') or ''} {c.get('metrics')} thr {c.get('threshold')} {c.get('detail') or ''}")
+for k, v in b.get('eps', {}).items():
+    print(f"  {k}: {v.get('status')} create {v.get('session_create_ms')} first {v.get('first_run_ms')} steady {v.get('steady_run_ms')} ms {v.get('error') or ''}")
+if 'timings' in d:
+    print('timings', d['timings'])
+EOF
+}
+
 device_env() {
   export PYTHONPATH=$STASH/site:$PWD PYTHONUNBUFFERED=1
   # shellcheck disable=SC1091
@@ -114,20 +134,7 @@ verify)
     "$STASH/dist/gtcrn" --gpu --json >"$OUT/verify.json" 2>"$OUT/verify.err"
   rc=$?
   echo "pack verify --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 3000 "$OUT/verify.err"
-  python3 - "$OUT/verify.json" <<'EOF'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception as e:
-    sys.exit(f'no JSON: {e}')
-b = d['browser']; a = b.get('adapter') or {}
-print('passed:', d['passed'], '| chromium', b.get('chromium'), '| adapter', a.get('vendor'), a.get('architecture'), a.get('description'),
-      'fallback' if a.get('isFallbackAdapter') else 'hardware', '| shader-f16:', 'shader-f16' in (a.get('features') or []), '| attempts', a.get('attempts'))
-for c in d['checks']:
-    print(f"  {c['status']:<14} {c['ep']}/{c['variant']} [{c.get('bundle')}] {c.get('output') or ''} {c.get('metrics')} thr {c.get('threshold')} {c.get('detail') or ''}")
-for k, v in b.get('eps', {}).items():
-    print(f"  {k}: {v.get('status')} create {v.get('session_create_ms')} first {v.get('first_run_ms')} steady {v.get('steady_run_ms')} ms {v.get('error') or ''}")
-EOF
+  print_report "$OUT/verify.json"
   # the gpu-browser tool's own driver on the same machine, for comparison (adapter, features, f16 kernel)
   timeout 120 python3 "$TOOL/drive.py" --page probe --name probe --timeout 60 --out "$OUT" >"$OUT/probe.out" 2>&1 || true
   tail -c 1500 "$OUT/probe.out"
@@ -143,20 +150,7 @@ build)
     gtcrn --gpu --json --out /tmp/gpu-dist >"$OUT/build.json" 2>"$OUT/build.err"
   rc=$?
   echo "pack build gtcrn --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 3000 "$OUT/build.err"
-  python3 - "$OUT/build.json" <<'EOF'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception as e:
-    sys.exit(f'no JSON: {e}')
-print('passed:', d.get('passed'), 'refused:', d.get('refused'))
-for c in d.get('checks', []):
-    if c.get('stage') == 'browser':
-        print(f"  {c['status']:<14} {c['ep']}/{c['variant']} [{c.get('bundle')}] {c.get('output') or ''} {c.get('metrics')} {c.get('detail') or ''}")
-for k, v in (d.get('browser') or {}).get('eps', {}).items():
-    print(f"  {k}: {v.get('status')} create {v.get('session_create_ms')} first {v.get('first_run_ms')} steady {v.get('steady_run_ms')} ms")
-print('timings', d.get('timings'))
-EOF
+  print_report "$OUT/build.json"
   exit $rc
   ;;
 demo)

@@ -111,7 +111,7 @@ def recorded_thresholds(package: Path, manifest: dict) -> dict[str, dict[str, di
         for output in manifest["outputs"]:
             kind = output.get("kind", "tensor")
             bounds = recorded.get((variant, output["name"])) or threshold_for(kind, spec.get("precision", "fp32"), "wasm")
-            table[variant][output["name"]] = {"kind": kind, **bounds}
+            table[variant][output["name"]] = bounds
     return table
 
 

@@ -16,6 +16,7 @@ from onnxconverter_common import float16
 from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs, rename_converter_names
 from pipeline.graph.passes.topo_sort import topological_sort
+from pipeline.graph.passes.util import all_graphs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
 # has no fp16 before opset 27, RandomNormalLike draws in its input's type (../shared notes fp16.md).
@@ -125,20 +126,12 @@ def _drop_noop_casts(model: onnx.ModelProto) -> int:
             node.op_type = "Identity"
             del node.attribute[:]
             kept.append(node)
-    for graph in list(_subgraphs(model.graph)):
+    for graph in list(all_graphs(model.graph))[1:]:
         for node in graph.node:
             node.input[:] = [renames.get(name, name) for name in node.input]
     del model.graph.node[:]
     model.graph.node.extend(kept)
     return len(renames)
-
-
-def _subgraphs(graph: onnx.GraphProto):
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
-                yield sub
-                yield from _subgraphs(sub)
 
 
 def upcast_to_fp32(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import brotli
 
+from pipeline.cache import file_sha256
 from pipeline.errors import PackError
 
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
@@ -225,13 +226,7 @@ def _content_type(path: str, media_type: Any) -> str:
 
 
 def _sha256_file(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as stream:
-        while chunk := stream.read(_READ_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+    return file_sha256(path), path.stat().st_size
 
 
 def _brotli_decoded_sha256(path: Path) -> str | None:

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from pipeline.cache import file_sha256
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.source.download import download
 from pipeline.source.registry import fetch_package_file
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress) -> Path:
@@ -35,7 +27,7 @@ def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Prog
         if path.is_dir():
             raise PackError(f"source '{spec}': is a folder; point at the .onnx file")
     if sha256:
-        actual = _sha256(path)
+        actual = file_sha256(path)
         if actual != sha256:
             raise PackError(f"source '{spec}': sha256 is {actual}, the recipe expects {sha256}; fix 'source.sha256' or the file")
     return path

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pipeline.cache import cache_dir
+from pipeline.cache import cache_dir, file_sha256
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download(url: str, sha256: str | None, progress: Progress) -> Path:
@@ -60,7 +51,7 @@ def download(url: str, sha256: str | None, progress: Progress) -> Path:
                 raise PackError(f"source {url}: download cut off after {partial.stat().st_size} bytes ({error}); run again to resume") from None
             if total is not None and partial.stat().st_size < total:
                 raise PackError(f"source {url}: download cut off at {partial.stat().st_size} of {total} bytes; run again to resume")
-    actual = _sha256_of(partial)
+    actual = file_sha256(partial)
     if actual != sha256:
         partial.unlink()
         raise PackError(f"source {url}: sha256 is {actual}, the recipe expects {sha256}; fix 'source.sha256' or the URL")

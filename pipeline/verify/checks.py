@@ -63,7 +63,7 @@ def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], decl
 
 def browser_thresholds(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe) -> dict[str, dict[str, dict]]:
     """thresholds[variant][output] for the browser harness: the wasm bounds with the recipe's
-    overrides, plus `kind`. The harness widens fp16 on webgpu through `threshold_for(..., 'webgpu')`."""
+    overrides. The harness takes each output's kind from the manifest and widens fp16 on webgpu."""
     table: dict[str, dict[str, dict]] = {}
     for variant in variants:
         table[variant.name] = {}
@@ -71,5 +71,5 @@ def browser_thresholds(variants: list[Variant], reference: dict[str, np.ndarray]
             spec = recipe.outputs.get(name)
             kind = spec.kind if spec else "tensor"
             override = spec.thresholds.get(variant.name) if spec else None
-            table[variant.name][name] = {"kind": kind, **threshold_for(kind, variant.precision, "wasm", override)}
+            table[variant.name][name] = threshold_for(kind, variant.precision, "wasm", override)
     return table
