@@ -10,13 +10,15 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PackError
 from pipeline.verify.metrics import OUTPUT_KINDS
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+# Built-in recipes: package data (the repo's recipes/ folder), so a wheel lists them too.
+RECIPES_PACKAGE = "pipeline.recipes"
 DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
 VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
@@ -233,7 +235,9 @@ def load_recipe_file(file: Path) -> Recipe:
 
 
 def builtin_recipes() -> list[Path]:
-    return sorted(RECIPES_DIR.glob("*.toml"))
+    """The built-in recipe files, sorted by name (installed packages are plain files on disk)."""
+    found = [Path(str(item)) for item in resources.files(RECIPES_PACKAGE).iterdir() if item.name.endswith(".toml") and item.is_file()]
+    return sorted(found, key=lambda path: path.name)
 
 
 def find_recipe(name_or_path: str) -> Path | None:
@@ -241,8 +245,9 @@ def find_recipe(name_or_path: str) -> Path | None:
     path = Path(name_or_path)
     if path.suffix == ".toml":
         return path
-    candidate = RECIPES_DIR / f"{name_or_path}.toml"
-    return candidate if candidate.exists() and "/" not in name_or_path else None
+    if "/" in name_or_path or "\\" in name_or_path:
+        return None
+    return next((recipe for recipe in builtin_recipes() if recipe.stem == name_or_path), None)
 
 
 def parse_input_option(option: str) -> tuple[str, list[int | str]]:
