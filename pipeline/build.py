@@ -28,6 +28,7 @@ from pipeline.graph import passes as graph_passes
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.loader.render import render_loader
+from pipeline.loader.select import default_select
 from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
@@ -223,6 +224,10 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
                 for ep, names in manifest["variantFor"].items():
                     for name in names:
                         report["checks"].append({"stage": "browser", "ep": ep, "variant": name, "status": "skipped", "metrics": {}, "threshold": {}, "detail": "--no-browser"})
+        steady = [(run.get("timings_ms") or {}).get("steady_run_ms") for run in report.get("browser", {}).get("runs", []) if run.get("status") in ("passed", "not-verifiable")]
+        select, why = default_select(recipe.loader_select, steady)
+        manifest["loader"]["select"] = select
+        report["loader"] = {"select": select, "why": why}
         ran = [c for c in report["checks"] if c["status"] in ("passed", "failed")]
         report["passed"] = bool(ran) and all(c["status"] == "passed" for c in ran)
         browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])

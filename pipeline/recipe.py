@@ -22,6 +22,7 @@ RECIPES_PACKAGE = "pipeline.recipes"
 DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
 VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
+SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 DEFAULT_RUNTIME = "1.30.0"
@@ -64,6 +65,7 @@ class Recipe:
     watchdog_ms: int = 60000
     prewarm: bool = True
     wasm_variant: str = "fp32"
+    loader_select: str | None = None  # None: the build decides (pipeline.loader.select.default_select)
 
     @property
     def base_dir(self) -> Path:
@@ -204,7 +206,7 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     for platform in chains:
         recipe.chains[platform] = r.choice_list(chains, "execution_providers", platform, EPS)
 
-    loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant"))
+    loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant", "select"))
     watchdog = r.typed(loader, "loader", "watchdog_ms", int, "milliseconds as an integer")
     if watchdog is not None:
         if watchdog <= 0:
@@ -217,6 +219,11 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         if wasm_variant not in VARIANTS:
             r.fail("loader.wasm_variant", f"one of {', '.join(VARIANTS)}", wasm_variant)
         recipe.wasm_variant = wasm_variant
+    select = r.typed(loader, "loader", "select", str, f"one of {', '.join(SELECT_MODES)}")
+    if select is not None:
+        if select not in SELECT_MODES:
+            r.fail("loader.select", f"one of {', '.join(SELECT_MODES)}", select)
+        recipe.loader_select = select
     return recipe
 
 

@@ -87,6 +87,7 @@ async function run(options) {
     const loadOptions = {
       executionProviders: [options.ep],
       variant: options.variant,
+      allowRefused: true, // verification re-runs pairs an earlier build refused
       runtime: options.runtime, // a shipped bundle key, or {module, wasm} URLs (diagnostic --bundle)
       sessionOptions: {logSeverityLevel: 0, logVerbosityLevel: 0, enableProfiling: true},
       watchdogMs: options.watchdogMs,
