@@ -46,16 +46,25 @@ def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
     assert statuses.pop(("webgpu", "webgpu", "fp16")) == "not-verifiable"
     assert set(statuses.values()) == {"passed"}, runs
     assert code == 0 and manifest["verification"]["browser"] is True and manifest["verification"]["passed"] is True
+    # A tiny model's sample run is cheap: the build makes the measured choice the loader's default.
+    assert manifest["loader"]["select"] == "measured" and "cheap" in report["loader"]["why"]
 
     # The shipped loader lands on webgpu/fp32 and says the build verified that pair.
     package = tmp_path / "dist" / model.stem
     with running_server(package, {TEST_PREFIX: blank_pages_dir(tmp_path / "pages")}) as server, launch_browser() as browser:
         page = browser.new_context().new_page()
         page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
-        loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False}, "run": False})
+        loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False, "select": "chain"}, "run": False})
+        measured = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False, "storage": None}, "run": False})
     assert loaded["ok"], loaded
     info = loaded["info"]
     assert (info["ep"], info["variant"], info["bundle"], info["verified"], info["skipped"]) == ("webgpu", "fp32", "webgpu", "passed", [])
+    # The package's default: trials among the pairs the build verified, the choice among them.
+    assert measured["ok"], measured
+    selection = measured["info"]["selection"]
+    assert selection["mode"] == "measured" and selection["fromCache"] is False
+    assert {(c["ep"], c["variant"]) for c in selection["candidates"]} == {("webgpu", "fp32"), ("wasm", "fp32")}
+    assert measured["info"]["verified"] == "passed"
 
 
 def test_no_browser_build_records_no_runs(tmp_path):
@@ -63,3 +72,5 @@ def test_no_browser_build_records_no_runs(tmp_path):
     code, manifest, _ = _build(model, tmp_path / "dist", "--no-browser")
     assert code == 0
     assert manifest["verification"] == {"browser": False, "passed": True, "runs": []}
+    # No browser timing: the loader keeps the platform chain.
+    assert manifest["loader"]["select"] == "chain"

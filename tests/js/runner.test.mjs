@@ -95,3 +95,10 @@ test('threadCount: explicit, isolated (up to 4), never on Apple mobile, 1 withou
   assert.equal(threadCount({ numThreads: 2.7, isolated: true }), 2);
   assert.throws(() => threadCount({ numThreads: 0 }), /numThreads must be a number >= 1/);
 });
+
+test('withFirst: the chosen pair, then the fallbacks in order, each once', async () => {
+  const { withFirst } = await import('../../web_template/loader/load.js');
+  const wasm = { ep: 'wasm', variant: 'fp32' };
+  const webgpu = { ep: 'webgpu', variant: 'fp32' };
+  assert.deepEqual(withFirst(wasm, [webgpu, wasm, webgpu]), [wasm, webgpu]);
+});

@@ -22,9 +22,11 @@ function resolveBaseUrl(baseUrl) {
 
 const samePair = (a, b) => a.ep === b.ep && a.variant === b.variant;
 
-/** `first` then every attempt of `rest` that is not it. */
-function withFirst(first, rest) {
-  return [{ ep: first.ep, variant: first.variant }, ...rest.filter((a) => !samePair(a, first))];
+/** `first`, then the attempts of `rest` in order, each pair once. */
+export function withFirst(first, rest) {
+  const attempts = [];
+  for (const a of [first, ...rest]) if (!attempts.some((b) => samePair(a, b))) attempts.push({ ep: a.ep, variant: a.variant });
+  return attempts;
 }
 
 /**
