@@ -64,7 +64,7 @@ def test_human_summary_names_counts_bytes_time_and_loader_url(proxy, s3_server, 
     args = (str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
     first = run_cli(*args)
     assert first.exit_code == 0, first.output
-    objects = len(package.manifest["files"]) + 4
+    objects = len(package.manifest["files"]) + 1  # the listed files and manifest.json
     assert f"uploaded {objects} objects" in first.stdout and "skipped 0 unchanged" in first.stdout
     assert " MB" in first.stdout and " s" in first.stdout
     assert f"demo: {proxy.url}/{bucket}/demo/loader.js" in first.stdout
@@ -229,7 +229,9 @@ def test_publishes_a_package_built_by_pack_build(proxy, s3_server, tmp_path):
         assert decoded_body(stored) == (tmp_path / "dist" / "tiny-conv" / path).read_bytes()
         if path.endswith(".wasm"):
             assert stored["content_type"] == "application/wasm"
-    assert "tiny-conv/report.json" not in snapshot
+    # exactly the listed files (report.json and demo.js among them) and the manifest
+    assert set(snapshot) == {f"tiny-conv/{path}" for path in [*manifest["files"], "manifest.json"]}
+    assert {"report.json", "demo.js", "index.html"} <= set(manifest["files"])
     assert summary["loader_url"].endswith(f"/{bucket}/tiny-conv/loader.js")
     again = run_json("--bucket", bucket, "--endpoint-url", proxy.url, str(tmp_path / "dist"))
     assert again["uploaded"] == 0
