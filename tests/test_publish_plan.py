@@ -57,7 +57,8 @@ def test_plan_orders_hashed_then_manifest_then_loader_then_page(tmp_path):
     # a file before every file that imports it: the loader's other files, loader.js, demo.js, index.html
     assert [obj.path for obj in plan.objects if obj.stage is Stage.SUPPORT] == ["loader.d.ts", "report.json"]
     assert [obj.path for obj in plan.objects if obj.stage is Stage.LOADER] == ["loader.js"]
-    assert [obj.path for obj in plan.objects if obj.stage is Stage.PAGE] == ["demo.js", "index.html"]
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.DEMO] == ["demo.js"]
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.PAGE] == ["index.html"]
 
 
 def test_find_packages_takes_a_package_or_a_folder_of_packages(tmp_path):

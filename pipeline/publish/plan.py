@@ -48,19 +48,21 @@ _TYPES = {
 _HASHED_NAME = re.compile(r"^.+\.([0-9a-f]{16})\.[^./]+$")
 _READ_CHUNK = 1 << 20
 LOADER_ENTRY = "loader.js"
+DEMO_SCRIPT = "demo.js"  # imported by index.html, imports loader.js
 
 
 class Stage(IntEnum):
     """Upload order. Each stage starts only when the previous one fully succeeded, so every
     manifest ever visible in the bucket names objects that are already there, and every file is
     there before a file that imports it: the loader's own modules (and loader.d.ts, report.json)
-    before loader.js, loader.js before the demo page (demo.js, then index.html)."""
+    before loader.js, loader.js before the demo script, the demo script before the page."""
 
     HASHED = 0
     MANIFEST = 1
     SUPPORT = 2
     LOADER = 3
-    PAGE = 4
+    DEMO = 4
+    PAGE = 5
 
 
 def stage_of(path: str, cache: str) -> Stage:
@@ -68,7 +70,9 @@ def stage_of(path: str, cache: str) -> Stage:
         return Stage.HASHED
     if path == LOADER_ENTRY:
         return Stage.LOADER
-    if path == "demo.js" or path.endswith(".html"):
+    if path == DEMO_SCRIPT:
+        return Stage.DEMO
+    if path.endswith(".html"):
         return Stage.PAGE
     return Stage.SUPPORT
 
@@ -139,8 +143,7 @@ def plan_package(root: Path) -> PackagePlan:
     manifest_file = root / "manifest.json"
     sha256, size = _sha256_file(manifest_file)
     objects.append(PlannedObject("manifest.json", manifest_file, size, sha256, sha256, _content_type("manifest.json", None), None, SHORT_CACHE, Stage.MANIFEST))
-    # html pages last within their stage: index.html imports demo.js
-    objects.sort(key=lambda obj: (obj.stage, obj.path.endswith(".html"), obj.path))
+    objects.sort(key=lambda obj: (obj.stage, obj.path))
     return PackagePlan(name=manifest["name"], root=root, objects=tuple(objects), manifest=manifest, unlisted=tuple(_unlisted(root, files)))
 
 

@@ -33,7 +33,8 @@ _AFTER_FAILURE = {
         "partly the previous ones"
     ),
     Stage.LOADER: "manifest.json and the loader's modules of {name} are the new ones; loader.js may be the previous one",
-    Stage.PAGE: "manifest.json and the loader of {name} are the new ones; the demo page may be the previous one",
+    Stage.DEMO: "manifest.json and the loader of {name} are the new ones; the demo page may be the previous one",
+    Stage.PAGE: "manifest.json, the loader and demo.js of {name} are the new ones; index.html may be the previous one",
 }
 
 
