@@ -51,3 +51,26 @@ def test_verify_an_unknown_bundle_is_bad_input(slice_package: Path) -> None:
     result = runner.invoke(app, ["verify", str(slice_package), "--bundle", "jspi2"])
     assert result.exit_code == 2
     assert "--bundle jspi2: unknown; choose one of root, wasm, webgpu" in result.output
+
+
+@pytest.mark.browser
+def test_verify_checks_against_the_bounds_in_the_manifest(slice_package: Path, tmp_path: Path) -> None:
+    import shutil
+
+    package = shutil.copytree(slice_package, tmp_path / "strict")
+    manifest = json.loads((package / "manifest.json").read_text())
+    impossible = {"max_abs": -1.0}  # no figure is below zero: the wasm check must fail on it
+    manifest["thresholds"] = {"wasm": {"fp32": {"y": impossible}}}
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    assert not (package / "report.json").exists()  # nothing but the manifest carries the bounds
+    result = runner.invoke(app, ["verify", str(package), "--json"])
+    assert result.exit_code == 1, result.output
+    wasm = next(c for c in json.loads(result.stdout)["checks"] if c["ep"] == "wasm")
+    assert wasm["threshold"] == impossible and wasm["status"] == "failed" and "max_abs" in wasm["detail"]
+
+
+def test_verify_a_model_file_is_bad_input(tmp_path: Path) -> None:
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not a package")
+    result = runner.invoke(app, ["verify", str(model)])
+    assert result.exit_code == 2 and "manifest.json: not found; point at a folder made by `pack build`" in result.output
