@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.assets.manifest import refused
 from pipeline.cli import app
 from tests.build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run, save
 
@@ -140,8 +141,19 @@ def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
     report = json.loads((out / "strict" / "report.json").read_text())
     failed = [c for c in report["checks"] if c["status"] == "failed"]
     assert report["passed"] is False and failed[0]["variant"] == "fp16" and "max_abs" in failed[0]["detail"]
-    assert json.loads((out / "strict" / "manifest.json").read_text())["verification"]["passed"] is False
+    manifest = json.loads((out / "strict" / "manifest.json").read_text())
+    assert manifest["verification"]["passed"] is False
     assert "FAIL" in result.output
+    # the failed variant stays listed but the refusal rule turns it away everywhere, and says why
+    host_fp16 = next(r for r in manifest["verification"]["runs"] if r["stage"] == "host" and r["variant"] == "fp16")
+    assert host_fp16["status"] == "failed" and host_fp16["bundle"] == host_fp16["ep"] == "*"
+    assert host_fp16["detail"].startswith("y: max_abs ") and host_fp16["detail"].endswith(" > 0")
+    assert manifest["variantFor"]["webgpu"][0] == "fp16"
+    assert refused(manifest, "webgpu", "webgpu", "fp16") == host_fp16
+    assert refused(manifest, "wasm", "wasm", "fp16") == host_fp16
+    assert refused(manifest, "webgpu", "webgpu", "fp32") is None
+    assert [(r["bundle"], r["ep"], r["variant"]) for r in report["refused"]] == [("webgpu", "webgpu", "fp16")]
+    assert "fp16 on webgpu [webgpu bundle] refused (the loader will not pick it): host fp16 (any bundle, any EP): failed: y: max_abs" in result.output
 
 
 def test_consumed_output_model_builds(tmp_path):

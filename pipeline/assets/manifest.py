@@ -203,6 +203,9 @@ def validate(manifest: Any, where: str | Path) -> Manifest:
             missing = next(key for key in error.validator_value if key not in error.instance)
             parts.append(missing)
             message = "missing"
+        elif error.validator == "additionalProperties" and error.validator_value is False:
+            parts.append(sorted(key for key in error.instance if key not in error.schema.get("properties", {}))[0])
+            message = "not a key of schema 2"
         elif error.validator in ("minProperties", "minItems"):
             message = "empty"
         elif error.validator == "pattern" and error.schema.get("description"):
