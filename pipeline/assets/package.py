@@ -7,7 +7,7 @@ them in one `PackageContents`; the manifest is made from it once, at the end (pi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +107,6 @@ class PackageContents:
             license=license,
             fp16=fp16,
         )
-
-    def with_ep_options(self, ep_options: dict[str, dict[str, Any]]) -> PackageContents:
-        return replace(self, ep_options=ep_options)
 
 
 def start_package(recipe: Recipe) -> PackageContents:
