@@ -33,7 +33,7 @@ def cli_errors() -> Iterator[None]:
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt as error:
         code = interrupt_exit_code(error)
-        typer.echo(f"interrupted ({signal.Signals(code - 128).name}): stopped; nothing half-written was left", err=True)
+        typer.echo(f"interrupted ({signal.Signals(code - 128).name}): stopped and cleaned up", err=True)
         raise typer.Exit(code) from None
     finally:
         if previous is not None:
