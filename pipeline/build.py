@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -176,17 +177,22 @@ def _write_json(path: Path, document: dict) -> None:
 
 def _finish(staging: Path, destination: Path) -> None:
     """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
-    stands at the package path (an earlier package, a stray file or link) is replaced."""
-    old = None
-    if destination.is_symlink() or destination.exists():
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        destination.rename(old)
-    staging.rename(destination)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
+    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
+    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        old = None
+        if destination.is_symlink() or destination.exists():
+            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+            destination.rename(old)
+        staging.rename(destination)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def build(options: BuildOptions, progress: Progress) -> BuildResult:
