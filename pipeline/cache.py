@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,8 +45,14 @@ def folder_mode() -> int:
 
 def make_staging_dir(parent: Path, prefix: str) -> Path:
     """A new, uniquely named folder in `parent` with the umask's mode (mkdtemp's is always 0700)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    os.chmod(path, folder_mode())
+    # Made with Ctrl-C/SIGTERM held, so a stop cannot fall between making the folder and setting
+    # its mode; the caller removes it on any later exception.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        os.chmod(path, folder_mode())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return path
 
 

@@ -217,7 +217,8 @@ def _slow_model(path: Path) -> Path:
     return save(model, path)
 
 
-def test_sigterm_mid_build_leaves_no_staging_folder(tmp_path):
+@pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_build_stopped_mid_way_leaves_no_staging_folder(tmp_path, stop, code):
     model = _slow_model(tmp_path / "slow.onnx")
     out = tmp_path / "dist"
     child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", str(model), "--no-browser", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -228,9 +229,11 @@ def test_sigterm_mid_build_leaves_no_staging_folder(tmp_path):
             staged = True
             break
         time.sleep(0.01)
-    assert staged, "the build never reached its staging folder"
-    child.send_signal(signal.SIGTERM)
+    if not staged:
+        child.kill()
+        pytest.fail(f"the build never reached its staging folder: {child.communicate()[1]}")
+    child.send_signal(stop)
     stdout, stderr = child.communicate(timeout=120)
-    assert child.returncode == 143, stderr
-    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted (SIGTERM)")
-    assert list(out.iterdir()) == []
+    assert child.returncode == code, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(f"interrupted ({stop.name})"), stderr
+    assert list(out.iterdir()) == [], stderr

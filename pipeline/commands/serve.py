@@ -48,10 +48,12 @@ def serve(
         except OSError as error:
             raise PackError(f"--host {host} --port {port}: cannot listen there ({error.strerror or error}); choose another --port (0 picks a free one)") from None
         server.start()
+        # A wildcard address listens everywhere; this machine reaches it as 127.0.0.1.
+        base = server.url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//:::", "//127.0.0.1:")
         try:
-            typer.echo(f"serving {folder} at {server.url} (Ctrl-C stops)")
+            typer.echo(f"serving {folder} at {base} (Ctrl-C stops)")
             for package in packages:
-                typer.echo(f"  {package.name}: {server.url}{package.name}/index.html")
+                typer.echo(f"  {package.name}: {base}{package.name}/index.html")
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (raised as Terminated): how a server stops
