@@ -55,3 +55,36 @@ print(json.dumps({{"codes": codes, "loaded": sorted(m for m in {HEAVY!r} if m in
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["codes"][:2] == [0, 0] and report["codes"][2] == 2  # the bucket is unreachable
     assert report["loaded"] == []
+
+
+def test_progress_draws_concurrent_bars_with_amounts_and_rates_and_is_silent_otherwise():
+    import io
+    import threading
+
+    from pipeline.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(enabled=True, stream=stream)
+    progress.note("step [one]")
+    with progress.task("upload a", total=4_000_000, unit="bytes") as first, progress.task("checks", total=3) as second:
+        workers = [threading.Thread(target=lambda: [first.advance(1_000_000) for _ in range(4)]), threading.Thread(target=lambda: [second.advance(1) for _ in range(3)])]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "step [one]"
+    upload = next(line for line in lines if line.startswith("upload a"))
+    checks = next(line for line in lines if line.startswith("checks"))
+    assert "100%" in upload and "4.0/4.0 MB" in upload and "/s" in upload
+    assert "100%" in checks and "3/3" in checks
+    for silent in (Progress.quiet(), Progress(stream=io.StringIO())):  # --json; not a terminal
+        with silent.task("x", total=2) as task:
+            task.advance(2)
+        silent.note("nothing")
+        assert silent.enabled is False
+    quiet_stream = io.StringIO()
+    not_a_terminal = Progress(stream=quiet_stream)
+    with not_a_terminal.task("x", total=1) as task:
+        task.advance(1)
+    assert quiet_stream.getvalue() == ""

@@ -91,3 +91,16 @@ def test_serve_refuses_what_is_not_a_package(tmp_path):
         result = runner.invoke(app, ["serve", str(target)])
         assert result.exit_code == 2 and message in result.output
         assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("error: ")
+
+
+def test_serve_on_a_busy_port_says_so(tmp_path):
+    import socket
+
+    package = write_package(tmp_path / "dist", "demo")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", str(package), "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there") and "choose another --port" in result.output
