@@ -254,7 +254,8 @@ def parse_input_option(option: str) -> tuple[str, list[int]]:
     parts = re.split(r"[xX]", shape)
     bad = [part for part in parts if not part.isdigit() or int(part) < 1]
     if bad:
-        raise PackError(f"--input '{option}': malformed shape '{shape}' ({', '.join(repr(b) for b in bad)} not a size); give a positive size for every dim joined by x, e.g. {name}=" + "x".join(p if p.isdigit() and int(p) > 0 else "1" for p in parts))
+        what = f"{bad[0]!r} is not a size" if len(bad) == 1 else f"{', '.join(repr(b) for b in bad)} are not sizes"
+        raise PackError(f"--input '{option}': malformed shape '{shape}': {what}; give a positive size for every dim joined by x, e.g. {name}=" + "x".join(p if p.isdigit() and int(p) > 0 else "1" for p in parts))
     return name, [int(part) for part in parts]
 
 
