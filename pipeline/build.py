@@ -31,6 +31,7 @@ from pipeline.loader.render import render_loader
 from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
+from pipeline.runtime import max_ir_version
 from pipeline.source import resolve_source
 from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks
 from pipeline.verify.host import run_model
@@ -98,11 +99,15 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
 def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
     """The repairs detection asks for (unless `repairs.auto = false`) and those the recipe names,
     in run order, then the IR version cap for the recipe's runtime."""
+    where = recipe.path or "recipe"
     known = registry.names()
     for name in recipe.repairs:
         if name not in known:
-            where = recipe.path or "recipe"
             raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(known))}")
+    try:
+        max_ir_version(recipe.runtime_version)  # the last pass needs it: refuse before any work
+    except PackError as error:
+        raise PackError(f"{where}: key 'runtime.version': {error}") from None
     names = registry.auto_repairs(model) if recipe.repairs_auto else []
     return registry.run_passes(model, [*names, *recipe.repairs], PassSettings(runtime_version=recipe.runtime_version))
 

@@ -67,8 +67,8 @@ def max_ir_version(version: str) -> tuple[int, str | None]:
     oldest, newest = MAX_IR_VERSIONS[0], MAX_IR_VERSIONS[-1]
     if release < oldest[0]:
         raise PackError(
-            f"runtime version {version!r}: older than onnxruntime-web {oldest[0][0]}.{oldest[0][1]}, the oldest release pack "
-            f"knows the IR version of; pin {oldest[0][0]}.{oldest[0][1]}.x or newer (key 'runtime.version')"
+            f"onnxruntime-web {version} is older than {oldest[0][0]}.{oldest[0][1]}, the oldest release whose IR version "
+            f"pack knows; pin {oldest[0][0]}.{oldest[0][1]}.0 or newer"
         )
     ir = next(ir for first, ir in reversed(MAX_IR_VERSIONS) if first <= release)
     if release > newest[0]:
