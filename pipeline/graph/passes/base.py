@@ -11,7 +11,7 @@ running one on its own output changes nothing. A rewrite that finds nothing to d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import onnx
 
@@ -46,12 +46,6 @@ class PassSettings:
     """What a rewrite may depend on besides the model: the onnxruntime-web version the package pins."""
 
     runtime_version: str = DEFAULT_VERSION
-
-
-class GraphPass(Protocol):
-    name: str
-
-    def __call__(self, model: onnx.ModelProto, settings: PassSettings | None = None) -> PassResult: ...
 
 
 def _finds_nothing(model: onnx.ModelProto) -> list[dict[str, Any]]:
