@@ -115,16 +115,16 @@ def test_ir_version_cap_lowers_onnx_default_and_is_a_no_op_below():
     from pipeline.graph.passes.ir_version import ir_version_cap
     from pipeline.runtime import DEFAULT_VERSION, max_ir_version
 
-    MAX_RUNTIME_IR_VERSION, _ = max_ir_version(DEFAULT_VERSION)
+    ceiling, _ = max_ir_version(DEFAULT_VERSION)
     model = conv_model()
     model.ir_version = 14  # what onnx 1.23 writes by default
     result = ir_version_cap(model)
-    assert result.changed and result.model.ir_version == MAX_RUNTIME_IR_VERSION and model.ir_version == 14
+    assert result.changed and result.model.ir_version == ceiling and model.ir_version == 14
     assert not ir_version_cap(result.model).changed
     feeds = {"x": np.ones((1, 3, 16, 16), np.float32)}
     np.testing.assert_array_equal(run(result.model, feeds)["y"], run(model, feeds)["y"])
     clean = conv_model()
-    assert clean.ir_version <= MAX_RUNTIME_IR_VERSION and not ir_version_cap(clean).changed
+    assert clean.ir_version <= ceiling and not ir_version_cap(clean).changed
 
 
 def test_upcast_model_converts_again():

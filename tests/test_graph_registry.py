@@ -102,9 +102,8 @@ def test_every_module_in_the_passes_folder_is_a_registered_repair_in_run_order()
 
 def test_a_repair_added_as_one_module_runs_end_to_end(extra_package, monkeypatch, tmp_path):
     package = extra_package("extra_repairs", {"double_neg": DOUBLE_NEG})
-    added = registry.discover(package)
-    assert [r.name for r in added] == ["double_neg"]
-    monkeypatch.setattr(registry, "repairs", lambda: registry._checked([*registry.discover(), *added]))
+    assert [r.name for r in registry.discover(package)] == ["double_neg"]
+    monkeypatch.setattr(registry, "repairs", lambda: registry.discover(registry.PACKAGE, package))
     model = _double_neg_model()
 
     assert_repair("double_neg", model)
@@ -130,6 +129,9 @@ def test_discovery_refuses_modules_that_break_the_rules(extra_package):
     clash = extra_package("extra_clash", {"double_neg": DOUBLE_NEG, "other": DOUBLE_NEG.replace('name="double_neg"', 'name="other"')})
     with pytest.raises(registry.RegistryError, match="share the order 15"):
         registry.discover(clash)
+    twice = extra_package("extra_twice", {"fold_if": DOUBLE_NEG.replace('name="double_neg"', 'name="fold_if"')})
+    with pytest.raises(registry.RegistryError, match="repairs 'fold_if' and 'fold_if' share the name"):
+        registry.discover(registry.PACKAGE, twice)
 
 
 def test_run_passes_sorts_dedupes_and_always_finishes_with_the_ir_cap():

@@ -25,20 +25,22 @@ class RegistryError(Exception):
     """A repair module breaks the registry's rules; the message names the module."""
 
 
-def discover(package: str = PACKAGE) -> tuple[Repair, ...]:
-    """The repairs defined in `package`'s modules, in run order. Every module there except the
-    helpers defines exactly one `Repair`; names and orders are unique."""
-    root = importlib.import_module(package)
+def discover(*packages: str) -> tuple[Repair, ...]:
+    """The repairs defined in the modules of `packages` (default: pipeline/graph/passes), in run
+    order. Every module there except the helpers defines exactly one `Repair`; names and orders are
+    unique across all the packages."""
     found: list[Repair] = []
-    for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda i: i.name):
-        if info.name in HELPER_MODULES:
-            continue
-        module = importlib.import_module(f"{package}.{info.name}")
-        # A Repair imported from a sibling belongs to that sibling: count only this module's own.
-        own = {id(v): v for v in vars(module).values() if isinstance(v, Repair) and v.rewrite.__module__ == module.__name__}
-        if len(own) != 1:
-            raise RegistryError(f"{module.__name__}: a repair module defines exactly one Repair, found {len(own)}")
-        found.extend(own.values())
+    for package in packages or (PACKAGE,):
+        root = importlib.import_module(package)
+        for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda i: i.name):
+            if info.name in HELPER_MODULES:
+                continue
+            module = importlib.import_module(f"{package}.{info.name}")
+            # A Repair imported from a sibling belongs to that sibling: count only this module's own.
+            own = {id(v): v for v in vars(module).values() if isinstance(v, Repair) and v.rewrite.__module__ == module.__name__}
+            if len(own) != 1:
+                raise RegistryError(f"{module.__name__}: a repair module defines exactly one Repair, found {len(own)}")
+            found.extend(own.values())
     return _checked(found)
 
 
