@@ -19,7 +19,6 @@ from pipeline.assets.manifest import LoaderSettings, Manifest, Measurement, Samp
 from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
-from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -120,9 +119,9 @@ def start_package(recipe: Recipe) -> PackageContents:
 
 
 def write_models(staging: Path, contents: PackageContents, recipe: Recipe, variants: list[Variant], reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Progress) -> None:
-    """One content-hashed model file per variant (IR version capped for the runtime)."""
+    """One content-hashed model file per variant (the repair passes capped its IR version for the runtime)."""
     for variant in variants:
-        entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(ir_version_cap(variant.model).model), progress)
+        entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
         contents.add(entry)
         contents.model_paths[variant.name] = staging / entry.path
         contents.variants[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}

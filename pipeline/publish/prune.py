@@ -2,8 +2,9 @@
 
 Scope is deliberately narrow: only package folders `<prefix>/<name>/` that hold a readable
 manifest.json are pruned, and in them only keys that manifest does not name (its `files` and
-itself; a schema-1 manifest, published by an older pack, also implies its loader and page). Keys outside such folders (a site sharing the bucket, a folder whose
-first publish was interrupted before its manifest) are never touched.
+itself; a schema-1 manifest, published by an older pack, also implies its loader and page). Keys
+outside such folders (a site sharing the bucket, a folder whose first publish was interrupted
+before its manifest) are never touched.
 """
 
 from __future__ import annotations
