@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxconverter_common import float16
 
 from browser_helpers import IR_VERSION, Variant, write_package
+from pipeline.assets.manifest import write_manifest as validated_write
 from pipeline.loader.render import render_loader
 from pipeline.verify.thresholds import threshold_for
 
@@ -136,7 +137,6 @@ def make_package(
         kinds={"y": "tensor" if kind == "conv" else kind},
     )
     manifest = read_manifest(root)
-    manifest["schema"] = 2
     manifest["loader"] = {"watchdogMs": 60000, "prewarm": prewarm, "select": select}
     if reference_outputs:
         _append_reference_outputs(root, manifest, {"y": reference(kind, sample)})
@@ -146,8 +146,8 @@ def make_package(
     }
     manifest["measurements"] = []
     manifest["verification"] = {"browser": False, "passed": True, "runs": []}
-    write_manifest(root, manifest)
-    render_loader(root, manifest)
+    render_loader(root, manifest)  # the same files (they depend on names only), kept listed in "files"
+    validated_write(root, manifest)
     return root
 
 

@@ -56,7 +56,7 @@ def test_wheel_install_renders_the_loader_and_lists_recipes(tmp_path):
     model = save(conv_model(channels=2, size=8), work / "tiny-wheel.onnx")
     build = subprocess.run(
         [str(venv / "bin" / "pack"), "build", str(model), "--no-browser", "--out", str(work / "dist"), "--json"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+        cwd=work, env=env, capture_output=True, text=True, timeout=900,  # a cold brotli cache: minutes
     )
     assert build.returncode == 0, build.stderr[-3000:]
     package = work / "dist" / "tiny-wheel"

@@ -8,22 +8,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import onnx
 
+import pipeline
 from pipeline.cache import cache_dir
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
 from pipeline.recipe import Recipe
 
-# Cached conversions are keyed by the code that makes them too: editing any of these files, or
-# another onnx / onnxconverter-common, invalidates them without a version to remember to bump.
-_CONVERSION_CODE = ("precision/fp16.py", "graph/passes/fp16_ready.py", "graph/passes/topo_sort.py")
-
+# Cached conversions are keyed by the code that makes them too: every module of these folders and
+# the top-level pipeline modules they import, pack's version, and the onnx libraries' versions.
+# Editing any of them invalidates the cache without a version to remember to bump.
+_CONVERSION_FOLDERS = ("graph", "precision")
+_CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime")
+# `from pipeline.x import ...` / `import pipeline.x` at any indentation (late imports count too).
+_PIPELINE_IMPORT = re.compile(r"^\s*(?:from|import)\s+pipeline\.(\w+)", re.MULTILINE)
 
 
 @dataclass
@@ -35,11 +40,26 @@ class Variant:
     requires: list[str] = field(default_factory=list)
 
 
+def conversion_sources(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> list[Path]:
+    """The files whose text the conversion runs: every .py under the conversion folders, and each
+    top-level pipeline module one of them imports."""
+    sources = sorted(p for folder in _CONVERSION_FOLDERS for p in (package_dir / folder).rglob("*.py"))
+    imported = {name for source in sources for name in _PIPELINE_IMPORT.findall(source.read_text(encoding="utf-8"))}
+    top_level = sorted(package_dir / f"{name}.py" for name in imported if (package_dir / f"{name}.py").is_file())
+    return sources + top_level
+
+
+def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> str:
+    """A hash of the conversion's code (file names and text) and the versions of pack and the onnx libraries."""
+    digest = hashlib.sha256()
+    for source in conversion_sources(package_dir):
+        digest.update(source.relative_to(package_dir).as_posix().encode() + b"\0" + source.read_bytes() + b"\0")
+    versions = [pipeline.__version__, *(metadata.version(name) for name in _CONVERSION_LIBRARIES)]
+    return hashlib.sha256(json.dumps([digest.hexdigest(), versions]).encode()).hexdigest()
+
+
 def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
-    package_dir = Path(__file__).resolve().parent.parent
-    code = hashlib.sha256(b"".join((package_dir / name).read_bytes() for name in _CONVERSION_CODE)).hexdigest()
-    versions = [metadata.version("onnx"), metadata.version("onnxconverter-common")]
-    config = json.dumps([code, versions, source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
+    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
     return hashlib.sha256(config.encode()).hexdigest()
 
 
@@ -63,32 +83,41 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str]) -> tupl
     return converted, steps, refused
 
 
-def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, report: dict) -> tuple[list[Variant], onnx.ModelProto]:
+@dataclass
+class VariantSet:
+    """What the precision stage decided: the variants to ship, the fp32 host reference, and why."""
+
+    variants: list[Variant]
+    reference: onnx.ModelProto
+    precision: str  # of the source: fp32 | fp16 | quantized
+    precision_reason: str
+    steps: list[dict] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
+
+
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str) -> VariantSet:
     """The variants to ship and the fp32 model that serves as the host reference."""
     precision, why = detect_precision(model)
-    report["source"]["precision"] = precision
-    report["source"]["precision_reason"] = why
     if precision == "quantized":
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]})
-        return [Variant("quantized", "quantized", model, "source (quantized)")], model
+        step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
+        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], model, precision, why, [step])
     if precision == "fp16":
-        reference, step = upcast_to_fp32(model)
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]})
-        variants = []
+        reference, upcast = upcast_to_fp32(model)
+        made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
         if "fp16" in recipe.variants:
-            variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
+            made.variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
         if "fp32" in recipe.variants:
-            report["steps"].append(step)
-            variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
-        return variants, reference
-    variants = []
+            made.steps.append(upcast)
+            made.variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
+        return made
+    made = VariantSet([], model, precision, why)
     if "fp16" in recipe.variants:
         converted, steps, refused = _cached_fp16(model, _work_key(source_sha, recipe), recipe.fp16_block_ops)
-        report["steps"].extend(steps)
+        made.steps.extend(steps)
         if refused:
-            report["variants_refused"]["fp16"] = refused
+            made.refused["fp16"] = refused
         else:
-            variants.append(Variant("fp16", "fp16", converted, "converted", ["shader-f16"]))
-    if "fp32" in recipe.variants or not variants:
-        variants.append(Variant("fp32", "fp32", model, "source"))
-    return variants, model
+            made.variants.append(Variant("fp16", "fp16", converted, "converted", ["shader-f16"]))
+    if "fp32" in recipe.variants or not made.variants:
+        made.variants.append(Variant("fp32", "fp32", model, "source"))
+    return made

@@ -97,10 +97,9 @@ test('progress sums every planned file once; a throwing listener is logged, not 
   assert.equal(logged.mock.callCount(), 1);
 });
 
-test('checkManifest reads schema 1 and 2 and names what is missing', () => {
+test('checkManifest reads schema 2 and names what is missing', () => {
   const ok = { schema: 2, files: {}, variants: {}, runtime: {} };
   assert.equal(checkManifest(ok), ok);
-  assert.doesNotThrow(() => checkManifest({ ...ok, schema: 1 }));
-  assert.throws(() => checkManifest({ ...ok, schema: 3 }), (e) => e instanceof PackLoadError && /schema 3, this loader reads schema 1 or 2/.test(e.message));
+  assert.throws(() => checkManifest({ ...ok, schema: 1 }), (e) => e instanceof PackLoadError && /schema 1, this loader reads schema 2; rebuild the package/.test(e.message));
   assert.throws(() => checkManifest({ schema: 2, files: {}, runtime: {} }), /has no "variants"/);
 });

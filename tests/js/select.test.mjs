@@ -113,7 +113,7 @@ test('runTrials: creation failures are recorded; the budget stops later candidat
   assert.deepEqual(describeResults(results).map((r) => [r.result, r.detail]), [['failed', 'requires f16'], ['failed', 'lost device'], ['ok', undefined]]);
 
   // A slow first candidate: one checked and one timed run, then the next gets its turn ...
-  const slow = trialSetup({ 'webgpu/fp16': { delayMs: 30 } }, { budgetMs: 90 });
+  const slow = trialSetup({ 'webgpu/fp16': { delayMs: 60 } }, { budgetMs: 150 });
   const shared = describeResults((await runTrials(slow.args)).results);
   assert.deepEqual(shared.map((r) => [r.result, r.runs]), [['ok', 1], ['ok', 3], ['ok', 3]]);
   // ... unless twice the budget is gone: then the rest are not started.

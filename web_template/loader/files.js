@@ -199,7 +199,7 @@ export async function fetchManifest(baseUrl, signal) {
   return checkManifest(manifest, url);
 }
 
-export const SCHEMAS = Object.freeze([1, 2]);
+export const SCHEMAS = Object.freeze([2]);
 
 export function checkManifest(manifest, where = 'manifest.json') {
   if (!manifest || !SCHEMAS.includes(manifest.schema)) {
