@@ -46,6 +46,10 @@ def test_summary_says_when_the_chain_is_measured_slower():
         "measurements": [measured("webgpu", "fp32", 12.0), measured("wasm", "fp32", 2.0),
                          measured("webgpu", "fp32", 1.0, {"vendor": "nvidia", "architecture": "hopper"}), measured("wasm", "fp32", 1.2, {"vendor": "nvidia", "architecture": "hopper"})],
     }
+    # As the build records them: wasm without an adapter, beside the same machine's webgpu run.
+    recorded = {**manifest, "measurements": [{**measured("webgpu", "fp32", 12.0), "browser": "Chromium/150"}, {**measured("wasm", "fp32", 2.0, None), "browser": "Chromium/150"}]}
+    [line] = chain_speed_lines(recorded)
+    assert line.startswith("  speed: wasm/fp32 6.0× faster than webgpu/fp32 (the chain's first choice) on google swiftshader: 2.0 vs 12.0 ms")
     [line] = chain_speed_lines(manifest)
     assert line.startswith("  speed: wasm/fp32 6.0× faster than webgpu/fp32 (the chain's first choice) on google swiftshader: 2.0 vs 12.0 ms")
     assert "measured choice picks it" in line

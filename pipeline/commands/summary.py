@@ -64,10 +64,17 @@ def chain_speed_lines(manifest: dict) -> list[str]:
     variant_for = manifest.get("variantFor") or {}
     select = (manifest.get("loader") or {}).get("select", "chain")
     classes: dict[str, list[dict]] = {}
+    machine = lambda m: (m.get("source"), m.get("browser"))  # noqa: E731
     for m in measurements:
-        adapter = m.get("adapter") or {}
-        key = json.dumps([str(adapter.get(k) or "").lower() for k in ("vendor", "architecture", "description")]) if m.get("adapter") else "null"
-        classes.setdefault(key, []).append(m)
+        if m.get("adapter"):
+            key = json.dumps([str(m["adapter"].get(k) or "").lower() for k in ("vendor", "architecture", "description")])
+            classes.setdefault(key, []).append(m)
+    # wasm runs record no adapter: they join the classes the same machine measured (or stand alone).
+    for m in measurements:
+        if not m.get("adapter"):
+            joined = [entries for entries in classes.values() if any(machine(e) == machine(m) and e.get("adapter") for e in entries)]
+            for entries in joined or [classes.setdefault("null", [])]:
+                entries.append(m)
     lines = []
     for entries in classes.values():
         best: dict[tuple[str, str], float] = {}
@@ -88,7 +95,8 @@ def chain_speed_lines(manifest: dict) -> list[str]:
             fix = "the loader's measured choice picks it on such devices" if select == "measured" else "set [loader] select = \"measured\" (or reorder execution_providers) to use it"
             lines.append(
                 f"  speed: {fast_ep}/{fast_variant} {configured / fastest:.1f}× faster than {first_ep}/{first_variant} "
-                f"(the chain's first choice) on {_adapter_name(entries[0].get('adapter'))}: {fastest:.1f} vs {configured:.1f} ms; {fix}"
+                f"(the chain's first choice) on {_adapter_name(next((e['adapter'] for e in entries if e.get('adapter')), None))}: "
+                f"{fastest:.1f} vs {configured:.1f} ms; {fix}"
             )
     return lines
 

@@ -160,6 +160,12 @@ test('priorsFor: only this adapter class, this bundle preferred, best time kept'
   assert.deepEqual([...priorsFor(m, { vendor: 'nvidia', architecture: 'hopper' }, 'webgpu')], [['webgpu/fp32', 0.5]]);
   assert.equal(priorsFor(m, { vendor: 'apple' }, 'webgpu').size, 0);
   assert.equal(priorsFor(manifest({ measurements: undefined }), swift, 'webgpu').size, 0);
+  // As the build records them: wasm runs without an adapter, paired with the same machine's webgpu runs.
+  const build = (ep, ms, adapter, browser = 'Chromium/150') => ({ source: 'build', browser, adapter, bundle: 'webgpu', ep, variant: 'fp32', steadyMs: ms });
+  const recorded = manifest({ measurements: [build('webgpu', 40, swift), build('wasm', 2, null), build('webgpu', 1, { vendor: 'nvidia', architecture: 'hopper' }, 'Chromium/151'), build('wasm', 9, null, 'Chromium/151')] });
+  assert.deepEqual([...priorsFor(recorded, swift, 'webgpu')], [['webgpu/fp32', 40], ['wasm/fp32', 2]]);
+  assert.deepEqual([...priorsFor(recorded, { vendor: 'nvidia', architecture: 'hopper' }, 'webgpu')], [['webgpu/fp32', 1], ['wasm/fp32', 9]]);
+  assert.deepEqual([...priorsFor(recorded, null, 'wasm')], [['wasm/fp32', 2]]);
 });
 
 test('farSlower: more than 4x the best prior; nothing without two priors', () => {

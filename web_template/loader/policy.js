@@ -250,13 +250,19 @@ export function sameAdapterClass(a, b) {
 
 /**
  * Build-time steady times (ms) on this adapter class: Map 'ep/variant' → the best steadyMs
- * among manifest.measurements with a matching adapter (and bundle, when one matches). Empty when
- * none match: priors never come from another class of device.
+ * among manifest.measurements with a matching adapter (and bundle, when one matches), plus the
+ * wasm runs of the same machine. Empty when none match: priors never come from another class of
+ * device.
  */
 export function priorsFor(manifest, adapter, bundle) {
-  const measured = (Array.isArray(manifest.measurements) ? manifest.measurements : []).filter(
-    (m) => m && typeof m.steadyMs === 'number' && Number.isFinite(m.steadyMs) && m.ep && m.variant && sameAdapterClass(m.adapter, adapter),
+  const usable = (Array.isArray(manifest.measurements) ? manifest.measurements : []).filter(
+    (m) => m && typeof m.steadyMs === 'number' && Number.isFinite(m.steadyMs) && m.ep && m.variant,
   );
+  // wasm runs record no adapter (adapter: null); they belong to the class of the webgpu runs that
+  // the same source measured in the same browser (one machine), so the two EPs can be compared.
+  const run = (m) => `${m.source}|${m.browser}`;
+  const sameMachine = new Set(usable.filter((m) => m.adapter && sameAdapterClass(m.adapter, adapter)).map(run));
+  const measured = usable.filter((m) => sameAdapterClass(m.adapter, adapter) || (!m.adapter && adapter && sameMachine.has(run(m))));
   const best = new Map(); // 'ep/variant' -> { rank, ms }; rank 0: measured on this bundle
   for (const m of measured) {
     const key = `${m.ep}/${m.variant}`;
