@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxconverter_common import float16
 
@@ -177,6 +178,21 @@ def read_manifest(package: Path) -> dict:
 
 def write_manifest(package: Path, manifest: dict) -> None:
     (package / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per test module (import this fixture into the module)."""
+    from pipeline.verify.browser.chromium import launch_browser
+
+    with launch_browser() as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> Path:
+    """The blank page folder, mounted at TEST_PREFIX (import this fixture into the module)."""
+    return blank_pages_dir(tmp_path_factory.mktemp("pages"))
 
 
 def blank_pages_dir(tmp: Path) -> Path:

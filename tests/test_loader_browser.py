@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader_helpers import (
+from loader_helpers import (  # noqa: F401 (browser, pages: fixtures)
     LOAD_AND_RUN,
     TEST_PREFIX,
-    blank_pages_dir,
+    browser,
+    pages,
     decode_output,
     image_sample,
     make_package,
@@ -24,23 +25,12 @@ from loader_helpers import (
     reference,
 )
 from pipeline.runtime import resolve_runtime
-from pipeline.verify.browser.chromium import launch_browser, new_watched_page, probe_adapter
+from pipeline.verify.browser.chromium import new_watched_page, probe_adapter
 from pipeline.verify.browser.server import running_server
 
 pytestmark = pytest.mark.browser
 
 RUNTIME_PREFIX = "/__loader_runtime__/"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with launch_browser() as launched:
-        yield launched
-
-
-@pytest.fixture(scope="module")
-def pages(tmp_path_factory) -> Path:
-    return blank_pages_dir(tmp_path_factory.mktemp("pages"))
 
 
 @pytest.fixture(scope="module")

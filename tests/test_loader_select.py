@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir, fp16_of, image_model, make_package, read_manifest, write_manifest
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, fp16_of, image_model, make_package, pages, read_manifest, write_manifest  # noqa: F401 (fixtures)
 from pipeline.commands.summary import chain_speed_lines
 from pipeline.errors import PackError
 from pipeline.loader.select import CHEAP_SAMPLE_MS, default_select
@@ -60,19 +60,6 @@ def test_summary_says_when_the_chain_is_measured_slower():
 # In the browser
 
 browser_only = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from pipeline.verify.browser.chromium import launch_browser
-
-    with launch_browser() as launched:
-        yield launched
-
-
-@pytest.fixture(scope="module")
-def pages(tmp_path_factory) -> Path:
-    return blank_pages_dir(tmp_path_factory.mktemp("pages"))
 
 
 @pytest.fixture(scope="module")
