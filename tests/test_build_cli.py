@@ -63,9 +63,11 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     on_disk = {p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()}
     listed = set(manifest["files"]) | {e["encodings"]["br"]["path"] for e in manifest["files"].values() if e["encodings"]}
     assert on_disk - listed == {"manifest.json"} and listed <= on_disk
-    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"):
+    modules = [path for path in manifest["files"] if path.startswith("loader/")]  # the loader's ES modules
+    assert "loader/load.js" in modules
+    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json", *modules):
         assert manifest["files"][name]["cache"] == "short"
-    assert all(entry["cache"] == "immutable" for path, entry in manifest["files"].items() if "/" in path or path.endswith((".onnx", ".bin")))
+    assert all(entry["cache"] == "immutable" for path, entry in manifest["files"].items() if path.startswith("ort/") or path.endswith((".onnx", ".bin")))
     assert set(manifest["runtime"]["bundles"]) == {"webgpu", "wasm"}
     for path, entry in manifest["files"].items():
         data = (package / path).read_bytes()
