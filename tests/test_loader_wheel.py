@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -21,9 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.network_registry  # pip may fetch the build backend (setuptools) into its cache once
 def test_wheel_install_renders_the_loader_and_lists_recipes(tmp_path):
+    # From a clean copy of the sources: setuptools reuses a build/ folder, whose stale modules would ship.
+    source = shutil.copytree(ROOT, tmp_path / "source", ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".cache", "build", "dist", "*.egg-info", "__pycache__", "node_modules", ".pytest_cache",
+    ))
     wheels = tmp_path / "wheels"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(wheels), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     assert built.returncode == 0, built.stderr[-3000:]
