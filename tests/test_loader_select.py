@@ -112,7 +112,7 @@ def test_measured_choice_picks_wasm_reuses_the_decision_and_invalidates_it(brows
     selection = first["info"]["selection"]
     assert selection["mode"] == "measured" and selection["fromCache"] is False
     # SwiftShader runs WebGPU on the CPU at ~0.2 GFLOP/s: wasm wins, and the times say so.
-    assert selection["choice"] == {"ep": "wasm", "variant": "fp32"} == {"ep": first["info"]["ep"], "variant": first["info"]["variant"]}, selection
+    assert selection["choice"] == {"ep": "wasm", "variant": "fp32"} == {"ep": first["info"]["ep"], "variant": first["info"]["variant"]}, selection["candidates"]
     by_pair = {(c["ep"], c["variant"]): c for c in selection["candidates"]}
     assert set(by_pair) == {("webgpu", "fp32"), ("wasm", "fp32")}  # fp16 needs shader-f16
     for candidate in by_pair.values():

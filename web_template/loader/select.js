@@ -137,7 +137,7 @@ export function checkable(manifest, reference, candidate) {
  * Run the trials. Resolves to { results, winner } where winner = { ep, variant, session } (its
  * session kept open) or null, and results lists every candidate with its figures: result 'ok',
  * 'mismatch' (outputs disagree with the reference), 'failed' (creation or run threw), 'skipped'
- * (priors) or 'budget' (twice the budget was spent before its turn).
+ * (priors) or 'budget' (four times the budget was spent before its turn).
  */
 export async function runTrials({ ort, manifest, candidates, priors, first, modelBytes, feeds, reference, watchdogMs, budgetMs, sessionOptions, emit, signal }) {
   const { order, skipped } = trialPlan(candidates, priors, first);
@@ -146,7 +146,7 @@ export async function runTrials({ ort, manifest, candidates, priors, first, mode
   // The budget bounds the time spent running the sample; downloads and session creation are not
   // counted (paid once per device, and the chosen session is kept). Every candidate gets its checked
   // first run and one timed run; further timed runs stop at its equal share of the budget, and no
-  // candidate starts once twice the budget is spent (a pathologically slow first candidate).
+  // candidate starts once four times the budget is spent (a pathologically slow first candidate).
   const share = budgetMs / Math.max(order.length, 1);
   let spent = 0;
   const timed = async (task) => {
@@ -161,8 +161,8 @@ export async function runTrials({ ort, manifest, candidates, priors, first, mode
   for (const candidate of order) {
     throwIfAborted(signal);
     const { ep, variant } = candidate;
-    if (best && spent > 2 * budgetMs) {
-      results.push({ ...candidate, result: 'budget', detail: `${Math.round(spent)} ms of trial runs spent, over twice the ${budgetMs} ms budget` });
+    if (best && spent > 4 * budgetMs) {
+      results.push({ ...candidate, result: 'budget', detail: `${Math.round(spent)} ms of trial runs spent, over four times the ${budgetMs} ms budget` });
       continue;
     }
     emit({ type: 'trial', phase: 'start', ep, variant });
