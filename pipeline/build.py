@@ -31,7 +31,8 @@ from pipeline.loader.render import render_loader
 from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
-from pipeline.source import resolve_source
+from pipeline.lockfile import lock_for
+from pipeline.source import SourceRequest, fetch_source
 from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks
 from pipeline.verify.host import run_model
 
@@ -40,7 +41,8 @@ from pipeline.verify.host import run_model
 class BuildOptions:
     target: str  # recipe name, recipe path, or model path
     source: str | None = None
-    source_sha256: str | None = None  # for --source; the recipe's sha256 belongs to its own source
+    source_sha256: str | None = None  # --sha256: the hash --source must have (else the recipe's or the lock's)
+    lock: Path | None = None  # --lock: the lock file to read and write instead of the default
     inputs_npz: Path | None = None
     input_shapes: list[str] = field(default_factory=list)
     out_dir: Path = Path("dist")
@@ -82,10 +84,9 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
         recipe.source = options.target
     else:
         raise PackError(f"'{options.target}': not a built-in recipe, a .toml recipe or an .onnx model; `pack recipes` lists the recipes")
-    if options.source:
-        recipe.source = options.source
-        recipe.source_sha256 = options.source_sha256
-    if not recipe.source:
+    if not recipe.source and not options.source:
+        if recipe.source_instructions:
+            raise PackError(f"{recipe.name}: {recipe.source_instructions}")
         where = recipe.path or options.target
         raise PackError(f"{where}: no source; set recipe key 'source.uri' or pass --source")
     for option in options.input_shapes:
@@ -93,6 +94,22 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
         spec = recipe.inputs.setdefault(name, InputSpec(name=name))
         spec.shape = shape
     return recipe
+
+
+def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
+    """The file this build uses (--source or the recipe's) and the published facts to check it by."""
+    return SourceRequest(
+        recipe_name=recipe.name,
+        rebuild=f"pack build {options.target}",
+        uri=options.source or recipe.source,
+        published_uri=recipe.source,
+        published_sha256=recipe.source_sha256,
+        published_size=recipe.source_size,
+        published_opset=recipe.source_opset,
+        published_inputs=tuple(recipe.inputs),
+        given_sha256=options.source_sha256,
+        base_dir=Path.cwd() if options.source else recipe.base_dir,
+    )
 
 
 def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
@@ -186,8 +203,12 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     with timer.stage("fetch"):
         recipe = load_build_recipe(options)
         report["name"] = recipe.name
-        source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress)
-    report["source"].update(uri=recipe.source, file=source_path.name)
+        report["license"] = recipe.license
+        request = source_request(recipe, options)
+        fetched = fetch_source(request, lock_for(recipe, options.lock), progress)
+        recipe.source = request.uri
+        source_path = fetched.path
+    report["source"].update(uri=recipe.source, file=source_path.name, checked=fetched.checked_against)
     with timer.stage("repair"):
         progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
@@ -200,6 +221,9 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     with timer.stage("convert"):
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
         variants, reference_model = make_variants(model, recipe, source_sha, report)
+        detected = report["source"]["precision"]
+        if recipe.source_precision and not options.source and detected != recipe.source_precision:
+            raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {detected} ({report['source']['precision_reason']}); fix the key")
 
     options.out_dir.mkdir(parents=True, exist_ok=True)
     destination = options.out_dir / recipe.name

@@ -79,6 +79,7 @@ def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds:
         "schema": 1,
         "name": recipe.name,
         "description": recipe.description,
+        "license": recipe.license,
         "files": {f.path: f.manifest_entry() for f in sorted(files, key=lambda f: f.path)},
         "variants": variant_entries,
         "variantFor": _variant_for(variants, recipe),

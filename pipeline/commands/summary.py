@@ -50,6 +50,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
     source = report.get("source", {})
     if source:
         echo(f"  source {source.get('uri')} ({source.get('precision', '?')}: {source.get('precision_reason', '')})")
+    if "license" in report:
+        echo(f"  license {report['license'] or 'not stated by the recipe'}")
     for step in report.get("steps", []):
         if step.get("changed") or step.get("refused"):
             what = step.get("refused") or "; ".join(r.get("what") or r.get("warning") or str(r) for r in step.get("records", [])[:3])
