@@ -75,7 +75,7 @@ class FFCResBlock(nn.Module):
 class LaMa(nn.Module):
     """image [1,3,H,W] in 0..1 and mask [1,1,H,W] (1 = fill) -> output [1,3,H,W] in 0..255."""
 
-    def __init__(self, width: int = 16, blocks: int = 2):
+    def __init__(self, width: int = 8, blocks: int = 1):
         super().__init__()
         self.head = nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(4, width, 7), nn.BatchNorm2d(width), nn.ReLU())
         self.down = nn.Sequential(nn.Conv2d(width, width * 2, 3, stride=2, padding=1), nn.BatchNorm2d(width * 2), nn.ReLU())
@@ -92,9 +92,9 @@ class LaMa(nn.Module):
 
 
 def lama_example() -> tuple:
-    image = torch.rand(1, 3, 64, 64)
-    mask = torch.zeros(1, 1, 64, 64)
-    mask[..., 16:40, 20:48] = 1
+    image = torch.rand(1, 3, 32, 32)
+    mask = torch.zeros(1, 1, 32, 32)
+    mask[..., 8:20, 10:24] = 1
     return image, mask
 
 
@@ -114,7 +114,7 @@ class SeparableConv(nn.Module):
 class MIGAN(nn.Module):
     """image uint8 [1,3,H,W], mask uint8 [1,1,H,W] (255 = known) -> result uint8 [1,3,H,W]."""
 
-    def __init__(self, width: int = 16):
+    def __init__(self, width: int = 8):
         super().__init__()
         self.from_rgb = nn.Conv2d(4, width, 1)
         self.encoder = nn.ModuleList([SeparableConv(width, width * 2, 2), SeparableConv(width * 2, width * 2, 2)])
@@ -138,9 +138,9 @@ class MIGAN(nn.Module):
 
 
 def migan_example() -> tuple:
-    image = torch.randint(0, 256, (1, 3, 64, 64), dtype=torch.uint8)
-    mask = torch.full((1, 1, 64, 64), 255, dtype=torch.uint8)
-    mask[..., 12:36, 24:52] = 0
+    image = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8)
+    mask = torch.full((1, 1, 32, 32), 255, dtype=torch.uint8)
+    mask[..., 6:18, 12:26] = 0
     return image, mask
 
 
@@ -181,7 +181,7 @@ class VocosBackbone(nn.Module):
 class Vocos(nn.Module):
     """mel [1,80,T] -> mag, x, y [1,513,T]: Vocos without its ISTFT, as the published export ships it."""
 
-    def __init__(self, mels: int = 80, n_fft: int = 1024, dim: int = 32, blocks: int = 2):
+    def __init__(self, mels: int = 80, n_fft: int = 1024, dim: int = 16, blocks: int = 1):
         super().__init__()
         self.backbone = VocosBackbone(mels, dim, blocks)
         self.out = nn.Linear(dim, n_fft + 2)
@@ -194,7 +194,7 @@ class Vocos(nn.Module):
 
 
 def vocos_example() -> tuple:
-    return (torch.randn(1, 80, 32) - 4.0,)
+    return (torch.randn(1, 80, 16) - 4.0,)
 
 
 class AttentionBlock(nn.Module):
@@ -213,7 +213,7 @@ class AttentionBlock(nn.Module):
 class WavTokenizerDecoder(nn.Module):
     """codes int64 [1,T] -> waveform [1, T*hop]: codebook lookup, backbone, ISTFT head."""
 
-    def __init__(self, codebook: int = 4096, dim: int = 32, n_fft: int = 64, hop: int = 16, blocks: int = 2, frames: int = 24):
+    def __init__(self, codebook: int = 4096, dim: int = 16, n_fft: int = 64, hop: int = 16, blocks: int = 1, frames: int = 16):
         super().__init__()
         self.codebook = nn.Embedding(codebook, dim)
         self.attention = AttentionBlock(dim)
@@ -250,7 +250,7 @@ class WavTokenizerDecoder(nn.Module):
 
 
 def wavtokenizer_example() -> tuple:
-    return (torch.randint(0, 4096, (1, 24), dtype=torch.int64),)
+    return (torch.randint(0, 4096, (1, 16), dtype=torch.int64),)
 
 
 def stale_squeeze_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -293,12 +293,12 @@ class CrossTransformerLayer(nn.Module):
 class HTDemucs(nn.Module):
     """waveform [1,2,L] + spectrogram [1,4,F,T] -> time [1,4,2,L] + freq [1,4,4,F,T]."""
 
-    def __init__(self, sources: int = 4, width: int = 16, dim: int = 32):
+    def __init__(self, sources: int = 4, width: int = 8, dim: int = 16):
         super().__init__()
         self.sources = sources
         self.time_encoder = nn.Sequential(nn.Conv1d(2, width, 8, stride=4, padding=2), nn.GELU(), nn.Conv1d(width, dim, 8, stride=4, padding=2), nn.GELU())
         self.freq_encoder = nn.Sequential(nn.Conv2d(4, width, (8, 1), stride=(4, 1), padding=(2, 0)), nn.GELU(), nn.Conv2d(width, dim, (8, 1), stride=(4, 1), padding=(2, 0)), nn.GELU())
-        self.transformer = nn.ModuleList([CrossTransformerLayer(dim, 4) for _ in range(2)])
+        self.transformer = nn.ModuleList([CrossTransformerLayer(dim, 4) for _ in range(1)])
         self.time_decoder = nn.Sequential(nn.ConvTranspose1d(dim, width, 8, stride=4, padding=2), nn.GELU(), nn.ConvTranspose1d(width, 2 * sources, 8, stride=4, padding=2))
         self.freq_decoder = nn.Sequential(nn.ConvTranspose2d(dim, width, (8, 1), stride=(4, 1), padding=(2, 0)), nn.GELU(), nn.ConvTranspose2d(width, 4 * sources, (8, 1), stride=(4, 1), padding=(2, 0)))
 
@@ -318,8 +318,8 @@ class HTDemucs(nn.Module):
 
 
 def htdemucs_example() -> tuple:
-    waveform = torch.randn(1, 2, 512) * 0.3
-    spectrogram = torch.randn(1, 4, 64, 16)
+    waveform = torch.randn(1, 2, 256) * 0.3
+    spectrogram = torch.randn(1, 4, 32, 8)
     return waveform, spectrogram
 
 
@@ -344,7 +344,7 @@ class TFCTDF(nn.Module):
 class MDX(nn.Module):
     """input [1,4,F,T] -> output [1,4,F,T]: a TFC-TDF U-Net as UVR's MDX-Net."""
 
-    def __init__(self, bins: int = 64, width: int = 8):
+    def __init__(self, bins: int = 32, width: int = 4):
         super().__init__()
         self.first = nn.Sequential(nn.Conv2d(4, width, 1), nn.BatchNorm2d(width), nn.ReLU())
         self.enc = TFCTDF(width, bins)
@@ -362,7 +362,7 @@ class MDX(nn.Module):
 
 
 def mdx_example() -> tuple:
-    return (torch.randn(1, 4, 64, 32),)
+    return (torch.randn(1, 4, 32, 16),)
 
 
 # --- SCNet -----------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ class DualPath(nn.Module):
 class SCNet(nn.Module):
     """mix [1,2,L] -> stems [1,4,2,L]: STFT, band split, dual-path LSTMs, masks, inverse STFT."""
 
-    def __init__(self, sources: int = 4, n_fft: int = 128, hop: int = 32, dim: int = 16):
+    def __init__(self, sources: int = 4, n_fft: int = 64, hop: int = 16, dim: int = 8):
         super().__init__()
         self.sources, self.n_fft, self.hop = sources, n_fft, hop
         bins = n_fft // 2  # the Nyquist bin dropped, as SCNet does
@@ -405,7 +405,7 @@ class SCNet(nn.Module):
         self.splits = [bins // 4, bins // 4, bins // 2]
         self.strides = [1, 2, 4]
         self.band_in = nn.ModuleList([nn.Conv2d(4, dim, (s, 1), stride=(s, 1)) for s in self.strides])
-        self.dual_path = nn.Sequential(DualPath(dim), DualPath(dim))
+        self.dual_path = nn.Sequential(DualPath(dim))
         self.band_out = nn.ModuleList([nn.ConvTranspose2d(dim, 4 * sources, (s, 1), stride=(s, 1)) for s in self.strides])
 
     def forward(self, mix):
@@ -425,7 +425,7 @@ class SCNet(nn.Module):
 
 
 def scnet_example() -> tuple:
-    return (torch.randn(1, 2, 1024) * 0.3,)
+    return (torch.randn(1, 2, 512) * 0.3,)
 
 
 # --- MP-SENet --------------------------------------------------------------------------------
@@ -459,7 +459,7 @@ class ConformerBlock(nn.Module):
 class MPSENet(nn.Module):
     """noisy_mag, noisy_pha [1,F,T] -> mag, pha [1,F,T] and com [1,F,T,2]."""
 
-    def __init__(self, dim: int = 16, blocks: int = 1, compress: float = 0.3):
+    def __init__(self, dim: int = 8, blocks: int = 1, compress: float = 0.3):
         super().__init__()
         self.compress = compress
         self.encoder = nn.Sequential(nn.Conv2d(2, dim, 1), nn.InstanceNorm2d(dim, affine=True), nn.PReLU(dim),
@@ -490,7 +490,7 @@ class MPSENet(nn.Module):
 
 
 def mpsenet_example() -> tuple:
-    return torch.rand(1, 33, 16) * 0.8, (torch.rand(1, 33, 16) * 2 - 1) * math.pi
+    return torch.rand(1, 17, 8) * 0.8, (torch.rand(1, 17, 8) * 2 - 1) * math.pi
 
 
 # --- export ----------------------------------------------------------------------------------

@@ -203,7 +203,8 @@ def test_source_option_overrides_the_recipe_with_its_own_sha256(conv_file, tmp_p
         url = f"http://127.0.0.1:{httpd.server_address[1]}/{conv_file.name}"
         sha = hashlib.sha256(conv_file.read_bytes()).hexdigest()
         missing_sha = build(str(recipe), "--source", url, "--no-browser", "--out", str(tmp_path / "d"))
-        assert missing_sha.exit_code == 2 and "needs its sha256" in missing_sha.output
+        # without --sha256 the file must be the recipe's published one (a mirror), and it is not
+        assert missing_sha.exit_code == 2 and f"pass --sha256 {sha}" in missing_sha.output
         result = build(str(recipe), "--source", url, "--sha256", sha, "--no-browser", "--out", str(tmp_path / "d"))
         assert result.exit_code == 0, result.output
         assert json.loads((tmp_path / "d" / "over" / "report.json").read_text())["source"]["uri"] == url
