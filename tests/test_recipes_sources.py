@@ -286,3 +286,12 @@ def test_offline_source_without_a_pin_says_it_will_be_pinned(own_cache, tmp_path
     assert result.exit_code == 2
     assert "https://127.0.0.1:9/mdx.onnx: cannot connect" in result.output
     assert "sha256 not published, so pinned in" in result.output and "--source PATH" in result.output
+
+
+def test_a_wrong_precision_claim_in_a_recipe_is_refused(tmp_path):
+    recipe = tmp_path / "claim.toml"
+    recipe.write_text(f'license = "MIT"\n[source]\nuri = "{MODEL}"\nprecision = "quantized"\n[inputs.input]\npattern = "spectrogram"\nn_fft = 64\n')
+    result = _build(recipe, tmp_path)
+    assert result.exit_code == 2
+    assert "key 'source.precision' says quantized, but mdx.onnx is fp32" in result.output
+    assert not (tmp_path / "dist" / "claim").exists()
