@@ -46,7 +46,7 @@ def recipes(
 ) -> None:
     """List the built-in recipes, one line each: what they ship, the source's size, licence and URL."""
     with cli_errors():
-        rows = [_recipe_row(load_recipe_file(path)) for path in builtin_recipes()]
+        rows = sorted((_recipe_row(load_recipe_file(path)) for path in builtin_recipes()), key=lambda row: row["name"])
     if json_output:
         print_json(rows)
         return
