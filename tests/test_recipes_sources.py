@@ -295,3 +295,18 @@ def test_a_wrong_precision_claim_in_a_recipe_is_refused(tmp_path):
     assert result.exit_code == 2
     assert "key 'source.precision' says quantized, but mdx.onnx is fp32" in result.output
     assert not (tmp_path / "dist" / "claim").exists()
+
+
+def test_a_local_file_that_is_another_recipes_published_file_names_that_recipe(tmp_path, monkeypatch):
+    import pipeline.recipe as recipe_module
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "uvr-mdx.toml").write_text((RECIPES_DIR / "uvr-mdx.toml").read_text())
+    (recipes / "twin.toml").write_text(f'license = "MIT"\n[source]\nuri = "https://example.invalid/twin.onnx"\nsha256 = "{MODEL_SHA}"\n')
+    monkeypatch.setattr(recipe_module, "RECIPES_DIR", recipes)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["build", "uvr-mdx", "--source", str(MODEL), "--no-browser"])
+    assert result.exit_code == 2
+    assert "this file is the published source of recipe 'twin'" in result.output
+    assert f"pack build twin --source {MODEL}" in result.output
