@@ -285,7 +285,15 @@ def test_offline_source_without_a_pin_says_it_will_be_pinned(own_cache, tmp_path
     result = _build(recipe, tmp_path)
     assert result.exit_code == 2
     assert "https://127.0.0.1:9/mdx.onnx: cannot connect" in result.output
-    assert "sha256 not published, so pinned in" in result.output and "--source PATH" in result.output
+    assert "sha256 not published: the file you pass is pinned in" in result.output and "--source PATH" in result.output
+    # the file downloaded by other means stands in for the URL: pinned under it, checked ever after
+    local = _build(recipe, tmp_path, "--source", str(MODEL))
+    assert local.exit_code == 0, local.output
+    pin = json.loads((tmp_path / "remote.lock.json").read_text())["remote"]["source"]
+    assert pin == {"uri": "https://127.0.0.1:9/mdx.onnx", "sha256": MODEL_SHA, "size": MODEL.stat().st_size}
+    wrong = tmp_path / "wrong.onnx"
+    wrong.write_bytes(MODEL.read_bytes() + b"\0")
+    assert "remote.lock.json pins" in _build(recipe, tmp_path, "--source", str(wrong)).output
 
 
 def test_a_wrong_precision_claim_in_a_recipe_is_refused(tmp_path):

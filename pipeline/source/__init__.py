@@ -104,7 +104,7 @@ def _offline(request: SourceRequest, error: SourceUnreachable, expected: str | N
     if expected:
         sha = f"sha256 {expected}"
     elif lock.path is not None:
-        sha = f"sha256 not published, so pinned in {lock.path} on first download"
+        sha = f"sha256 not published: the file you pass is pinned in {lock.path}"
     else:
         sha = "sha256 not published"
     return PackError(f"source {error.url}: {error.reason}; download it by other means ({sha}) and run `{request.rebuild} --source PATH`")
@@ -144,12 +144,16 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
     else:
         path = _local_or_package(request.uri, request.base_dir, progress)
         from_registry = request.uri.startswith(("pypi:", "npm:"))
-        # The user's own files are checked when a hash applies but never pinned; registry files are.
-        actual = file_sha256(path) if expected is not None or from_registry else None
+        # --source PATH for a recipe whose file is remote and has no published hash: the file was
+        # downloaded by other means, so it is pinned as that remote file. Other local files
+        # (a bare model, a recipe pointing at a path) are the user's own and never pinned.
+        stand_in = request.overridden and bool(request.published_uri) and (_is_url(request.published_uri) or request.published_uri.startswith(("pypi:", "npm:")))
+        actual = file_sha256(path) if expected is not None or from_registry or stand_in else None
         if expected is not None and actual != expected:
             raise _not_the_expected_file(request, path, actual, expected, origin, lock)
     if expected is None and actual is not None and lock.path is not None:
-        lock.put(request.recipe_name, LOCK_SECTION, {"uri": request.uri, "sha256": actual, "size": path.stat().st_size})
-        progress.note(f"pinned {request.uri.rsplit('/', 1)[-1]} (sha256 {actual[:12]}…) in {lock.path}")
+        pinned_uri = request.published_uri if request.overridden and not _is_url(request.uri) and request.published_uri else request.uri
+        lock.put(request.recipe_name, LOCK_SECTION, {"uri": pinned_uri, "sha256": actual, "size": path.stat().st_size})
+        progress.note(f"pinned {pinned_uri.rsplit('/', 1)[-1]} (sha256 {actual[:12]}…) in {lock.path}")
         origin = "pinned now"
     return ResolvedSource(path=path, sha256=actual, checked_against=origin)
