@@ -131,7 +131,7 @@ def test_a_local_file_that_is_not_the_published_one_says_what_it_is_and_how_to_o
     line = result.output.strip()
     assert "\n" not in line
     assert f"sha256 is {MODEL_SHA}" in line and f"{MODEL.stat().st_size} bytes, opset 18, inputs input" in line
-    assert "not the published UVR-MDX-NET-Inst_HQ_3.onnx (sha256 317554b0" in line and "66759214 bytes" in line
+    assert "recipe key 'source.sha256' expects 317554b0" in line and "the published UVR-MDX-NET-Inst_HQ_3.onnx (66759214 bytes" in line
     assert f"pass --sha256 {MODEL_SHA}" in line
     assert not (tmp_path / "dist").exists()
 

