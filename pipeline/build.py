@@ -28,11 +28,12 @@ from pipeline.graph import passes as graph_passes
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.loader.render import render_loader
-from pipeline.precision.variants import Variant, make_variants
+from pipeline.lockfile import lock_for
+from pipeline.precision.variants import Fp16Context, Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.source import resolve_source
-from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks
+from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks
 from pipeline.verify.host import run_model
 
 
@@ -46,6 +47,7 @@ class BuildOptions:
     out_dir: Path = Path("dist")
     browser: bool = True
     gpu: bool = False
+    lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
 
 
 @dataclass
@@ -128,6 +130,22 @@ def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant]
     return run.outputs
 
 
+def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: Recipe, options: BuildOptions, source_path: Path, progress: Progress) -> Fp16Context:
+    """What the fp16 keep-in-fp32 search needs from the verify stage; the fp32 reference is run
+    only when a candidate is judged."""
+    reference: dict[str, dict[str, np.ndarray]] = {}
+
+    def reference_outputs() -> dict[str, np.ndarray]:
+        if not reference:
+            reference["outputs"] = _reference_outputs(model, [], {}, feeds, source_path)
+        return reference["outputs"]
+
+    def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        return run_model(path, run_feeds).outputs
+
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
+
+
 def _webgpu_failed(checks: list[dict]) -> bool:
     return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
 
@@ -199,7 +217,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         feeds = make_feeds(model, recipe, options.inputs_npz)
     with timer.stage("convert"):
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
-        variants, reference_model = make_variants(model, recipe, source_sha, report)
+        context = _fp16_context(model, feeds, recipe, options, source_path, progress)
+        variants, reference_model = make_variants(model, recipe, source_sha, report, context)
 
     options.out_dir.mkdir(parents=True, exist_ok=True)
     destination = options.out_dir / recipe.name
@@ -207,6 +226,9 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     try:
         with timer.stage("assets"):
             manifest, model_paths = write_package(staging, recipe, variants, feeds, reference_model, progress)
+            kept = next((v.kept_fp32 for v in variants if v.name == "fp16" and v.kept_fp32), None)
+            if kept:
+                manifest["fp16"] = {"keptFp32": kept}
         with timer.stage("host_verify"):
             reference = _reference_outputs(reference_model, variants, model_paths, feeds, source_path)
             manifest["outputs"] = io_entries(reference_model, reference, recipe, outputs=True)

@@ -24,6 +24,7 @@ def build(
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip the headless-browser checks (recorded as skipped).")] = False,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
+    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (fp16 nodes kept in fp32, ...); default: <recipe>.lock.json beside a recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model."""
     with cli_errors():
@@ -31,7 +32,7 @@ def build(
             raise PackError(f"--inputs {inputs}: no such file; give an .npz with one array per model input")
         if sha256 and not source:
             raise PackError("--sha256 checks --source; give --source too (a recipe's own sha256 is its key 'source.sha256')")
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu)
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)
