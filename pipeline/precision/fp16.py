@@ -19,7 +19,7 @@ from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs, rename_converter_names
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.graph.passes.util import all_graphs
-from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes
+from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
 # has no fp16 before opset 27, RandomNormalLike draws in its input's type (../shared notes fp16.md).
@@ -38,6 +38,7 @@ def _converter_step(model: onnx.ModelProto, block_list: list[str], keep: set[str
         except Exception as error:  # the converter raises bare Exceptions and ValueErrors
             raise ConversionError(f"onnxconverter-common failed: {error}") from None
     added = cast_kept_inputs(converted, keep)
+    restore_fp32_outputs(converted, {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT})
     notes = sorted({str(w.message).splitlines()[0][:200] for w in caught})
     blocked = sorted({n.op_type for n in model.graph.node if n.op_type in block_list})
     what = f"converted to fp16, fp32 I/O kept; ops kept in fp32: {', '.join(blocked) or 'none'}"

@@ -133,6 +133,25 @@ def cast_kept_inputs(model: onnx.ModelProto, keep: set[str]) -> int:
     return added
 
 
+def restore_fp32_outputs(model: onnx.ModelProto, fp32_outputs: set[str]) -> int:
+    """A kept node that writes a graph output gets a Cast to fp16 after it from the converter, which
+    also relabels the output fp16 (and an fp32 value above 65504 becomes inf). Point that Cast back
+    at fp32 and the output with it: fp32 I/O stays fp32. Edits in place; returns outputs fixed."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    fixed = 0
+    for output in model.graph.output:
+        if output.name in fp32_outputs and output.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            cast = producers.get(output.name)
+            if cast is None or cast.op_type != "Cast":
+                continue
+            for attribute in cast.attribute:
+                if attribute.name == "to":
+                    attribute.i = TensorProto.FLOAT
+            output.type.tensor_type.elem_type = TensorProto.FLOAT
+            fixed += 1
+    return fixed
+
+
 _NODE_PATTERNS = (
     re.compile(r"node name: ([^)\s][^)]*)\)"),
     re.compile(r"Node \(([^)]+)\)"),
