@@ -149,3 +149,43 @@ def test_fp16_recipe_keys_are_validated_with_the_key_named(tmp_path, key, value,
     recipe.write_text(f'name = "r"\nsource = {{ uri = "m.onnx" }}\n[fp16]\n{key} = {value}\n')
     result = runner.invoke(app, ["build", str(recipe), "--no-browser"])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_nodes(tmp_path):
+    """The evaluator list is the seam for the WebGPU-kernel check: here a stand-in for fp16
+    kernels (which overflow where onnxruntime CPU computes in fp32) also requires `energy_sum` in
+    fp32, and the search keeps both nodes."""
+    import onnx
+
+    from pipeline.commands.summary import fp16_kept_lines
+    from pipeline.precision.variants import Evaluator, Fp16Context, make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.checks import fp16_evaluators
+    from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS
+
+    model = overflow_model()
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32)}
+    reference_file = save(model, tmp_path / "ref.onnx")
+    recipe = Recipe(name="energy", path=tmp_path / "energy.toml")
+
+    def fp16_kernels(path):
+        graph = onnx.load(str(path)).graph
+        producers = {out: node for node in graph.node for out in node.output}
+        energy = next(node for node in graph.node if node.name == "energy_sum")
+        source = producers.get(energy.input[0])
+        in_fp32 = source is not None and source.op_type == "Cast" and source.attribute[0].i == onnx.TensorProto.FLOAT
+        return in_fp32, "passed" if in_fp32 else "energy: 1 Inf values that the reference does not have"
+
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    assert [e.name for e in evaluators] == ["host cpu"]  # no webgpu-kernels stage on this machine
+    evaluators.append(Evaluator("fp16-kernels stand-in", fp16_kernels))
+    lock = LockFile(tmp_path / "energy.lock.json")
+    context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, lock, Progress.quiet())
+    report = {"source": {}, "steps": [], "variants_refused": {}}
+    variants, _ = make_variants(model, recipe, "sha-of-test", report, context)
+    fp16 = next(v for v in variants if v.name == "fp16")
+    assert sorted(k["node"] for k in fp16.kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS
+    lines = fp16_kept_lines(report)
+    assert lines[0].startswith("  fp16: 2 nodes kept in fp32; weights")
+    assert any("kept energy_sum (ReduceSumSquare): search: values up to" in line for line in lines)
+    assert any("trials" in line and "host cpu, fp16-kernels stand-in" in line and "minimal" in line for line in lines)
