@@ -23,7 +23,7 @@ EPS = ("webgpu", "wasm")
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 DEFAULT_RUNTIME = "1.30.0"
-THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db")
+THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
