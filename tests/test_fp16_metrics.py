@@ -47,7 +47,7 @@ def test_jsep_all_zeros_fail_images_and_audio():
             # The perceptual figures collapse on their own, whatever else is bounded.
             for key in ("psnr_db", "snr_db", "seg_snr_db"):
                 if key in threshold:
-                    assert metrics[key] < threshold[key] - 10, (kind, ep, key, metrics[key])
+                    assert metrics[key] < threshold[key] and metrics[key] <= 10, (kind, ep, key, metrics[key])
             if kind == "image":
                 assert metrics["p999_abs_of_range"] > 10 * threshold["p999_abs_of_range"]
 
