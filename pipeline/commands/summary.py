@@ -53,7 +53,8 @@ def fp16_kept_lines(report: dict) -> list[str]:
     lines = []
     sizes = record.get("sizes")
     if sizes:
-        lines.append(f"  fp16: {len(record.get('kept', []))} nodes kept in fp32; weights {sizes['fp16_bytes']} B vs all-fp16 ideal {sizes['all_fp16_ideal_bytes']} B (+{sizes['kept_cost_bytes']} B) and fp32 {sizes['fp32_bytes']} B")
+        count = len(record.get("kept", []))
+        lines.append(f"  fp16: {count} node{'s' if count != 1 else ''} kept in fp32; weights {sizes['fp16_bytes']} B vs all-fp16 ideal {sizes['all_fp16_ideal_bytes']} B (+{sizes['kept_cost_bytes']} B) and fp32 {sizes['fp32_bytes']} B")
     for kept in record.get("kept", [])[:20]:
         lines.append(f"    kept {kept['node']} ({kept['op']}): {kept['why']}")
     search = record.get("search")

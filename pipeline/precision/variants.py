@@ -170,7 +170,7 @@ def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, repor
         record.update(kept=kept_list, sizes=_sizes(named, converted))
         if search:
             record["search"] = search
-        summary = f"{len(kept_list)} nodes kept in fp32"
+        summary = f"{len(kept_list)} node{'s' if len(kept_list) != 1 else ''} kept in fp32"
         if search:
             summary += f"; search: {search['trials']} trials in {search['seconds']:.1f} s" + (f" ({search['failed']})" if "failed" in search else "")
         record["what"] = summary
