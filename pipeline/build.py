@@ -29,6 +29,7 @@ from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.loader.render import render_loader
 from pipeline.lockfile import lock_for
+from pipeline.precision.detect import detect_precision
 from pipeline.precision.variants import Fp16Context, Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
@@ -131,9 +132,12 @@ def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant]
 
 
 def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: Recipe, options: BuildOptions, source_path: Path, progress: Progress) -> Fp16Context:
-    """What the fp16 keep-in-fp32 search needs from the verify stage; the fp32 reference is run
-    only when a candidate is judged."""
+    """What the fp16 keep-in-fp32 search needs from the verify stage. The fp32 reference runs first
+    when an fp16 variant will be made (it is cached, and bad input should stop the build before
+    any fp16 work)."""
     reference: dict[str, dict[str, np.ndarray]] = {}
+    if "fp16" in recipe.variants and detect_precision(model)[0] == "fp32":
+        reference["outputs"] = _reference_outputs(model, [], {}, feeds, source_path)
 
     def reference_outputs() -> dict[str, np.ndarray]:
         if not reference:

@@ -44,6 +44,12 @@ class Variant:
     kept_fp32: list[dict] = field(default_factory=list)  # [{node, op, why}]: manifest fp16.keptFp32
 
 
+DID_NOT_RUN = "did not run"  # an evaluator's detail for a model that produced no outputs
+# A kept set that spends more than this share of fp16's saving (fp32 bytes - all-fp16 bytes) is no
+# fp16 variant worth shipping: the search fails instead (fp16 then fails its host check as before).
+MAX_KEPT_COST_SHARE = 0.5
+
+
 @dataclass
 class Evaluator:
     """One check an fp16 candidate must pass: `judge(model file)` -> (passed, one-line detail).
@@ -146,7 +152,7 @@ def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, repor
     search = None
     if context and context.evaluators and recipe.fp16_search and not from_lock:
         passed, detail = _judge_all(converted, context.evaluators)
-        if not passed:
+        if not passed and DID_NOT_RUN not in detail:
             context.progress.note(f"fp16 misses a threshold ({detail}); searching for nodes to keep in fp32")
             blocked = set(SAFE_BLOCK_LIST) | set(recipe.fp16_block_ops)
             ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept]
@@ -158,11 +164,15 @@ def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, repor
 
             result = search_keep_set([stat.node for stat in ranked], trial, recipe.fp16_search_trials, recipe.fp16_search_seconds)
             search = {**result.figures(), "candidates": len(ranked), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
-            if result.passed:
-                kept = {**kept, **{n: why[n] for n in result.kept}}
-                converted, _, _, kept = _cached_fp16(named, key, recipe.fp16_block_ops, kept, refusal)
-            else:
+            found = {**kept, **{n: why[n] for n in result.kept}}
+            candidate = _cached_fp16(named, key, recipe.fp16_block_ops, found, refusal)[0] if result.passed else None
+            sizes = _sizes(named, candidate) if candidate is not None else None
+            if candidate is None:
                 search["failed"] = result.stopped or "no passing set found"
+            elif sizes["kept_cost_bytes"] > MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"]):
+                search["failed"] = f"the {len(result.kept)} nodes that pass keep {sizes['fp16_bytes']} of {sizes['fp32_bytes']} bytes: more than half of fp16's saving lost"
+            else:
+                converted, kept = candidate, found
             search["ranked"] = [stat.as_dict() for stat in ranked[:10]]
     nodes = {n.name: n.op_type for n in named.graph.node}
     kept_list = [{"node": name, "op": nodes.get(name, "?"), "why": why} for name, why in sorted(kept.items())]

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 
 from pipeline.graph.model_io import model_bytes
-from pipeline.precision.variants import Evaluator, Variant
+from pipeline.precision.variants import DID_NOT_RUN, Evaluator, Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.verify.host import HostRun, run_model
@@ -83,7 +83,7 @@ def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, 
     def judge_model(path: Path) -> tuple[bool, str]:
         result = run(path, feeds)
         if result.outputs is None:
-            return False, result.error or "no outputs"
+            return False, f"{DID_NOT_RUN}: {result.error or 'no outputs'}"
         for name, expected in reference().items():
             spec = recipe.outputs.get(name)
             kind = spec.kind if spec else "tensor"
@@ -116,6 +116,8 @@ def onnxruntime_refusal(feeds: dict[str, np.ndarray]) -> Callable[[onnx.ModelPro
             path = Path(tmp) / "fp16.onnx"
             path.write_bytes(model_bytes(model))
             run = run_model(path, feeds)
-        return None if run.outputs is not None else (run.error or "onnxruntime refused the model")
+        if run.outputs is not None or run.crashes:
+            return None  # a crash names no node to keep: the host check reports it
+        return run.error or "onnxruntime refused the model"
 
     return refusal
