@@ -189,3 +189,19 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     assert lines[0].startswith("  fp16: 2 nodes kept in fp32; weights")
     assert any("kept energy_sum (ReduceSumSquare): search: values up to" in line for line in lines)
     assert any("trials" in line and "host cpu, fp16-kernels stand-in" in line and "minimal" in line for line in lines)
+
+
+def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_path):
+    """max_abs = 0 passes only with every Conv in fp32: an "fp16" model of fp32 size. The search
+    says so and fp16 keeps failing its host check."""
+    from tests.build_helpers import conv_model
+
+    save(conv_model(), tmp_path / "conv.onnx")
+    recipe = tmp_path / "strict.toml"
+    recipe.write_text('source.uri = "conv.onnx"\n[outputs.y.fp16]\nmax_abs = 0.0\n')
+    result = _build(recipe, tmp_path / "out")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    search = next(s for s in report["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]["search"]
+    assert "more than half of fp16's saving lost" in search["failed"]
+    assert not (tmp_path / "strict.lock.json").exists()
