@@ -30,7 +30,8 @@ from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.loader.render import render_loader
 from pipeline.lockfile import lock_for
 from pipeline.precision.detect import detect_precision
-from pipeline.precision.variants import Fp16Context, Variant, make_variants
+from pipeline.precision.kept import Fp16Context
+from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.source import resolve_source

@@ -118,8 +118,8 @@ def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_ski
     def no_search(*args, **kwargs):
         raise AssertionError("searched although the lock holds the answer")
 
-    monkeypatch.setattr("pipeline.precision.variants.search_keep_set", no_search)
-    monkeypatch.setattr("pipeline.precision.variants.rank_nodes", no_search)
+    monkeypatch.setattr("pipeline.precision.kept.search_keep_set", no_search)
+    monkeypatch.setattr("pipeline.precision.kept.rank_nodes", no_search)
     again = _build(recipe, tmp_path / "b")
     assert again.exit_code == 0, again.output
     assert _fp16_bytes(tmp_path / "b" / "energy") == _fp16_bytes(tmp_path / "a" / "energy")
@@ -158,7 +158,8 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     import onnx
 
     from pipeline.commands.summary import fp16_kept_lines
-    from pipeline.precision.variants import Evaluator, Fp16Context, make_variants
+    from pipeline.precision.kept import Evaluator, Fp16Context
+    from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.checks import fp16_evaluators
     from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS

@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 
 from pipeline.graph.model_io import model_bytes
-from pipeline.precision.variants import DID_NOT_RUN, Evaluator, Variant
+from pipeline.precision.kept import DID_NOT_RUN, Evaluator
+from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.verify.host import HostRun, run_model
