@@ -206,3 +206,15 @@ def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_pat
     search = next(s for s in report["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]["search"]
     assert "more than half of fp16's saving lost" in search["failed"]
     assert not (tmp_path / "strict.lock.json").exists()
+
+
+def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model_file = save(overflow_model(), tmp_path / "energy.onnx")
+    args = ["build", str(model_file), "--no-browser", "--json", "--input", "x=1x64"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "a")]).exit_code == 0
+    assert not list(tmp_path.glob("*.json"))
+    lock = tmp_path / "locks" / "energy.json"
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--lock", str(lock)])
+    assert result.exit_code == 0, result.output
+    assert [k["node"] for k in json.loads(lock.read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
