@@ -16,7 +16,7 @@ import brotli
 import numpy as np
 import typer
 
-from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
 from pipeline.commands.summary import MARKS, browser_lines, check_line
 from pipeline.errors import PackError
 from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
@@ -37,6 +37,7 @@ def verify(
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM (exit 1 when a check fails)."""
     with cli_errors():
+        require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
         feeds = sample_feeds(package, manifest)

@@ -1,7 +1,10 @@
 """fp16 conversion that survives real models, and the reverse upcast for models shipped as fp16.
 
-`convert_to_fp16` = rename names the converter would reuse → detach consumed outputs → onnxconverter-common (fp32 I/O kept, safe block list)
-→ Cast retarget → topological sort → full onnx.checker. Each step is recorded for report.json.
+`convert_with_keeps` = the "fp16-before" repairs (rename names the converter would reuse, detach
+consumed outputs) → unnamed nodes named → onnxconverter-common (fp32 I/O kept, safe block list, the
+nodes kept in fp32) → the "fp16-after" repairs (Cast retarget, topological sort) → full
+onnx.checker; an invalid result keeps more nodes in fp32 and retries (keep.py). Each step is
+recorded for report.json.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from onnx import TensorProto, numpy_helper
 from onnxconverter_common import float16
 
 from pipeline.graph.passes.base import PassResult
-from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs, rename_converter_names
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.graph.passes.util import all_graphs
+from pipeline.graph.registry import in_stage, run_passes
 from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
@@ -52,15 +55,14 @@ def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str],
     del steps[:]
     result = _converter_step(model, block_list, keep)
     steps.append(result.as_step("fp16_convert"))
-    for repair in (cast_retarget, topological_sort):
-        result = repair(result.model)
-        steps.append(result.as_step(repair.name))
+    converted, after = run_passes(result.model, in_stage("fp16-after"), finish=False)
+    steps += after
     try:
-        onnx.checker.check_model(result.model, full_check=True)
+        onnx.checker.check_model(converted, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-        raise ConversionError(f"converted model fails onnx.checker: {error}", result.model) from None
+        raise ConversionError(f"converted model fails onnx.checker: {error}", converted) from None
     steps.append({"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]})
-    return result.model
+    return converted
 
 
 @dataclass
@@ -74,20 +76,19 @@ def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (),
     """fp16 conversion that keeps `keep` ({node: why}) in fp32, and keeps more nodes when the
     converted graph is invalid (see keep.py). Raises FP16Refused with the reason when it cannot."""
     block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
-    steps = []
-    result = PassResult(model, False)
-    for repair in (rename_converter_names, detach_consumed_outputs, name_unnamed_nodes):
-        result = repair(result.model)
-        steps.append(result.as_step(repair.name))
-    prepared = result.model
+    # The IR version cap is not run here: the converter keeps its input's IR version, and the
+    # build capped that already.
+    prepared, steps = run_passes(model, in_stage("fp16-before"), finish=False)
+    named = name_unnamed_nodes(prepared)
+    steps.append(named.as_step(name_unnamed_nodes.name))
     attempt_steps: list[dict] = []
     try:
-        converted, kept, records = convert_keeping(prepared, lambda m, k: _convert_once(m, block_list, k, attempt_steps), keep, validate, blocked_ops=set(block_list))
+        converted, kept, records = convert_keeping(named.model, lambda m, k: _convert_once(m, block_list, k, attempt_steps), keep, validate, blocked_ops=set(block_list))
     except KeepFailed as error:
         raise FP16Refused(f"converted model is invalid: {error}") from None
     if records:
         steps.append({"name": "fp16_keep", "changed": True, "records": records})
-    return FP16Result(converted, steps + attempt_steps, kept_list(kept, prepared))
+    return FP16Result(converted, steps + attempt_steps, kept_list(kept, named.model))
 
 
 def convert_to_fp16(model: onnx.ModelProto, extra_block_list: list[str] = ()) -> tuple[onnx.ModelProto, list[dict]]:
