@@ -80,7 +80,8 @@ def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (),
     # build capped that already.
     prepared, steps = run_passes(model, in_stage("fp16-before"), finish=False)
     named = name_unnamed_nodes(prepared)
-    steps.append(named.as_step(name_unnamed_nodes.name))
+    if named.changed:
+        steps.append(named.as_step(name_unnamed_nodes.name))
     attempt_steps: list[dict] = []
     try:
         converted, kept, records = convert_keeping(named.model, lambda m, k: _convert_once(m, block_list, k, attempt_steps), keep, validate, blocked_ops=set(block_list))
