@@ -106,7 +106,11 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept]
             why = {stat.node: f"search: {stat.why}" for stat in ranked}
 
+            tried = [0]
+
             def trial(nodes: list[str]) -> tuple[bool, str]:
+                tried[0] += 1
+                context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(nodes)} of {len(ranked)} ranked nodes kept in fp32")
                 candidate, _, refused_now, _ = convert({**kept, **{n: why[n] for n in nodes}})
                 return (False, refused_now) if refused_now else _judge_all(candidate, context.evaluators)
 
