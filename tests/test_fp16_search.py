@@ -218,3 +218,29 @@ def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch):
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--lock", str(lock)])
     assert result.exit_code == 0, result.output
     assert [k["node"] for k in json.loads(lock.read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
+
+
+def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path):
+    """Issue 11 must-have 5 with the real `webgpu-kernels` stage (onnxruntime's WebGPU EP on
+    lavapipe), where it is set up: fp16 kernels overflow in ReduceSumSquare, which the CPU EP
+    computes in fp32, so the search keeps `energy_sum` as well as the clamped constant."""
+    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    reason = webgpu_kernels.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from pipeline.precision.kept import Fp16Context
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.checks import fp16_evaluators
+    from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS
+
+    model = overflow_model()
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32)}
+    reference_file = save(model, tmp_path / "ref.onnx")
+    recipe = Recipe(name="energy", path=None)
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    assert [e.name for e in evaluators] == ["host cpu", "webgpu-kernels"]
+    context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(None), Progress.quiet())
+    report = {"source": {}, "steps": [], "variants_refused": {}}
+    variants, _ = make_variants(model, recipe, "sha-of-test", report, context)
+    assert sorted(k["node"] for k in next(v for v in variants if v.name == "fp16").kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS
