@@ -90,8 +90,8 @@ def run_pack(model: onnx.ModelProto, feeds: dict, trials: int, seconds: float) -
         start = time.perf_counter()
         evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
         context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(None), Progress.quiet(), onnxruntime_refusal(feeds))
-        report = {"source": {}, "steps": [], "variants_refused": {}}
-        variants, _ = make_variants(model, recipe, "bench", report, context)
+        made = make_variants(model, recipe, "bench", context)
+        report, variants = {"steps": made.steps}, made.variants
         wall = time.perf_counter() - start
         fp16 = next(v for v in variants if v.name == "fp16")
         fp16_file = Path(tmp) / "fp16.onnx"

@@ -182,8 +182,8 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     evaluators.append(Evaluator("fp16-kernels stand-in", fp16_kernels))
     lock = LockFile(tmp_path / "energy.lock.json")
     context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, lock, Progress.quiet())
-    report = {"source": {}, "steps": [], "variants_refused": {}}
-    variants, _ = make_variants(model, recipe, "sha-of-test", report, context)
+    made = make_variants(model, recipe, "sha-of-test", context)
+    report, variants = {"steps": made.steps}, made.variants
     fp16 = next(v for v in variants if v.name == "fp16")
     assert sorted(k["node"] for k in fp16.kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS
     lines = fp16_kept_lines(report)
@@ -241,6 +241,6 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
     assert [e.name for e in evaluators] == ["host cpu", "webgpu-kernels"]
     context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(None), Progress.quiet())
-    report = {"source": {}, "steps": [], "variants_refused": {}}
-    variants, _ = make_variants(model, recipe, "sha-of-test", report, context)
+    made = make_variants(model, recipe, "sha-of-test", context)
+    report, variants = {"steps": made.steps}, made.variants
     assert sorted(k["node"] for k in next(v for v in variants if v.name == "fp16").kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS

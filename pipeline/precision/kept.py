@@ -75,9 +75,10 @@ def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
     return {"fp32_bytes": sum(source_weights.values()), "all_fp16_ideal_bytes": ideal, "fp16_bytes": actual, "kept_cost_bytes": actual - ideal}
 
 
-def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Convert, report: dict, context: Fp16Context | None) -> tuple[onnx.ModelProto, list[dict]] | None:
+def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Convert, steps: list[dict], refused: dict[str, str], context: Fp16Context | None) -> tuple[onnx.ModelProto, list[dict]] | None:
     """(fp16 model, kept [{node, op, why}]) for the (named) fp32 model, or None when fp16 is
-    refused (the reason is in the report). Records a `fp16_keep_fp32` step and writes the lock."""
+    refused (the reason goes to `refused`). Appends report steps (a `fp16_keep_fp32` step among
+    them) to `steps` and writes the lock."""
     model_sha = hashlib.sha256(model_bytes(named)).hexdigest()
     keep = {name: "recipe key fp16.keep_nodes" for name in recipe.fp16_keep_nodes}
     record: dict = {}
@@ -92,10 +93,10 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             note = f"lock {context.lock.path.name}: its fp16 entry is for another model (sha256 {str(locked.get('model_sha256'))[:12]}, now {model_sha[:12]}); finding the nodes to keep again"
             context.progress.note(note)
             record["lock"] = note
-    converted, steps, refused, kept = convert(keep)
-    report["steps"].extend(steps)
-    if refused:
-        report["variants_refused"]["fp16"] = refused
+    converted, conversion_steps, refusal, kept = convert(keep)
+    steps.extend(conversion_steps)
+    if refusal:
+        refused["fp16"] = refusal
         return None
     search = None
     if context and context.evaluators and recipe.fp16_search and not from_lock:
@@ -136,9 +137,9 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
         if search:
             summary += f"; search: {search['trials']} trials in {search['seconds']:.1f} s" + (f" ({search['failed']})" if "failed" in search else "")
         record["what"] = summary
-        report["steps"].append({"name": "fp16_keep_fp32", "changed": bool(kept_list), "records": [record]})
+        steps.append({"name": "fp16_keep_fp32", "changed": bool(kept_list), "records": [record]})
         if context and not from_lock and (search is None or "failed" not in search):
             context.lock.put(recipe.name, "fp16", {"model_sha256": model_sha, "kept": kept_list, "search": {k: search[k] for k in ("trials", "seconds", "minimal", "stopped")} if search else None})
     elif "lock" in record:
-        report["steps"].append({"name": "fp16_keep_fp32", "changed": False, "records": [{**record, "what": record["lock"]}]})
+        steps.append({"name": "fp16_keep_fp32", "changed": False, "records": [{**record, "what": record["lock"]}]})
     return converted, kept_list

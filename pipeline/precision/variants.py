@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import onnx
 
@@ -93,7 +92,7 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: d
     return converted, steps, refused, {**keep, **found}
 
 
-def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, report: dict, context: Fp16Context | None) -> Variant | None:
+def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None) -> Variant | None:
     """The fp16 variant with its nodes kept in fp32 (kept.py); None when fp16 is refused."""
     named = name_unnamed_nodes(model).model
     key = _work_key(source_sha, recipe)
@@ -102,7 +101,7 @@ def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, repor
     def convert(keep: dict[str, str]) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:
         return _cached_fp16(named, key, recipe.fp16_block_ops, keep, refusal)
 
-    decided = fp16_with_kept_nodes(named, recipe, convert, report, context)
+    decided = fp16_with_kept_nodes(named, recipe, convert, made.steps, made.refused, context)
     if decided is None:
         return None
     converted, kept = decided
@@ -110,29 +109,38 @@ def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, repor
     return Variant("fp16", "fp16", converted, origin, ["shader-f16"], kept)
 
 
-def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, report: dict, context: Fp16Context | None = None) -> tuple[list[Variant], onnx.ModelProto]:
+@dataclass
+class VariantSet:
+    """What the precision stage decided: the variants to ship, the fp32 host reference, and why."""
+
+    variants: list[Variant]
+    reference: onnx.ModelProto
+    precision: str  # of the source: fp32 | fp16 | quantized
+    precision_reason: str
+    steps: list[dict] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
+
+
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, context: Fp16Context | None = None) -> VariantSet:
     """The variants to ship and the fp32 model that serves as the host reference."""
     precision, why = detect_precision(model)
-    report["source"]["precision"] = precision
-    report["source"]["precision_reason"] = why
     if precision == "quantized":
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]})
-        return [Variant("quantized", "quantized", model, "source (quantized)")], model
+        step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
+        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], model, precision, why, [step])
     if precision == "fp16":
-        reference, step = upcast_to_fp32(model)
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]})
-        variants = []
+        reference, upcast = upcast_to_fp32(model)
+        made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
         if "fp16" in recipe.variants:
-            variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
+            made.variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
         if "fp32" in recipe.variants:
-            report["steps"].append(step)
-            variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
-        return variants, reference
-    variants = []
+            made.steps.append(upcast)
+            made.variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
+        return made
+    made = VariantSet([], model, precision, why)
     if "fp16" in recipe.variants:
-        fp16 = _fp16_variant(model, recipe, source_sha, report, context)
+        fp16 = _fp16_variant(model, recipe, source_sha, made, context)
         if fp16 is not None:
-            variants.append(fp16)
-    if "fp32" in recipe.variants or not variants:
-        variants.append(Variant("fp32", "fp32", model, "source"))
-    return variants, model
+            made.variants.append(fp16)
+    if "fp32" in recipe.variants or not made.variants:
+        made.variants.append(Variant("fp32", "fp32", model, "source"))
+    return made
