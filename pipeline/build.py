@@ -33,6 +33,8 @@ from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.loader.render import render_loader
+from pipeline.precision.detect import detect_precision
+from pipeline.precision.kept import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
@@ -40,7 +42,7 @@ from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
 from pipeline.source import SourceRequest, fetch_source, is_url
 from pipeline.verify.browser.package import plan_runs
-from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks, threshold_table
+from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table
 from pipeline.verify.host import run_model
 
 
@@ -49,12 +51,12 @@ class BuildOptions:
     target: str  # recipe name, recipe path, or model path
     source: str | None = None
     source_sha256: str | None = None  # --sha256: the hash --source must have (else the recipe's or the lock's)
-    lock: Path | None = None  # --lock: the lock file to read and write instead of the default
     inputs_npz: Path | None = None
     input_shapes: list[str] = field(default_factory=list)
     out_dir: Path = Path("dist")
     browser: bool = True
     gpu: bool = False
+    lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
 
 
 @dataclass
@@ -150,6 +152,25 @@ def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant]
     if run.outputs is None:
         raise PackError(f"{source_path.name}: onnxruntime cannot run the model on the sample inputs: {run.error}; check the inputs (--input/--inputs) and the model")
     return run.outputs
+
+
+def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: Recipe, options: BuildOptions, source_path: Path, progress: Progress) -> Fp16Context:
+    """What the fp16 keep-in-fp32 search needs from the verify stage. The fp32 reference runs first
+    when an fp16 variant will be made (it is cached, and bad input should stop the build before
+    any fp16 work)."""
+    reference: dict[str, dict[str, np.ndarray]] = {}
+    if "fp16" in recipe.variants and detect_precision(model)[0] == "fp32":
+        reference["outputs"] = _reference_outputs(model, [], {}, feeds, source_path)
+
+    def reference_outputs() -> dict[str, np.ndarray]:
+        if not reference:
+            reference["outputs"] = _reference_outputs(model, [], {}, feeds, source_path)
+        return reference["outputs"]
+
+    def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        return run_model(path, run_feeds).outputs
+
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
 
 
 def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
@@ -270,7 +291,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         feeds = make_feeds(model, recipe, options.inputs_npz)
     with timer.stage("convert"):
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
-        made = make_variants(model, recipe, source_sha)
+        context = _fp16_context(model, feeds, recipe, options, source_path, progress)
+        made = make_variants(model, recipe, source_sha, context)
         if recipe.source_precision and not options.source and made.precision != recipe.source_precision:
             raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
 
@@ -315,7 +337,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         }
         if browser.report is not None:
             report["browser"] = browser.report
-        final = dict(thresholds=thresholds, verification=verification, measurements=measurements_from(browser.report), license=recipe.license)
+        kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
+        final = dict(thresholds=thresholds, verification=verification, measurements=measurements_from(browser.report), license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])

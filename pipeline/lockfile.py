@@ -1,11 +1,9 @@
-"""The lock file: facts a build pinned once and checks ever after, per recipe and section.
+"""The lock file: decisions a build found once and the next build reuses (source pins, fp16 nodes kept
+in fp32), as JSON `{"schema": 1, "<recipe name>": {"<section>": {...}}}`.
 
-JSON `{"schema": 1, "<recipe name>": {"<section>": {...}}}`, written atomically with sorted keys
-and indent 2 so it diffs well under version control. Sections: `source` (uri, sha256, size: the
-file a source without a published hash turned out to be on first download) and `fp16` (the
-precision stage's decisions). Where it lives: `--lock PATH` when given; else `x.lock.json` beside a
-recipe file `x.toml`; for a built-in recipe `pack.lock.json` in the current directory; a bare
-`.onnx` model has no lock unless `--lock` names one.
+Where: `--lock PATH` when given; else for a recipe file `x.toml` → `x.lock.json` beside it; for a
+built-in recipe → `pack.lock.json` in the current directory; for a bare `.onnx` model → no lock.
+Written atomically (temporary file and rename) with sorted keys and indent 2.
 """
 
 from __future__ import annotations
@@ -13,83 +11,59 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PackError
 from pipeline.recipe import RECIPES_DIR, Recipe
 
 SCHEMA = 1
-PROJECT_LOCK = "pack.lock.json"
 
 
+@dataclass
 class LockFile:
-    """One lock file, read lazily; `path` None is a lock that remembers nothing."""
+    path: Path | None  # None: nothing is read or written
 
-    def __init__(self, path: Path | None):
-        self.path = path
-        self._data: dict | None = None
-
-    def _load(self) -> dict:
-        if self._data is not None:
-            return self._data
+    def _read(self) -> dict:
         if self.path is None or not self.path.exists():
-            self._data = {"schema": SCHEMA}
-            return self._data
+            return {"schema": SCHEMA}
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise PackError(f"{self.path}: cannot read the lock file ({error}); fix it or delete it to pin again") from None
+            raise PackError(f"{self.path}: cannot read the lock file ({error}); fix or delete it") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise PackError(f"{self.path}: not a pack lock file of schema {SCHEMA}; delete it to pin again")
-        for name, sections in data.items():
-            if name != "schema" and (not isinstance(sections, dict) or any(not isinstance(v, dict) for v in sections.values())):
-                raise PackError(f"{self.path}: entry '{name}' must map section names to tables; fix it or delete the entry")
-        self._data = data
+            raise PackError(f"{self.path}: not a pack lock file of schema {SCHEMA}; delete it to have it written again")
         return data
 
     def get(self, recipe_name: str, section: str) -> dict | None:
-        entry = self._load().get(recipe_name, {}).get(section)
-        return dict(entry) if entry is not None else None
+        entry = self._read().get(recipe_name, {})
+        value = entry.get(section) if isinstance(entry, dict) else None
+        return value if isinstance(value, dict) else None
 
     def put(self, recipe_name: str, section: str, value: dict) -> None:
         if self.path is None:
             return
-        data = self._load()
+        data = self._read()
         data.setdefault(recipe_name, {})[section] = value
-        self._write(data)
-
-    def drop(self, recipe_name: str, section: str) -> None:
-        if self.path is None:
-            return
-        data = self._load()
-        if data.get(recipe_name, {}).pop(section, None) is not None:
-            if not data[recipe_name]:
-                del data[recipe_name]
-            self._write(data)
-
-    def _write(self, data: dict) -> None:
-        assert self.path is not None
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        if self.path.exists() and self.path.read_text(encoding="utf-8") == text:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        handle, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(text)
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, self.path)
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(text)
+            os.replace(tmp, self.path)
         except BaseException:
-            Path(temporary).unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise
 
 
 def lock_for(recipe: Recipe, override: Path | None) -> LockFile:
-    """The lock a build of `recipe` reads and writes (see the module docstring for where)."""
     if override is not None:
-        if override.is_dir():
-            raise PackError(f"--lock {override}: is a folder; give a file such as {override / PROJECT_LOCK}")
         return LockFile(override)
     if recipe.path is None:
         return LockFile(None)
     if recipe.path.resolve().parent == RECIPES_DIR.resolve():
-        return LockFile(Path.cwd() / PROJECT_LOCK)
+        return LockFile(Path.cwd() / "pack.lock.json")
     return LockFile(recipe.path.with_name(f"{recipe.path.stem}.lock.json"))

@@ -23,7 +23,7 @@ EPS = ("webgpu", "wasm")
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 DEFAULT_RUNTIME = "1.30.0"
-THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db")
+THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Generated sample inputs that look like real data (pipeline/assets/patterns.py makes them), and the
 # keys each pattern takes besides `shape`, `dtype` and `range`.
@@ -72,6 +72,10 @@ class Recipe:
     outputs: dict[str, OutputSpec] = field(default_factory=dict)
     variants: list[str] = field(default_factory=lambda: ["fp16", "fp32"])
     fp16_block_ops: list[str] = field(default_factory=list)
+    fp16_keep_nodes: list[str] = field(default_factory=list)  # node names always kept in fp32
+    fp16_search: bool = True  # search for nodes to keep in fp32 when fp16 misses a threshold
+    fp16_search_trials: int = 40
+    fp16_search_seconds: float = 120.0
     repairs_auto: bool = True
     repairs: list[str] = field(default_factory=list)
     seed: int = 0
@@ -252,11 +256,27 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     if variants is not None:
         recipe.variants = variants
 
-    fp16 = r.table(data.get("fp16", {}), "fp16", ("block_ops",))
+    fp16 = r.table(data.get("fp16", {}), "fp16", ("block_ops", "keep_nodes", "search", "search_trials", "search_seconds"))
     block = fp16.get("block_ops", [])
     if not isinstance(block, list) or any(not isinstance(op, str) for op in block):
         r.fail("fp16.block_ops", "a list of ONNX op types", block)
     recipe.fp16_block_ops = block
+    keep = fp16.get("keep_nodes", [])
+    if not isinstance(keep, list) or any(not isinstance(node, str) or not node for node in keep):
+        r.fail("fp16.keep_nodes", "a list of node names", keep)
+    recipe.fp16_keep_nodes = keep
+    search = r.typed(fp16, "fp16", "search", bool, "true or false")
+    recipe.fp16_search = True if search is None else search
+    trials = r.typed(fp16, "fp16", "search_trials", int, "a positive number of trials")
+    if trials is not None:
+        if trials <= 0:
+            r.fail("fp16.search_trials", "a positive number of trials", trials)
+        recipe.fp16_search_trials = trials
+    seconds = r.typed(fp16, "fp16", "search_seconds", (int, float), "a positive number of seconds")
+    if seconds is not None:
+        if seconds <= 0:
+            r.fail("fp16.search_seconds", "a positive number of seconds", seconds)
+        recipe.fp16_search_seconds = float(seconds)
 
     repairs = r.table(data.get("repairs", {}), "repairs", ("auto", "passes"))
     auto = r.typed(repairs, "repairs", "auto", bool, "true or false")

@@ -117,7 +117,7 @@ def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
         raise AssertionError("recomputed work that the cache holds")
 
     monkeypatch.setattr(pipeline.verify.host, "_run_uncached", must_not_run)
-    monkeypatch.setattr(pipeline.precision.variants, "convert_to_fp16", must_not_run)
+    monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", must_not_run)
     monkeypatch.setattr("pipeline.assets.files._compress", must_not_run)
     result = build(str(conv_file), "--no-browser", "--out", str(tmp_path / "b"))
     assert result.exit_code == 0, result.output

@@ -31,8 +31,8 @@ def build(
     out: Annotated[Path, typer.Option("--out", help="Output folder; the package goes to OUT/<name>/.")] = Path("dist"),
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip the headless-browser checks (recorded as skipped).")] = False,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
-    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file for pinned sources (default: NAME.lock.json beside a recipe file, pack.lock.json here for a built-in recipe).", envvar="PACK_LOCK")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
+    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 
@@ -53,7 +53,7 @@ def build(
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
 
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], lock=lock, out_dir=out, browser=not no_browser, gpu=gpu)
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)
