@@ -27,7 +27,7 @@ import onnx
 from pipeline.assets.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
-from pipeline.cache import make_staging_dir
+from pipeline.cache import staging_folder
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
@@ -299,10 +299,9 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     destination = options.out_dir / recipe.name
     try:
         options.out_dir.mkdir(parents=True, exist_ok=True)
-        staging = make_staging_dir(options.out_dir, prefix=f".{recipe.name}.build-")
     except OSError as error:
         raise PackError(f"--out {options.out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
-    try:
+    with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
         contents = start_package(recipe)
         with timer.stage("assets"):
             write_models(staging, contents, recipe, made.variants, made.reference, feeds, progress)
@@ -344,7 +343,4 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         add_plain_files(staging, contents, ["report.json"])
         write_manifest(staging, contents.manifest(**final))
         _finish(staging, destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return BuildResult(destination, report)
