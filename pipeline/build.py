@@ -40,7 +40,7 @@ from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
-from pipeline.source import SourceRequest, fetch_source, is_url
+from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.package import plan_runs
 from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table
 from pipeline.verify.host import run_model
@@ -330,7 +330,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             "checks": checks,
             "steps": repair_steps + made.steps + browser.steps,
             "timings": timer.timings,
-            "source": {"uri": recipe.source, "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
+            "source": {"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
             "license": recipe.license,
             "variants_refused": made.refused,
         }

@@ -130,6 +130,8 @@ def test_json_output_is_the_report(conv_file, tmp_path):
     assert report["name"] == "tiny-conv" and report["passed"] is True and report["refused"] is None
     assert {"stage", "ep", "variant", "status", "metrics", "threshold"} <= set(report["checks"][0])
     assert any(step["name"] == "fp16_convert" and step["changed"] for step in report["steps"])
+    # report.json is published with the package: the build machine's folders stay out of it.
+    assert report["source"]["uri"] == conv_file.name and str(conv_file.parent) not in result.stdout
 
 
 def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pipeline.cache import file_sha256
 from pipeline.errors import PackError
@@ -32,6 +33,18 @@ def _local_or_package(spec: str, base_dir: Path, progress: Progress) -> Path:
 
 def is_url(spec: str) -> bool:
     return spec.startswith("http://") or spec.startswith("https://")
+
+
+def public_uri(spec: str) -> str:
+    """The source as report.json may show it once published: registry specs as they are, URLs
+    without credentials or query (signed URLs carry tokens there), local paths as their file name
+    (the build machine's folders are nobody's business)."""
+    if is_url(spec):
+        parts = urlsplit(spec)
+        return urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
+    if spec.startswith(("pypi:", "npm:")):
+        return spec
+    return Path(spec).name
 
 
 def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
