@@ -33,12 +33,9 @@ from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.loader.render import render_loader
-<<<<<<< HEAD
 from pipeline.loader.select import default_select
-=======
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.kept import Fp16Context
->>>>>>> main
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
@@ -340,16 +337,12 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         }
         if browser.report is not None:
             report["browser"] = browser.report
-<<<<<<< HEAD
         measurements = measurements_from(browser.report)
         select, why = default_select(recipe.loader_select, [m["steadyMs"] for m in measurements])
         contents.loader["select"] = select
         report["loader"] = {"select": select, "why": why}
-        final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=getattr(recipe, "license", None))
-=======
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
-        final = dict(thresholds=thresholds, verification=verification, measurements=measurements_from(browser.report), license=recipe.license, fp16={"keptFp32": kept} if kept else None)
->>>>>>> main
+        final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])

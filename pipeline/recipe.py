@@ -17,8 +17,9 @@ from typing import Any
 from pipeline.errors import PackError
 from pipeline.verify.metrics import OUTPUT_KINDS
 
-# Built-in recipes: package data (the repo's recipes/ folder), so a wheel lists them too.
-RECIPES_PACKAGE = "pipeline.recipes"
+# Built-in recipes: package data (the repo's recipes/ folder, installed as pipeline.recipes), read
+# through importlib.resources so a wheel lists them too; always a plain folder on disk.
+RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
 VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
@@ -341,9 +342,8 @@ def load_recipe_file(file: Path) -> Recipe:
 
 
 def builtin_recipes() -> list[Path]:
-    """The built-in recipe files, sorted by name (installed packages are plain files on disk)."""
-    found = [Path(str(item)) for item in resources.files(RECIPES_PACKAGE).iterdir() if item.name.endswith(".toml") and item.is_file()]
-    return sorted(found, key=lambda path: path.name)
+    """The built-in recipe files, sorted by name."""
+    return sorted(RECIPES_DIR.glob("*.toml"))
 
 
 def find_recipe(name_or_path: str) -> Path | None:
@@ -351,9 +351,8 @@ def find_recipe(name_or_path: str) -> Path | None:
     path = Path(name_or_path)
     if path.suffix == ".toml":
         return path
-    if "/" in name_or_path or "\\" in name_or_path:
-        return None
-    return next((recipe for recipe in builtin_recipes() if recipe.stem == name_or_path), None)
+    candidate = RECIPES_DIR / f"{name_or_path}.toml"
+    return candidate if candidate.is_file() and "/" not in name_or_path and "\\" not in name_or_path else None
 
 
 def parse_input_option(option: str) -> tuple[str, list[int]]:

@@ -1,10 +1,12 @@
 // Output comparison with the build's fp32 reference, the same figures as pipeline/verify/metrics.py:
-// max_abs, max_abs_of_range, rel_l2, psnr_db (images), snr_db (audio), nan/inf, shape_ok;
-// thresholds are upper bounds except the dB figures (lower bounds).
+// max_abs, max_abs_of_range, rel_l2, psnr_db and p999_abs_of_range (images), snr_db and seg_snr_db
+// (audio), nan/inf, shape_ok; thresholds are upper bounds except the dB figures (lower bounds).
 
 import { numbers } from './tensors.js';
 
-export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db']);
+export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db', 'seg_snr_db']);
+const SEGMENT = 256; // samples per segment of the segmental SNR
+const SEG_SNR_RANGE = [-10, 35]; // per-segment clamp: silence cannot dominate the mean
 const INTEGER_TYPES = ['int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64', 'bool'];
 
 // JSON has no infinity: an exact match is reported as a large finite figure.
@@ -22,7 +24,8 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   }
   const ref = numbers(reference);
   const act = numbers(actual);
-  if (INTEGER_TYPES.includes(reference.type)) {
+  // Integer tensors (ids, flags) must match exactly; an integer image or waveform is judged like floats.
+  if (INTEGER_TYPES.includes(reference.type) && kind === 'tensor') {
     let mismatches = 0;
     let maxAbs = 0;
     for (let i = 0; i < ref.length; i++) {
@@ -39,6 +42,8 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   let max = -Infinity;
   let refSquares = 0;
   let errSquares = 0;
+  const diffs = new Float64Array(ref.length);
+  const refs = new Float64Array(ref.length);
   for (let i = 0; i < ref.length; i++) {
     const r = ref[i];
     const a = act[i];
@@ -48,6 +53,8 @@ export function compareTensor(reference, actual, kind = 'tensor') {
     if (aInf && !rInf) inf++;
     const rf = Number.isFinite(r) ? r : 0;
     const d = Number.isFinite(r) && Number.isFinite(a) ? a - r : 0;
+    diffs[i] = d;
+    refs[i] = rf;
     if (Math.abs(d) > maxAbs) maxAbs = Math.abs(d);
     if (rf < min) min = rf;
     if (rf > max) max = rf;
@@ -64,11 +71,45 @@ export function compareTensor(reference, actual, kind = 'tensor') {
     const mse = errNorm ** 2 / Math.max(ref.length, 1);
     const peak = range > 0 ? range : 1;
     metrics.psnr_db = finiteDb(mse === 0 ? Infinity : 10 * Math.log10(peak ** 2 / mse));
+    metrics.p999_abs_of_range = percentile(diffs.map(Math.abs), 99.9) / peak;
   } else if (kind === 'audio') {
     metrics.snr_db = finiteDb(errNorm === 0 ? Infinity : 20 * Math.log10(Math.max(refNorm, 1e-30) / errNorm));
+    const dims = Array.from(reference.dims, Number);
+    metrics.seg_snr_db = segmentalSnr(refs, diffs, dims.length ? dims[dims.length - 1] : 1);
   }
   for (const key of ['max_abs_of_range', 'rel_l2']) if (metrics[key] === Infinity) metrics[key] = 1e9;
   return metrics;
+}
+
+/** numpy's default (linear) percentile. */
+function percentile(values, q) {
+  if (values.length === 0) return 0;
+  const sorted = Float64Array.from(values).sort();
+  const index = (q / 100) * (sorted.length - 1);
+  const low = Math.floor(index);
+  const high = Math.ceil(index);
+  return sorted[low] + (sorted[high] - sorted[low]) * (index - low);
+}
+
+/** Mean per-segment SNR along the last axis (rows of `row` samples), each clamped; silent segments skipped. */
+function segmentalSnr(ref, diff, row) {
+  const [low, high] = SEG_SNR_RANGE;
+  const figures = [];
+  for (let start = 0; start < ref.length; start += row) {
+    for (let s = start; s < start + row; s += SEGMENT) {
+      let signal = 0;
+      let noise = 0;
+      for (let i = s; i < Math.min(s + SEGMENT, start + row); i++) {
+        signal += ref[i] * ref[i];
+        noise += diff[i] * diff[i];
+      }
+      if (signal === 0 && noise === 0) continue;
+      const db = noise === 0 ? high : signal === 0 ? low : 10 * Math.log10(signal / noise);
+      figures.push(Math.min(Math.max(db, low), high));
+    }
+  }
+  if (figures.length === 0) return high;
+  return Math.round((figures.reduce((a, b) => a + b, 0) / figures.length) * 1000) / 1000;
 }
 
 const g = (value) => Number(Number(value).toPrecision(3)).toString();
