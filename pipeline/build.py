@@ -32,7 +32,7 @@ from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.source import resolve_source
-from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks
+from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks, webgpu_kernel_runs, webgpu_kernel_stage
 from pipeline.verify.host import run_model
 
 
@@ -214,6 +214,10 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             for variant in variants:
                 if variant.precision == "quantized":
                     report["checks"].extend(self_reference_checks(variant, reference, manifest["outputs"]))
+        with timer.stage("webgpu_kernels"):
+            webgpu_options = webgpu_kernel_stage(variants, reference, feeds, recipe, report, progress, model_paths, manifest["epOptions"].get("webgpu", {}))
+            if webgpu_options:
+                manifest["epOptions"] = {**manifest["epOptions"], "webgpu": webgpu_options}
         render_loader(staging, manifest)
         _write_json(staging / "manifest.json", manifest)
         with timer.stage("browser_verify"):
@@ -232,7 +236,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         manifest["verification"]["runs"] = sorted(
             ({key: run[key] for key in ("bundle", "ep", "variant", "status")} for run in runs),
             key=lambda run: (run["bundle"], run["ep"], run["variant"], run["status"]),
-        )
+        ) + webgpu_kernel_runs(report["checks"])
         _write_json(staging / "manifest.json", manifest)
         _write_json(staging / "report.json", report)
         _finish(staging, destination)

@@ -64,7 +64,7 @@ def mesa_version() -> str | None:
 
 
 def adapter_name() -> str:
-    return f"lavapipe (Mesa {mesa_version() or '?'})"
+    return f"Mesa {mesa_version() or '?'}"
 
 
 def _icd_library() -> Path | None:
@@ -176,9 +176,9 @@ def oversized_tensor(model_path: Path, feeds: dict[str, np.ndarray]) -> tuple[st
     return (name, size) if size > MAX_BUFFER_BYTES else None
 
 
-def _run_key(model_path: Path, feeds: dict[str, np.ndarray]) -> str:
+def _run_key(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict) -> str:
     versions = "|".join(metadata.version(p) for p in ("onnxruntime", "onnxruntime-ep-webgpu"))
-    digest = hashlib.sha256(f"{versions}|{mesa_version()}|".encode())
+    digest = hashlib.sha256(f"{versions}|{mesa_version()}|{json.dumps(ep_options, sort_keys=True)}|".encode())
     with model_path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
@@ -189,9 +189,10 @@ def _run_key(model_path: Path, feeds: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray]) -> WebGpuRun:
+def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:
     """Outputs of `model_path` on `feeds` from onnxruntime's WebGPU EP on lavapipe, in a child
-    process. A crash is a failed run naming the signal; a model with a tensor over lavapipe's
+    process; `ep_options` are the EP's session options as in the manifest's `epOptions.webgpu`
+    (e.g. `{"preferredLayout": "NCHW"}`). A crash is a failed run naming the signal; a model with a tensor over lavapipe's
     128 MiB buffer limit is not run (`not_verifiable` names the tensor); a session that placed no
     node on the WebGPU EP is not a WebGPU result (`not_verifiable` says so). Successful runs are
     cached by model bytes, inputs, and the onnxruntime, plugin and Mesa versions."""
@@ -204,13 +205,14 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray]) -> WebGpuRun:
         name, size = too_big
         why = f"tensor '{name}' is {size / (1 << 20):.1f} MiB, over lavapipe's {MAX_BUFFER_BYTES >> 20} MiB storage-buffer limit: not verifiable there"
         return WebGpuRun(None, why, not_verifiable=why)
-    cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds)}.npz"
+    ep_options = dict(ep_options or {})
+    cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds, ep_options)}.npz"
     if cached.exists():
         with np.load(cached, allow_pickle=False) as result:
             facts = json.loads(str(result["__facts__"]))
             outputs = {n: result[n] for n in result.files if not n.startswith("__")}
         return _with_facts(WebGpuRun(outputs, None, "all"), facts)
-    run = _run_uncached(model_path, feeds)
+    run = _run_uncached(model_path, feeds, ep_options)
     if run.outputs is not None and run.webgpu_nodes == 0:
         why = f"no node ran on the WebGPU EP (all {len(run.cpu_fallback_nodes)} fell back to onnxruntime's CPU EP): not a WebGPU result"
         return WebGpuRun(None, why, run.level, webgpu_nodes=0, cpu_fallback_nodes=run.cpu_fallback_nodes, not_verifiable=why)
@@ -229,11 +231,11 @@ def _with_facts(run: WebGpuRun, facts: dict) -> WebGpuRun:
     return run
 
 
-def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> WebGpuRun:
+def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:
     with tempfile.TemporaryDirectory(prefix="pack-webgpu-") as tmp:
         feeds_path, out_path, facts_path = (Path(tmp) / name for name in ("feeds.npz", "out.npz", "placement.json"))
         np.savez(feeds_path, **feeds)
-        command = [sys.executable, "-m", WORKER_MODULE, str(model_path), str(feeds_path), str(out_path), str(facts_path)]
+        command = [sys.executable, "-m", WORKER_MODULE, str(model_path), str(feeds_path), str(out_path), str(facts_path), json.dumps(ep_options or {})]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=worker_env())
         except subprocess.TimeoutExpired:

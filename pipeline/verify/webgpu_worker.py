@@ -1,6 +1,6 @@
 """Child process that runs one session on onnxruntime's WebGPU EP (the `onnxruntime-ep-webgpu`
 plugin) on whatever Vulkan adapter the environment points at: `python -m
-pipeline.verify.webgpu_worker MODEL FEEDS.npz OUT.npz PLACEMENT.json`. A crash in the plugin, Dawn
+pipeline.verify.webgpu_worker MODEL FEEDS.npz OUT.npz PLACEMENT.json [EP_OPTIONS_JSON]`. A crash in the plugin, Dawn
 or the Vulkan driver kills this process, not the build.
 
 The session is profiled once so that every node's execution provider is known: onnxruntime falls
@@ -49,7 +49,7 @@ def placement(profile_path: str) -> dict:
     return {"webgpu_nodes": sorted(set(webgpu)), "cpu_fallback_nodes": sorted(set(cpu))}
 
 
-def main(model_path: str, feeds_path: str, out_path: str, placement_path: str) -> None:
+def main(model_path: str, feeds_path: str, out_path: str, placement_path: str, ep_options: str = "{}") -> None:
     device = webgpu_device()
     with tempfile.TemporaryDirectory(prefix="pack-webgpu-profile-") as tmp:
         options = ort.SessionOptions()
@@ -57,7 +57,7 @@ def main(model_path: str, feeds_path: str, out_path: str, placement_path: str) -
         options.intra_op_num_threads = 1  # for the CPU fallback nodes: the machine may be shared
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "profile")
-        options.add_provider_for_devices([device], {})
+        options.add_provider_for_devices([device], {key: str(value) for key, value in json.loads(ep_options).items()})
         start = time.perf_counter()
         session = ort.InferenceSession(model_path, sess_options=options)
         created = time.perf_counter()
@@ -74,7 +74,7 @@ def main(model_path: str, feeds_path: str, out_path: str, placement_path: str) -
 
 if __name__ == "__main__":
     try:
-        main(*sys.argv[1:5])
+        main(*sys.argv[1:6])
     except Exception as error:  # reported to the parent as one line
         print(f"{type(error).__name__}: {error}".splitlines()[0][:2000], file=sys.stderr)
         sys.exit(3)
