@@ -123,6 +123,9 @@ def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feed
     return checks, runs
 
 
+RUN_ORDER = ("failed", "not-verifiable", "skipped", "passed")
+
+
 def webgpu_kernel_runs(checks: list[dict]) -> list[dict]:
     """manifest.verification.runs entries of the stage: one per variant, refusing the variant on
     the WebGPU EP of every bundle when a check failed."""
@@ -130,13 +133,10 @@ def webgpu_kernel_runs(checks: list[dict]) -> list[dict]:
     for check in checks:
         if check["stage"] != webgpu_kernels.STAGE:
             continue
-        run = runs.setdefault(check["variant"], {"stage": webgpu_kernels.STAGE, "bundle": "*", "ep": "webgpu", "variant": check["variant"], "status": check["status"]})
-        if check["status"] == "failed" and run["status"] != "failed":
-            run["status"] = "failed"
-            run["detail"] = check_detail(check)
-        elif run["status"] == "passed" and check["status"] != "passed":
+        run = runs.setdefault(check["variant"], {"stage": webgpu_kernels.STAGE, "bundle": "*", "ep": "webgpu", "variant": check["variant"], "status": "passed"})
+        # the worst status wins (failed, then not-verifiable, then skipped); its first check explains it
+        if RUN_ORDER.index(check["status"]) < RUN_ORDER.index(run["status"]):
             run["status"] = check["status"]
-        if run["status"] in ("not-verifiable", "skipped") and "detail" not in run:
             run["detail"] = check_detail(check)
     return [runs[name] for name in sorted(runs)]
 

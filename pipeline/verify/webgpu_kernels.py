@@ -134,7 +134,11 @@ def _probe() -> str | None:
 
 
 def unavailable_reason() -> str | None:
-    """Why the webgpu-kernels stage cannot run here, or None when it can (checked once per process)."""
+    """Why the webgpu-kernels stage cannot run here, or None when it can (probed once per process).
+    `PACK_WEBGPU_KERNELS=off` turns the stage off."""
+    switch = os.environ.get("PACK_WEBGPU_KERNELS", "").strip().lower()
+    if switch in ("0", "off", "false", "no"):
+        return f"turned off by PACK_WEBGPU_KERNELS={switch}"
     return _setup_reason() or _probe()
 
 
