@@ -28,7 +28,9 @@ def test_verify_passes_and_prints_json(slice_package: Path) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["passed"] is True and document["reference"] == "fp32"
-    assert [(c["ep"], c["status"]) for c in document["checks"]] == [("webgpu", "passed"), ("wasm", "passed")]
+    assert [(c["ep"], c["status"]) for c in document["checks"] if c["stage"] == "browser"] == [("webgpu", "passed"), ("wasm", "passed")]
+    # and the webgpu-kernels stage, where installed, on the same package
+    assert [(c["variant"], c["status"]) for c in document["checks"] if c["stage"] == "webgpu-kernels"] in ([("fp32", "passed")], [("fp32", "skipped")])
     assert set(document["browser"]["eps"]) == {"webgpu/fp32", "wasm/fp32"}
 
 
