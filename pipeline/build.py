@@ -11,27 +11,31 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import numpy as np
 import onnx
 
 from pipeline.assets.package import io_entries, write_package
 from pipeline.assets.samples import make_feeds
+from pipeline.cache import make_staging_dir
 from pipeline.errors import PackError
-from pipeline.graph import passes as graph_passes
+from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
-from pipeline.graph.passes.ir_version import ir_version_cap
+from pipeline.graph.passes.base import PassSettings
 from pipeline.loader.render import render_loader
 from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
-from pipeline.source import resolve_source
+from pipeline.runtime import max_ir_version
+from pipeline.source import is_url, resolve_source
 from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks, webgpu_kernel_runs, webgpu_kernel_stage
 from pipeline.verify.host import run_model
 
@@ -77,9 +81,12 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
     recipe_path = find_recipe(options.target)
     if recipe_path is not None:
         recipe = load_recipe_file(recipe_path)
-    elif options.target.endswith(".onnx") or Path(options.target).exists():
-        recipe = recipe_from_model(Path(options.target))
+        if options.source_sha256 and not options.source:
+            raise PackError(f"--sha256 checks --source or a model given as the target; for recipe {recipe_path} set its key 'source.sha256', or give --source with --sha256")
+    elif is_url(options.target) or options.target.endswith(".onnx") or Path(options.target).exists():
+        recipe = recipe_from_model(Path(urlsplit(options.target).path) if is_url(options.target) else Path(options.target))
         recipe.source = options.target
+        recipe.source_sha256 = options.source_sha256
     else:
         raise PackError(f"'{options.target}': not a built-in recipe, a .toml recipe or an .onnx model; `pack recipes` lists the recipes")
     if options.source:
@@ -96,23 +103,19 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
 
 
 def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
-    names = list(graph_passes.auto_repairs(model)) if recipe.repairs_auto else []
+    """The repairs detection asks for (unless `repairs.auto = false`) and those the recipe names,
+    in run order, then the IR version cap for the recipe's runtime."""
+    where = recipe.path or "recipe"
+    known = registry.names()
     for name in recipe.repairs:
-        if name not in graph_passes.PASSES:
-            where = recipe.path or "recipe"
-            raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(graph_passes.PASSES))}")
-        if name not in names:
-            names.append(name)
-    steps = []
-    for name in names:
-        result = graph_passes.PASSES[name](model)
-        steps.append(result.as_step(name))
-        model = result.model
-    # Always last, and again on every variant: conversion can raise the IR version too.
-    result = ir_version_cap(model)
-    if result.changed:
-        steps.append(result.as_step(ir_version_cap.name))
-    return result.model, steps
+        if name not in known:
+            raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(known))}")
+    try:
+        max_ir_version(recipe.runtime_version)  # the last pass needs it: refuse before any work
+    except PackError as error:
+        raise PackError(f"{where}: key 'runtime.version': {error}") from None
+    names = registry.auto_repairs(model) if recipe.repairs_auto else []
+    return registry.run_passes(model, [*names, *recipe.repairs], PassSettings(runtime_version=recipe.runtime_version))
 
 
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
@@ -170,14 +173,23 @@ def _write_json(path: Path, document: dict) -> None:
 
 
 def _finish(staging: Path, destination: Path) -> None:
-    """Swap the finished package into place: old one aside, new one in, old one removed."""
-    old = None
-    if destination.exists():
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        destination.rename(old)
-    staging.rename(destination)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
+    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
+    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        old = None
+        if destination.is_symlink() or destination.exists():
+            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+            destination.rename(old)
+        staging.rename(destination)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def build(options: BuildOptions, progress: Progress) -> BuildResult:
@@ -186,7 +198,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     with timer.stage("fetch"):
         recipe = load_build_recipe(options)
         report["name"] = recipe.name
-        source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress)
+        sha256_origin = "--sha256" if options.source_sha256 else "recipe key 'source.sha256'"
+        source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress, sha256_origin)
     report["source"].update(uri=recipe.source, file=source_path.name)
     with timer.stage("repair"):
         progress.note(f"loading and repairing {source_path.name}")
@@ -201,9 +214,12 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
         variants, reference_model = make_variants(model, recipe, source_sha, report)
 
-    options.out_dir.mkdir(parents=True, exist_ok=True)
     destination = options.out_dir / recipe.name
-    staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.build-", dir=options.out_dir))
+    try:
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        staging = make_staging_dir(options.out_dir, prefix=f".{recipe.name}.build-")
+    except OSError as error:
+        raise PackError(f"--out {options.out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
     try:
         with timer.stage("assets"):
             manifest, model_paths = write_package(staging, recipe, variants, feeds, reference_model, progress)

@@ -245,16 +245,18 @@ def find_recipe(name_or_path: str) -> Path | None:
     return candidate if candidate.exists() and "/" not in name_or_path else None
 
 
-def parse_input_option(option: str) -> tuple[str, list[int | str]]:
-    """`NAME=1x3x256x256` from the command line."""
+def parse_input_option(option: str) -> tuple[str, list[int]]:
+    """`NAME=1x3x256x256` from the command line: the sample's shape, so every dim is a size (a
+    symbolic dim of the model stays symbolic in the model; this only sizes the sample)."""
     name, sep, shape = option.partition("=")
     if not sep or not name or not shape:
         raise PackError(f"--input '{option}': expected NAME=SHAPE like image=1x3x256x256")
-    reader = _Reader(Path("--input"))
-    try:
-        return name, _parse_shape(reader, name, shape)
-    except PackError:
-        raise PackError(f"--input '{option}': the shape must be sizes joined by x, like 1x3x256x256") from None
+    parts = re.split(r"[xX]", shape)
+    bad = [part for part in parts if not part.isdigit() or int(part) < 1]
+    if bad:
+        what = f"{bad[0]!r} is not a size" if len(bad) == 1 else f"{', '.join(repr(b) for b in bad)} are not sizes"
+        raise PackError(f"--input '{option}': malformed shape '{shape}': {what}; give a positive size for every dim joined by x, e.g. {name}=" + "x".join(p if p.isdigit() and int(p) > 0 else "1" for p in parts))
+    return name, [int(part) for part in parts]
 
 
 def recipe_from_model(model_path: Path) -> Recipe:

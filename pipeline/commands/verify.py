@@ -16,7 +16,7 @@ import brotli
 import numpy as np
 import typer
 
-from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
 from pipeline.commands.summary import MARKS, browser_lines, check_line, webgpu_kernel_lines
 from pipeline.errors import PackError
 from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
@@ -36,8 +36,9 @@ def verify(
     watchdog_ms: Annotated[Optional[int], typer.Option("--watchdog-ms", min=1000, help="Per-stage time limit in the browser; default: the manifest's loader.watchdogMs.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print checks and browser facts as JSON; no progress output.")] = False,
 ) -> None:
-    """Verify a built package in headless Chromium on WebGPU and WASM (exit 1 when a check fails)."""
+    """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
     with cli_errors():
+        require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
         feeds = sample_feeds(package, manifest)
