@@ -53,7 +53,7 @@ print(json.dumps({{"codes": codes, "loaded": sorted(m for m in {HEAVY!r} if m in
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["codes"][:2] == [0, 0] and report["codes"][2] == 2  # the bucket is unreachable
+    assert report["codes"] == [0, 0, 0]  # the bucket is unreachable: --dry-run prints the local plan
     assert report["loaded"] == []
 
 

@@ -1,5 +1,6 @@
 """Sample inputs: from --inputs NPZ, per-input .npy files, constants or seeded random ranges; and the
-raw little-endian `sample.bin` the package ships for the demo page and the browser checks."""
+raw little-endian `sample.bin` the package ships for the demo page and the browser checks (the
+inputs, then their fp32 reference outputs)."""
 
 from __future__ import annotations
 
@@ -147,16 +148,25 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
     return feeds
 
 
-def sample_bytes(feeds: dict[str, np.ndarray]) -> tuple[bytes, dict]:
-    """Concatenated little-endian tensors and the manifest's `sample.tensors` description."""
-    chunks, tensors, offset = [], {}, 0
-    for name, array in feeds.items():
+def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | None = None) -> tuple[bytes, dict, dict]:
+    """Concatenated little-endian tensors: the inputs, then their fp32 reference `outputs` (so a
+    page can compare its own run with the build's); and the manifest's `sample.tensors` and
+    `sample.outputs` descriptions."""
+    chunks: list[bytes] = []
+    offset = 0
+
+    def append(array: np.ndarray) -> dict:
+        nonlocal offset
         data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         # 8-byte alignment so the browser can view each tensor without copying.
         padding = (-offset) % 8
         chunks.append(b"\0" * padding)
         offset += padding
-        tensors[name] = {"dtype": str(array.dtype), "dims": list(array.shape), "offset": offset, "length": len(data)}
+        entry = {"dtype": str(array.dtype), "dims": list(array.shape), "offset": offset, "length": len(data)}
         chunks.append(data)
         offset += len(data)
-    return b"".join(chunks), tensors
+        return entry
+
+    tensors = {name: append(array) for name, array in feeds.items()}
+    described = {name: append(np.asarray(array)) for name, array in (outputs or {}).items()}
+    return b"".join(chunks), tensors, described

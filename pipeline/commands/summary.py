@@ -70,6 +70,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
             echo(f"  step {step['name']}: {what}")
     for name, reason in report.get("variants_refused", {}).items():
         echo(f"  variant {name} refused: {reason}")
+    for item in report.get("refused") or []:
+        echo(f"  {item['variant']} on {item['ep']} [{item['bundle']} bundle] refused (the loader will not pick it): {item['by']}")
     echo("checks:")
     for check in report["checks"]:
         echo(check_line(check))

@@ -83,32 +83,41 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str]) -> tupl
     return converted, steps, refused
 
 
-def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, report: dict) -> tuple[list[Variant], onnx.ModelProto]:
+@dataclass
+class VariantSet:
+    """What the precision stage decided: the variants to ship, the fp32 host reference, and why."""
+
+    variants: list[Variant]
+    reference: onnx.ModelProto
+    precision: str  # of the source: fp32 | fp16 | quantized
+    precision_reason: str
+    steps: list[dict] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
+
+
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str) -> VariantSet:
     """The variants to ship and the fp32 model that serves as the host reference."""
     precision, why = detect_precision(model)
-    report["source"]["precision"] = precision
-    report["source"]["precision_reason"] = why
     if precision == "quantized":
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]})
-        return [Variant("quantized", "quantized", model, "source (quantized)")], model
+        step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
+        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], model, precision, why, [step])
     if precision == "fp16":
-        reference, step = upcast_to_fp32(model)
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]})
-        variants = []
+        reference, upcast = upcast_to_fp32(model)
+        made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
         if "fp16" in recipe.variants:
-            variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
+            made.variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
         if "fp32" in recipe.variants:
-            report["steps"].append(step)
-            variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
-        return variants, reference
-    variants = []
+            made.steps.append(upcast)
+            made.variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
+        return made
+    made = VariantSet([], model, precision, why)
     if "fp16" in recipe.variants:
         converted, steps, refused = _cached_fp16(model, _work_key(source_sha, recipe), recipe.fp16_block_ops)
-        report["steps"].extend(steps)
+        made.steps.extend(steps)
         if refused:
-            report["variants_refused"]["fp16"] = refused
+            made.refused["fp16"] = refused
         else:
-            variants.append(Variant("fp16", "fp16", converted, "converted", ["shader-f16"]))
-    if "fp32" in recipe.variants or not variants:
-        variants.append(Variant("fp32", "fp32", model, "source"))
-    return variants, model
+            made.variants.append(Variant("fp16", "fp16", converted, "converted", ["shader-f16"]))
+    if "fp32" in recipe.variants or not made.variants:
+        made.variants.append(Variant("fp32", "fp32", model, "source"))
+    return made

@@ -3,6 +3,7 @@ thresholds the browser checks use."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +11,18 @@ import numpy as np
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
-from pipeline.verify.host import run_model
 from pipeline.verify import webgpu_kernels
-from pipeline.verify.metrics import compare, format_metrics, judge
+from pipeline.verify.host import run_model
+from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
 
+# A quantized source is its own reference: its host check bounds non-finite values only.
+SELF_REFERENCE_BOUNDS = {"nan": 0, "inf": 0}
 
-def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, report: dict, progress: Progress, model_files: dict[str, Path]) -> None:
+
+def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, progress: Progress, model_files: dict[str, Path]) -> list[dict]:
+    """report.json check entries (stage "host") of each variant on onnxruntime CPU."""
+    checks: list[dict] = []
     for variant in variants:
         progress.note(f"host check {variant.name} on onnxruntime CPU")
         run = run_model(model_files[variant.name], feeds)
@@ -29,20 +35,11 @@ def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds
             detail = run.error or "no outputs"
             if variant.precision == "fp16" and is_if:
                 detail += "; the model has If/Loop/Scan subgraphs, which fp16 conversion does not handle: fold them (repair fold_if) or ship fp32 only (variants = ['fp32'])"
-            report["checks"].append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": detail})
+            checks.append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": detail})
             continue
-        bounds = {name: threshold_for(_kind(recipe, name), variant.precision, "cpu", _override(recipe, name, variant)) for name in reference}
-        report["checks"].extend(output_checks(base, reference, run.outputs, bounds, {name: _kind(recipe, name) for name in reference}))
-
-
-def _kind(recipe: Recipe, output: str) -> str:
-    spec = recipe.outputs.get(output)
-    return spec.kind if spec else "tensor"
-
-
-def _override(recipe: Recipe, output: str, variant: Variant) -> dict | None:
-    spec = recipe.outputs.get(output)
-    return spec.thresholds.get(variant.name) if spec else None
+        bounds = {name: _bounds(variant, name, recipe, "cpu") for name in reference}
+        checks.extend(output_checks(base, reference, run.outputs, bounds, {name: _kind(recipe, name) for name in reference}))
+    return checks
 
 
 def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
@@ -58,26 +55,95 @@ def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[st
     return checks
 
 
+def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], declared: list[dict]) -> list[dict]:
+    """A quantized source is its own reference: on the host it can only show that it runs, with
+    finite outputs of the declared shapes; the browser checks then compare against these outputs."""
+    checks = []
+    for entry in declared:
+        value = outputs[entry["name"]]
+        expected = entry["shape"]
+        shape_ok = len(expected) == value.ndim and all(not isinstance(d, int) or d in (0, n) for d, n in zip(expected, value.shape))
+        floating = value.dtype.kind == "f"
+        metrics = {"shape_ok": shape_ok, "nan": int(np.isnan(value).sum()) if floating else 0, "inf": int(np.isinf(value).sum()) if floating else 0}
+        passed = shape_ok and not metrics["nan"] and not metrics["inf"]
+        check = {"stage": "host", "ep": "cpu", "variant": variant.name, "output": entry["name"], "status": "passed" if passed else "failed", "metrics": metrics, "threshold": dict(SELF_REFERENCE_BOUNDS)}
+        if not passed:
+            check["detail"] = f"shape {list(value.shape)} vs declared {expected}" if not shape_ok else "non-finite outputs"
+        else:
+            check["detail"] = "runs with finite outputs of the declared shape (the quantized source is its own reference)"
+        checks.append(check)
+    return checks
+
+
+def _kind(recipe: Recipe, output: str) -> str:
+    spec = recipe.outputs.get(output)
+    return spec.kind if spec else "tensor"
+
+
+def _bounds(variant: Variant, output: str, recipe: Recipe, ep: str) -> dict:
+    spec = recipe.outputs.get(output)
+    override = spec.thresholds.get(variant.name) if spec else None
+    return threshold_for(_kind(recipe, output), variant.precision, ep, override)
+
+
+def browser_thresholds(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe) -> dict[str, dict[str, dict]]:
+    """thresholds[variant][output] for the browser harness: the wasm bounds with the recipe's
+    overrides. The harness takes each output's kind from the manifest and widens fp16 on webgpu."""
+    return {variant.name: {name: _bounds(variant, name, recipe, "wasm") for name in reference} for variant in variants}
+
+
+def threshold_table(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe, variant_for: dict[str, list[str]]) -> dict[str, dict[str, dict[str, dict]]]:
+    """manifest `thresholds[ep][variant][output]`: the bounds the build's checks use, exactly: the
+    host checks' (cpu), and the browser harness's for each variant an EP may run (fp16 on webgpu
+    widened as the harness widens it)."""
+    from pipeline.verify.browser.harness import webgpu_aware_threshold
+
+    table: dict[str, dict[str, dict[str, dict]]] = {"cpu": {}}
+    for variant in variants:
+        table["cpu"][variant.name] = {
+            name: dict(SELF_REFERENCE_BOUNDS) if variant.precision == "quantized" else _bounds(variant, name, recipe, "cpu")
+            for name in reference
+        }
+    by_name = {variant.name: variant for variant in variants}
+    browser = browser_thresholds(variants, reference, recipe)
+    for ep in ("wasm", "webgpu"):
+        for name in variant_for.get(ep, []):
+            variant = by_name[name]
+            table.setdefault(ep, {})[name] = {
+                output: webgpu_aware_threshold(bounds, _kind(recipe, output), variant.precision, ep) for output, bounds in browser[name].items()
+            }
+    return table
+
+
 def webgpu_thresholds(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe) -> dict[str, dict[str, dict]]:
-    """thresholds[variant][output] on WebGPU (fp16 accumulates in fp16 there), recipe overrides included."""
-    return {v.name: {name: threshold_for(_kind(recipe, name), v.precision, "webgpu", _override(recipe, name, v)) for name in reference} for v in variants}
+    """thresholds[variant][output] on WebGPU: the bounds manifest `thresholds.webgpu` records (the
+    browser's, fp16 widened for fp16 accumulation)."""
+    from pipeline.verify.browser.harness import webgpu_aware_threshold
+
+    browser = browser_thresholds(variants, reference, recipe)
+    return {v.name: {name: webgpu_aware_threshold(bounds, _kind(recipe, name), v.precision, "webgpu") for name, bounds in browser[v.name].items()} for v in variants}
 
 
-def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, report: dict, progress: Progress, model_files: dict[str, Path], ep_options: dict) -> dict:
-    """The build's `webgpu-kernels` stage: fp16/fp32 variants with the recipe's WebGPU bounds;
-    checks into report["checks"], the stage's facts into report["webgpu_kernels"]. Returns the
-    WebGPU EP options the package should ship (`ep_options` plus a layout that fixed a failure)."""
+@dataclass
+class KernelOutcome:
+    checks: list[dict] = field(default_factory=list)  # report.json checks, stage "webgpu-kernels"
+    facts: dict | None = None  # report.json "webgpu_kernels"
+    ep_options: dict = field(default_factory=dict)  # the WebGPU EP options the checks settled on
+    steps: list[dict] = field(default_factory=list)
+
+
+def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, progress: Progress, model_files: dict[str, Path], ep_options: dict) -> KernelOutcome:
+    """The build's `webgpu-kernels` stage on the fp16/fp32 variants, with the WebGPU bounds.
+    `ep_options` are the package's WebGPU EP options; the outcome's are those plus a layout that
+    fixed a failure."""
     float_variants = [v for v in variants if v.precision in ("fp16", "fp32")]
     if not float_variants:
-        return ep_options
+        return KernelOutcome(ep_options=dict(ep_options))
     models = {v.name: model_files[v.name] for v in float_variants}
     kinds = {name: _kind(recipe, name) for name in reference}
     checks, facts = webgpu_kernel_checks(models, reference, feeds, webgpu_thresholds(float_variants, reference, recipe), kinds, progress, ep_options)
-    report["checks"].extend(checks)
-    report["webgpu_kernels"] = facts
-    if "layout" in facts:
-        report["steps"].append({"name": "layout", "changed": True, "records": [facts["layout"]]})
-    return facts["ep_options"]
+    steps = [{"name": "layout", "changed": True, "records": [facts["layout"]]}] if "layout" in facts else []
+    return KernelOutcome(checks, facts, facts["ep_options"], steps)
 
 
 def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict | None = None, retry_layout: bool = True) -> tuple[list[dict], dict]:
@@ -121,53 +187,3 @@ def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feed
         else:
             checks.extend(output_checks(base, reference, run.outputs, thresholds[variant], kinds))
     return checks, runs
-
-
-RUN_ORDER = ("failed", "not-verifiable", "skipped", "passed")
-
-
-def webgpu_kernel_runs(checks: list[dict]) -> list[dict]:
-    """manifest.verification.runs entries of the stage: one per variant, refusing the variant on
-    the WebGPU EP of every bundle when a check failed."""
-    runs: dict[str, dict] = {}
-    for check in checks:
-        if check["stage"] != webgpu_kernels.STAGE:
-            continue
-        run = runs.setdefault(check["variant"], {"stage": webgpu_kernels.STAGE, "bundle": "*", "ep": "webgpu", "variant": check["variant"], "status": "passed"})
-        # the worst status wins (failed, then not-verifiable, then skipped); its first check explains it
-        if RUN_ORDER.index(check["status"]) < RUN_ORDER.index(run["status"]):
-            run["status"] = check["status"]
-            run["detail"] = check_detail(check)
-    return [runs[name] for name in sorted(runs)]
-
-
-def check_detail(check: dict) -> str:
-    """One line: the output, its figure against the bound, or the check's reason."""
-    output = f"{check['output']}: " if check.get("output") else ""
-    return f"{output}{check.get('detail') or format_metrics(check.get('metrics', {}), check.get('threshold', {}))}"
-
-
-def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], declared: list[dict]) -> list[dict]:
-    """A quantized source is its own reference: on the host it can only show that it runs, with
-    finite outputs of the declared shapes; the browser checks then compare against these outputs."""
-    checks = []
-    for entry in declared:
-        value = outputs[entry["name"]]
-        expected = entry["shape"]
-        shape_ok = len(expected) == value.ndim and all(not isinstance(d, int) or d in (0, n) for d, n in zip(expected, value.shape))
-        floating = value.dtype.kind == "f"
-        metrics = {"shape_ok": shape_ok, "nan": int(np.isnan(value).sum()) if floating else 0, "inf": int(np.isinf(value).sum()) if floating else 0}
-        passed = shape_ok and not metrics["nan"] and not metrics["inf"]
-        check = {"stage": "host", "ep": "cpu", "variant": variant.name, "output": entry["name"], "status": "passed" if passed else "failed", "metrics": metrics, "threshold": {"nan": 0, "inf": 0}}
-        if not passed:
-            check["detail"] = f"shape {list(value.shape)} vs declared {expected}" if not shape_ok else "non-finite outputs"
-        else:
-            check["detail"] = "runs with finite outputs of the declared shape (the quantized source is its own reference)"
-        checks.append(check)
-    return checks
-
-
-def browser_thresholds(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe) -> dict[str, dict[str, dict]]:
-    """thresholds[variant][output] for the browser harness: the wasm bounds with the recipe's
-    overrides. The harness takes each output's kind from the manifest and widens fp16 on webgpu."""
-    return {v.name: {name: threshold_for(_kind(recipe, name), v.precision, "wasm", _override(recipe, name, v)) for name in reference} for v in variants}

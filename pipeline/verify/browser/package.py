@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import PackError
-
-_REQUIRED_KEYS = ("variants", "variantFor", "outputs", "sample", "runtime", "executionProviders")
+from pipeline.assets.manifest import Manifest, chain_bundle, read_manifest
 
 
 @dataclass
@@ -19,39 +16,19 @@ class BrowserRun:
     platforms: list[str] = field(default_factory=list)  # the platform chains that reach this run
 
 
-def load_manifest(package_dir: Path) -> dict:
-    path = Path(package_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PackError(f"{path}: not found; point at a folder made by `pack build` (dist/<name>)") from None
-    except ValueError as error:
-        raise PackError(f"{path}: not JSON ({error}); rebuild the package") from None
-    missing = [key for key in _REQUIRED_KEYS if key not in manifest]
-    if missing:
-        raise PackError(f"{path}: missing {', '.join(missing)}; rebuild the package with this version of pack")
-    return manifest
+def load_manifest(package_dir: Path) -> Manifest:
+    """The package's manifest, validated (pipeline/assets/manifest.py)."""
+    return read_manifest(package_dir)
 
 
-def chain_bundle(chain: list[str]) -> str:
-    """ARCHITECTURE.md: a chain with webgpu loads the webgpu bundle; a wasm-only chain the wasm bundle."""
-    return "webgpu" if "webgpu" in chain else "wasm"
-
-
-def plan_runs(manifest: dict) -> list[BrowserRun]:
-    """One run per distinct (bundle, EP, variant) that some platform chain can reach, webgpu bundle first."""
+def plan_runs(manifest: Manifest) -> list[BrowserRun]:
+    """One run per distinct (bundle, EP, variant) that some platform chain can reach, webgpu bundle first.
+    (validate() has checked that every chain's bundle and EPs exist.)"""
     runs: dict[tuple[str, str, str], BrowserRun] = {}
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
-        if bundle not in manifest["runtime"].get("bundles", {}):
-            raise PackError(f"manifest.json: runtime.bundles has no {bundle!r} bundle for platform {platform!r}; rebuild the package")
         for ep in chain:
-            variants = manifest["variantFor"].get(ep)
-            if not variants:
-                raise PackError(f"manifest.json: variantFor has no variants for EP {ep!r} (platform {platform!r}); rebuild the package")
-            for variant in variants:
-                if variant not in manifest["variants"]:
-                    raise PackError(f"manifest.json: variantFor[{ep!r}] names unknown variant {variant!r}; rebuild the package")
+            for variant in manifest["variantFor"][ep]:
                 run = runs.setdefault((bundle, ep, variant), BrowserRun(bundle, ep, variant))
                 run.platforms.append(platform)
     order = {"webgpu": 0, "wasm": 1}
