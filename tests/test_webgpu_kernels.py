@@ -14,11 +14,12 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.assets.manifest import runs_from_checks
 from pipeline.cli import app
 from pipeline.commands.verify import package_kernel_checks, sample_feeds
 from pipeline.progress import Progress
 from pipeline.verify import webgpu_kernels
-from pipeline.verify.checks import webgpu_kernel_checks, webgpu_kernel_runs
+from pipeline.verify.checks import webgpu_kernel_checks
 from pipeline.verify.host import reference_outputs
 
 runner = CliRunner()
@@ -73,7 +74,7 @@ def test_missing_set_up_is_named_and_the_stage_is_skipped_with_it(tmp_path, monk
     checks, facts = webgpu_kernel_checks({"fp16": tmp_path / "m.onnx"}, {}, {}, {}, {}, Progress.quiet())
     assert [c["status"] for c in checks] == ["skipped"] and checks[0]["detail"] == f"not available: {reason}"
     assert facts["adapter"] is None
-    assert webgpu_kernel_runs(checks) == [{"stage": "webgpu-kernels", "bundle": "*", "ep": "webgpu", "variant": "fp16", "status": "skipped", "detail": f"not available: {reason}"}]
+    assert runs_from_checks(checks, "webgpu-kernels") == [{"stage": "webgpu-kernels", "bundle": "*", "ep": "webgpu", "variant": "fp16", "status": "skipped", "detail": f"not available: {reason}"}]
     monkeypatch.setenv("PACK_WEBGPU_KERNELS", "off")
     assert webgpu_kernels.unavailable_reason() == "turned off by PACK_WEBGPU_KERNELS=off"
 
@@ -114,7 +115,7 @@ def test_a_crash_is_a_failed_run_naming_the_signal(tmp_path, monkeypatch):
     assert run.outputs is None and "SIGSEGV" in run.error and run.crashes == ["all: SIGSEGV"]
     checks, _ = webgpu_kernel_checks({"fp32": path}, {"y": np.zeros((4, 16), np.float32)}, {"x": np.ones((4, 8), np.float32)}, {"fp32": {"y": {}}}, {}, Progress.quiet())
     assert [c["status"] for c in checks] == ["failed"] and "SIGSEGV" in checks[0]["detail"]
-    assert webgpu_kernel_runs(checks)[0]["detail"].endswith("(SIGSEGV)")
+    assert runs_from_checks(checks, "webgpu-kernels")[0]["detail"].endswith("(SIGSEGV)")
 
 
 @needs_kernels

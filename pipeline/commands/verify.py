@@ -106,15 +106,10 @@ def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict]]:
 
 
 def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.ndarray], references: dict[str, np.ndarray], progress) -> tuple[list[dict], dict]:
-    """The webgpu-kernels stage on the package's fp16/fp32 variants, with the WebGPU bounds the
-    build recorded (manifest `thresholds.webgpu`, else report.json's webgpu-kernels checks), else
+    """The webgpu-kernels stage on the package's fp16/fp32 variants as shipped (its WebGPU EP
+    options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
     the defaults."""
-    try:
-        report = json.loads((package / "report.json").read_text())
-    except (OSError, ValueError):
-        report = {}
-    recorded = {(c.get("variant"), c.get("output")): c["threshold"] for c in report.get("checks", []) if c.get("stage") == "webgpu-kernels" and c.get("threshold")}
-    from_manifest = (manifest.get("thresholds") or {}).get("webgpu") or {}
+    recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
     kinds = {output["name"]: output.get("kind", "tensor") for output in manifest["outputs"]}
     models: dict[str, Path] = {}
     thresholds: dict[str, dict[str, dict]] = {}
@@ -123,12 +118,8 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
         if precision not in ("fp16", "fp32"):
             continue
         models[name] = package / variant["model"]
-        thresholds[name] = {
-            output: from_manifest.get(name, {}).get(output) or recorded.get((name, output)) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu")
-            for output in references
-        }
+        thresholds[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in references}
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
-    # the package as shipped: its layout, no NCHW retry
     return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)
 
 

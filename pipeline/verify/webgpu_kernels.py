@@ -34,9 +34,20 @@ from pipeline.cache import cache_dir
 from pipeline.verify.host import HostRun, _signal_name
 
 WORKER_MODULE = "pipeline.verify.webgpu_worker"  # run as `python -m`; tests swap in a crashing one
-RUN_TIMEOUT_S = 600
 # lavapipe's maxStorageBufferBindingSize: a tensor larger than this cannot be bound in a shader.
 MAX_BUFFER_BYTES = 128 << 20
+# lavapipe runs Conv/MatMul at ~1.5 GMAC/s on one idle core (../shared notes: 10×Conv 64ch at 32²,
+# 0.38 GMAC, in 254 ms): above this much work per run a model is too heavy to check there.
+DEFAULT_MAX_GMAC = 20.0
+DEFAULT_TIMEOUT_S = 300
+
+
+def max_gmac() -> float:
+    return float(os.environ.get("PACK_WEBGPU_KERNELS_MAX_GMAC") or DEFAULT_MAX_GMAC)
+
+
+def run_timeout_s() -> float:
+    return float(os.environ.get("PACK_WEBGPU_KERNELS_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
 STAGE = "webgpu-kernels"
 DESCRIPTION = "onnxruntime WebGPU kernels outside the browser, on lavapipe"
 
@@ -145,7 +156,31 @@ def unavailable_reason() -> str | None:
 def oversized_tensor(model_path: Path, feeds: dict[str, np.ndarray]) -> tuple[str, int] | None:
     """(name, bytes) of the largest tensor over lavapipe's buffer limit: an initializer, an input,
     or an intermediate value whose shape inference gives with the feeds' shapes; None if none."""
+    sizes, _ = _sizes_and_work(model_path, feeds)
+    name, size = max(sizes.items(), key=lambda item: item[1], default=("", 0))
+    return (name, size) if size > MAX_BUFFER_BYTES else None
+
+
+def estimated_macs(model_path: Path, feeds: dict[str, np.ndarray]) -> int:
+    """Multiply-accumulates of the model's Conv, ConvTranspose, MatMul and Gemm nodes at the feeds'
+    shapes (those whose shapes inference knows): what a software rasterizer spends its time on."""
+    return _sizes_and_work(model_path, feeds)[1]
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_sizes_and_work(model_path: str, mtime: float, shapes: tuple) -> tuple[dict[str, int], int]:
+    return _compute_sizes_and_work(Path(model_path), dict(shapes))
+
+
+def _sizes_and_work(model_path: Path, feeds: dict[str, np.ndarray]) -> tuple[dict[str, int], int]:
+    shapes = tuple(sorted((name, (str(array.dtype), tuple(array.shape))) for name, array in feeds.items()))
+    return _cached_sizes_and_work(str(model_path), Path(model_path).stat().st_mtime, shapes)
+
+
+def _compute_sizes_and_work(model_path: Path, feed_shapes: dict[str, tuple[str, tuple]]) -> tuple[dict[str, int], int]:
     model = onnx.load(str(model_path), load_external_data=False)
+    sizes: dict[str, int] = {name: np.dtype(dtype).itemsize * math.prod(shape) for name, (dtype, shape) in feed_shapes.items()}
+    feeds = {name: np.empty(0, dtype) for name, (dtype, _) in feed_shapes.items()}
     sizes: dict[str, int] = {name: array.nbytes for name, array in feeds.items()}
 
     def nbytes(elem_type: int, dims: list[int]) -> int | None:
@@ -163,21 +198,36 @@ def oversized_tensor(model_path: Path, feeds: dict[str, np.ndarray]) -> tuple[st
         if value.name in feeds:  # concrete shapes, so inference can size what follows
             shape = value.type.tensor_type.shape
             shape.ClearField("dim")
-            for n in feeds[value.name].shape:
+            for n in feed_shapes[value.name][1]:
                 shape.dim.add().dim_value = n
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is best effort; the initializers are still checked
         inferred = model
+    known: dict[str, list[int]] = {name: list(shape) for name, (_, shape) in feed_shapes.items()}
+    known.update({t.name: list(t.dims) for t in model.graph.initializer})
     for value in [*inferred.graph.value_info, *inferred.graph.output]:
         tensor_type = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
         if tensor_type.HasField("shape") and None not in dims:
+            known[value.name] = dims
             size = nbytes(tensor_type.elem_type, dims)
             if size is not None:
                 sizes[value.name] = max(size, sizes.get(value.name, 0))
-    name, size = max(sizes.items(), key=lambda item: item[1], default=("", 0))
-    return (name, size) if size > MAX_BUFFER_BYTES else None
+    macs = 0
+    for node in inferred.graph.node:
+        if len(node.input) < 2 or not node.output:
+            continue
+        a, b, out = (known.get(name) for name in (node.input[0], node.input[1], node.output[0]))
+        if a is None or b is None or out is None:
+            continue
+        if node.op_type == "Conv" and len(b) >= 2:
+            macs += math.prod(out) * math.prod(b[1:])
+        elif node.op_type == "ConvTranspose" and len(b) >= 2:
+            macs += math.prod(a) * math.prod(b[1:])
+        elif node.op_type in ("MatMul", "Gemm") and a:
+            macs += math.prod(out) * a[-1]
+    return sizes, macs
 
 
 def _run_key(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict) -> str:
@@ -210,6 +260,10 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         why = f"tensor '{name}' is {size / (1 << 20):.1f} MiB, over lavapipe's {MAX_BUFFER_BYTES >> 20} MiB storage-buffer limit: not verifiable there"
         return WebGpuRun(None, why, not_verifiable=why)
     ep_options = dict(ep_options or {})
+    work = estimated_macs(model_path, feeds) / 1e9
+    if work > max_gmac():
+        why = f"about {work:.0f} GMAC per run, over the {max_gmac():g} GMAC lavapipe (a CPU rasterizer) checks in reasonable time: not verifiable there (PACK_WEBGPU_KERNELS_MAX_GMAC raises it; `pack verify --gpu` checks it on a GPU)"
+        return WebGpuRun(None, why, not_verifiable=why)
     cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds, ep_options)}.npz"
     if cached.exists():
         with np.load(cached, allow_pickle=False) as result:
@@ -241,9 +295,10 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         np.savez(feeds_path, **feeds)
         command = [sys.executable, "-m", WORKER_MODULE, str(model_path), str(feeds_path), str(out_path), str(facts_path), json.dumps(ep_options or {})]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=worker_env())
+            done = subprocess.run(command, capture_output=True, text=True, timeout=run_timeout_s(), env=worker_env())
         except subprocess.TimeoutExpired:
-            return WebGpuRun(None, f"onnxruntime's WebGPU EP did not finish within {RUN_TIMEOUT_S} s", "all")
+            why = f"onnxruntime's WebGPU EP did not finish within {run_timeout_s():g} s on lavapipe: not verifiable there (PACK_WEBGPU_KERNELS_TIMEOUT_S raises the limit)"
+            return WebGpuRun(None, why, "all", not_verifiable=why)
         if done.returncode < 0:
             signal = _signal_name(done.returncode)
             return WebGpuRun(None, f"onnxruntime's WebGPU EP crashed the worker ({signal})", "all", [f"all: {signal}"])
