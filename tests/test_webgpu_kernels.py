@@ -175,3 +175,18 @@ def test_a_planted_fp16_accumulation_failure_is_caught_where_the_cpu_ep_passes(t
     assert run["detail"].startswith("y: max_abs_of_range") and "> 0.03" in run["detail"]
     assert "FAIL webgpu-kernels webgpu/fp16" in result.output and "FAILED" in result.output
     assert not report["passed"] and not manifest["verification"]["passed"]
+
+
+def test_a_model_too_heavy_for_lavapipe_is_not_verifiable_without_running(tmp_path, monkeypatch):
+    from tests.build_helpers import conv_model
+
+    monkeypatch.setattr(webgpu_kernels, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(webgpu_kernels, "WORKER_MODULE", "tests.webgpu_crashing_worker")
+    path = tmp_path / "conv.onnx"
+    onnx.save(conv_model(channels=64, size=256), path)
+    feeds = {"x": np.zeros((1, 3, 256, 256), np.float32)}
+    assert webgpu_kernels.estimated_macs(path, feeds) == 2 * 64 * 3 * 9 * 256 * 256  # two 3x3 convs, 3->64->3 channels
+    monkeypatch.setenv("PACK_WEBGPU_KERNELS_MAX_GMAC", "0.1")
+    run = webgpu_kernels.run_on_webgpu(path, feeds)
+    assert run.outputs is None and run.crashes == []
+    assert run.not_verifiable.startswith("about 0.2 GMAC per run, over the 0.1 GMAC lavapipe")

@@ -262,7 +262,7 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
     ep_options = dict(ep_options or {})
     work = estimated_macs(model_path, feeds) / 1e9
     if work > max_gmac():
-        why = f"about {work:.0f} GMAC per run, over the {max_gmac():g} GMAC lavapipe (a CPU rasterizer) checks in reasonable time: not verifiable there (PACK_WEBGPU_KERNELS_MAX_GMAC raises it; `pack verify --gpu` checks it on a GPU)"
+        why = f"about {work:.1f} GMAC per run, over the {max_gmac():g} GMAC lavapipe (a CPU rasterizer) checks in reasonable time: not verifiable there (PACK_WEBGPU_KERNELS_MAX_GMAC raises it; `pack verify --gpu` checks it on a GPU)"
         return WebGpuRun(None, why, not_verifiable=why)
     cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds, ep_options)}.npz"
     if cached.exists():
