@@ -15,7 +15,6 @@ compiling shaders), and results cached like host runs.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
 import math
@@ -32,6 +31,7 @@ import onnx
 
 from pipeline.cache import cache_dir
 from pipeline.verify.host import HostRun, _signal_name
+from pipeline.verify.host import _run_key as host_run_key
 
 WORKER_MODULE = "pipeline.verify.webgpu_worker"  # run as `python -m`; tests swap in a crashing one
 # lavapipe's maxStorageBufferBindingSize: a tensor larger than this cannot be bound in a shader.
@@ -231,16 +231,8 @@ def _compute_sizes_and_work(model_path: Path, feed_shapes: dict[str, tuple[str, 
 
 
 def _run_key(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict) -> str:
-    versions = "|".join(metadata.version(p) for p in ("onnxruntime", "onnxruntime-ep-webgpu"))
-    digest = hashlib.sha256(f"{versions}|{mesa_version()}|{json.dumps(ep_options, sort_keys=True)}|".encode())
-    with model_path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    for name in sorted(feeds):
-        array = np.ascontiguousarray(feeds[name])
-        digest.update(f"|{name}|{array.dtype}|{array.shape}|".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
+    salt = f"{metadata.version('onnxruntime-ep-webgpu')}|{mesa_version()}|{json.dumps(ep_options, sort_keys=True)}|"
+    return host_run_key(model_path, feeds, salt)
 
 
 def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:
