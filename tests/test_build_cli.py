@@ -120,7 +120,7 @@ def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
         raise AssertionError("recomputed work that the cache holds")
 
     monkeypatch.setattr(pipeline.verify.host, "_run_uncached", must_not_run)
-    monkeypatch.setattr(pipeline.precision.variants, "convert_to_fp16", must_not_run)
+    monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", must_not_run)
     monkeypatch.setattr("pipeline.assets.files._compress", must_not_run)
     result = build(str(conv_file), "--no-browser", "--out", str(tmp_path / "b"))
     assert result.exit_code == 0, result.output
@@ -133,6 +133,8 @@ def test_json_output_is_the_report(conv_file, tmp_path):
     assert report["name"] == "tiny-conv" and report["passed"] is True and report["refused"] is None
     assert {"stage", "ep", "variant", "status", "metrics", "threshold"} <= set(report["checks"][0])
     assert any(step["name"] == "fp16_convert" and step["changed"] for step in report["steps"])
+    # report.json is published with the package: the build machine's folders stay out of it.
+    assert report["source"]["uri"] == conv_file.name and str(conv_file.parent) not in result.stdout
 
 
 def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
@@ -256,7 +258,8 @@ def test_source_option_overrides_the_recipe_with_its_own_sha256(conv_file, tmp_p
         url = f"http://127.0.0.1:{httpd.server_address[1]}/{conv_file.name}"
         sha = hashlib.sha256(conv_file.read_bytes()).hexdigest()
         missing_sha = build(str(recipe), "--source", url, "--no-browser", "--out", str(tmp_path / "d"))
-        assert missing_sha.exit_code == 2 and "needs its sha256" in missing_sha.output
+        # without --sha256 the file must be the recipe's published one (a mirror), and it is not
+        assert missing_sha.exit_code == 2 and f"pass --sha256 {sha}" in missing_sha.output
         result = build(str(recipe), "--source", url, "--sha256", sha, "--no-browser", "--out", str(tmp_path / "d"))
         assert result.exit_code == 0, result.output
         assert json.loads((tmp_path / "d" / "over" / "report.json").read_text())["source"]["uri"] == url

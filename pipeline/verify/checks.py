@@ -3,16 +3,21 @@ thresholds the browser checks use."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import onnx
 
+from pipeline.graph.model_io import model_bytes
+from pipeline.precision.kept import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.verify import webgpu_kernels
-from pipeline.verify.host import run_model
+from pipeline.verify.host import HostRun, run_model
 from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
 
@@ -187,3 +192,49 @@ def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feed
         else:
             checks.extend(output_checks(base, reference, run.outputs, thresholds[variant], kinds))
     return checks, runs
+
+
+def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> Callable[[Path], tuple[bool, str]]:
+    def judge_model(path: Path) -> tuple[bool, str]:
+        result = run(path, feeds)
+        if getattr(result, "not_verifiable", None):
+            return True, f"not verifiable: {result.not_verifiable}"  # e.g. over lavapipe's buffer limit
+        if result.outputs is None:
+            return False, f"{DID_NOT_RUN}: {result.error or 'no outputs'}"
+        for name, expected in reference().items():
+            spec = recipe.outputs.get(name)
+            kind = spec.kind if spec else "tensor"
+            threshold = threshold_for(kind, "fp16", ep, spec.thresholds.get("fp16") if spec else None)
+            passed, reason = judge(compare(expected, result.outputs[name], kind), threshold)
+            if not passed:
+                return False, f"{name}: {reason}"
+        return True, "passed"
+
+    return judge_model
+
+
+def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> list[Evaluator]:
+    """The checks an fp16 candidate must pass in the keep-in-fp32 search: the host CPU check, and
+    the WebGPU-kernel check (fp16 accumulation) when that stage is available on this machine."""
+    evaluators = [Evaluator("host cpu", _fp16_judge(run_model, "cpu", reference, feeds, recipe))]
+    try:
+        from pipeline.verify import webgpu_kernels
+    except ImportError:
+        return evaluators
+    if webgpu_kernels.unavailable_reason() is None:
+        evaluators.append(Evaluator("webgpu-kernels", _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe)))
+    return evaluators
+
+
+def onnxruntime_refusal(feeds: dict[str, np.ndarray]) -> Callable[[onnx.ModelProto], str | None]:
+    """onnxruntime's reason for refusing a converted model (run in a child), or None if it runs."""
+    def refusal(model: onnx.ModelProto) -> str | None:
+        with tempfile.TemporaryDirectory(prefix="pack-fp16-load-") as tmp:
+            path = Path(tmp) / "fp16.onnx"
+            path.write_bytes(model_bytes(model))
+            run = run_model(path, feeds)
+        if run.outputs is not None or run.crashes:
+            return None  # a crash names no node to keep: the host check reports it
+        return run.error or "onnxruntime refused the model"
+
+    return refusal
