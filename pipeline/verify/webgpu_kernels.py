@@ -27,7 +27,6 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from pipeline.cache import cache_dir
 from pipeline.verify.host import HostRun, _signal_name
@@ -123,6 +122,8 @@ def _setup_reason() -> str | None:
 @functools.cache
 def _probe() -> str | None:
     """Run a one-node model on the WebGPU EP; the reason it cannot, or None."""
+    import onnx  # lazily: commands that never verify do not load it
+
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Add", ["x", "x"], ["y"], name="probe_add")], "probe",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
@@ -178,6 +179,8 @@ def _sizes_and_work(model_path: Path, feeds: dict[str, np.ndarray]) -> tuple[dic
 
 
 def _compute_sizes_and_work(model_path: Path, feed_shapes: dict[str, tuple[str, tuple]]) -> tuple[dict[str, int], int]:
+    import onnx
+
     model = onnx.load(str(model_path), load_external_data=False)
     sizes: dict[str, int] = {name: np.dtype(dtype).itemsize * math.prod(shape) for name, (dtype, shape) in feed_shapes.items()}
     feeds = {name: np.empty(0, dtype) for name, (dtype, _) in feed_shapes.items()}
