@@ -43,7 +43,7 @@ from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.package import plan_runs
-from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table
+from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
 from pipeline.verify.host import run_model
 
 
@@ -241,7 +241,7 @@ def _verification(checks: list[dict]) -> Verification:
     ran = [c for c in checks if c["status"] in ("passed", "failed")]
     passed = bool(ran) and all(c["status"] == "passed" for c in ran)
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in checks)
-    runs = sorted((run for stage in ("browser", "host") for run in runs_from_checks(checks, stage)), key=run_sort_key)
+    runs = sorted((run for stage in ("browser", "host", "webgpu-kernels") for run in runs_from_checks(checks, stage)), key=run_sort_key)
     return {"browser": browser_ran, "passed": passed, "runs": runs}
 
 
@@ -308,6 +308,10 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             write_models(staging, contents, recipe, made.variants, made.reference, feeds, progress)
         with timer.stage("host_verify"):
             reference, host = _host_verify(contents, made, feeds, recipe, source_path, progress)
+        with timer.stage("webgpu_kernels"):
+            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, contents.model_paths, contents.ep_options.get("webgpu", {}))
+            if kernels.ep_options:
+                contents.ep_options = {**contents.ep_options, "webgpu": kernels.ep_options}
         with timer.stage("assets"):
             write_sample(staging, contents, recipe, made.reference, feeds, reference, progress)
             write_runtime(staging, contents, recipe, progress)
@@ -322,19 +326,21 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
                 contents.ep_options = browser.ep_options
             else:
                 browser = _browser_skipped(contents.manifest())
-        checks = host + browser.checks
+        checks = host + kernels.checks + browser.checks
         verification = _verification(checks)
         report = {
             "name": recipe.name,
             "passed": verification["passed"],
             "refused": None,
             "checks": checks,
-            "steps": repair_steps + made.steps + browser.steps,
+            "steps": repair_steps + made.steps + kernels.steps + browser.steps,
             "timings": timer.timings,
             "source": {"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
             "license": recipe.license,
             "variants_refused": made.refused,
         }
+        if kernels.facts is not None:
+            report["webgpu_kernels"] = kernels.facts
         if browser.report is not None:
             report["browser"] = browser.report
         measurements = measurements_from(browser.report)

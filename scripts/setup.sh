@@ -25,4 +25,6 @@ if ! .venv/bin/python -c "import pipeline, pytest, moto" 2>/dev/null || [ pyproj
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
   touch .venv/.pack-installed
 fi
+# The webgpu-kernels stage (Mesa lavapipe + onnxruntime's WebGPU EP); it never fails set-up.
+bash scripts/setup_lavapipe.sh
 echo "setup: ready ($(.venv/bin/pack --help >/dev/null && echo 'pack OK'), $(chromium --version 2>/dev/null | head -1), npm $(npm --version))"

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from browser_helpers import Variant, negative_step_slice_model, write_package
 from pipeline.cli import app
+from pipeline.verify import webgpu_kernels
 
 runner = CliRunner()
 
@@ -28,7 +29,9 @@ def test_verify_passes_and_prints_json(slice_package: Path) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["passed"] is True and document["reference"] == "fp32"
-    assert [(c["ep"], c["status"]) for c in document["checks"]] == [("webgpu", "passed"), ("wasm", "passed")]
+    assert [(c["ep"], c["status"]) for c in document["checks"] if c["stage"] == "browser"] == [("webgpu", "passed"), ("wasm", "passed")]
+    # and the webgpu-kernels stage, where installed, on the same package
+    assert [(c["variant"], c["status"]) for c in document["checks"] if c["stage"] == "webgpu-kernels"] in ([("fp32", "passed")], [("fp32", "skipped")])
     assert set(document["browser"]["eps"]) == {"webgpu/fp32", "wasm/fp32"}
 
 
@@ -38,7 +41,9 @@ def test_verify_on_the_root_bundle_exits_1_and_says_why(slice_package: Path) -> 
     assert result.exit_code == 1, result.output
     assert "FAIL browser webgpu/fp32 [root (override of webgpu) bundle]" in result.stdout
     assert "does not match actual shape of {1,1,1,30}" in result.stdout
-    assert "FAILED: 1 passed, 1 failed, 0 not verifiable" in result.stdout
+    # wasm passed, and the webgpu-kernels check of fp32 where the stage is installed
+    kernels = webgpu_kernels.unavailable_reason() is None
+    assert f"FAILED: {2 if kernels else 1} passed, 1 failed, 0 not verifiable" in result.stdout
 
 
 def test_verify_a_folder_without_manifest_is_bad_input(tmp_path: Path) -> None:

@@ -22,6 +22,13 @@ from tests.fp16_models import OVERFLOW_KEPT, overflow_model
 runner = CliRunner()
 
 
+@pytest.fixture
+def host_only_search(monkeypatch):
+    """The search with the host CPU check alone: where the webgpu-kernels stage is installed its
+    evaluator keeps more (see the last test), so these tests turn it off."""
+    monkeypatch.setenv("PACK_WEBGPU_KERNELS", "off")
+
+
 def _oracle(needed: set[str]):
     calls = []
 
@@ -94,7 +101,7 @@ def _build(recipe: Path, out: Path):
     return runner.invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(out)])
 
 
-def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_skips_the_search(tmp_path, monkeypatch):
+def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_skips_the_search(tmp_path, monkeypatch, host_only_search):
     model_file = save(overflow_model(), tmp_path / "energy.onnx")
     plain = _build(_recipe(tmp_path, model_file, search=False), tmp_path / "plain")
     assert plain.exit_code == 1
@@ -151,7 +158,7 @@ def test_fp16_recipe_keys_are_validated_with_the_key_named(tmp_path, key, value,
     assert result.exit_code == 2 and message in result.output
 
 
-def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_nodes(tmp_path):
+def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_nodes(tmp_path, host_only_search):
     """The evaluator list is the seam for the WebGPU-kernel check: here a stand-in for fp16
     kernels (which overflow where onnxruntime CPU computes in fp32) also requires `energy_sum` in
     fp32, and the search keeps both nodes."""
@@ -192,7 +199,7 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     assert any("trials" in line and "host cpu, fp16-kernels stand-in" in line and "minimal" in line for line in lines)
 
 
-def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_path):
+def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_path, host_only_search):
     """max_abs = 0 passes only with every Conv in fp32: an "fp16" model of fp32 size. The search
     says so and fp16 keeps failing its host check."""
     from tests.build_helpers import conv_model
@@ -208,7 +215,7 @@ def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_pat
     assert not (tmp_path / "strict.lock.json").exists()
 
 
-def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch):
+def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch, host_only_search):
     monkeypatch.chdir(tmp_path)
     model_file = save(overflow_model(), tmp_path / "energy.onnx")
     args = ["build", str(model_file), "--no-browser", "--json", "--input", "x=1x64"]

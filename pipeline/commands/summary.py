@@ -101,6 +101,20 @@ def chain_speed_lines(manifest: dict) -> list[str]:
     return lines
 
 
+def webgpu_kernel_lines(facts: dict) -> list[str]:
+    """The webgpu-kernels stage: what it is, then per variant the node placement and times."""
+    where = facts.get("adapter") or "not available"
+    lines = [f"webgpu-kernels: {facts.get('description')} ({where})"]
+    for variant, run in (facts.get("runs") or {}).items():
+        nodes = run.get("cpu_fallback_nodes") or []
+        times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms" for key in ("session_create_ms", "first_run_ms") if key in run)
+        lines.append(f"  {variant}: {run.get('webgpu_nodes', 0)} nodes on WebGPU, {len(nodes)} on the CPU EP{'; ' + times if times else ' (cached)'}")
+        if nodes:
+            more = f" (+{len(nodes) - 12} more)" if len(nodes) > 12 else ""
+            lines.append(f"    CPU fallback: {', '.join(nodes[:12])}{more}")
+    return lines
+
+
 def fp16_kept_lines(report: dict) -> list[str]:
     """The fp16 nodes kept in fp32 (name, op, why), their size cost and the search's figures."""
     step = next((s for s in report.get("steps", []) if s["name"] == "fp16_keep_fp32"), None)
@@ -144,6 +158,9 @@ def print_summary(report: dict, package_dir: Path) -> None:
     echo("checks:")
     for check in report["checks"]:
         echo(check_line(check))
+    if report.get("webgpu_kernels"):
+        for line in webgpu_kernel_lines(report["webgpu_kernels"]):
+            echo(line)
     if report.get("browser"):
         for line in browser_lines(report["browser"]):
             echo(line)
@@ -163,6 +180,7 @@ def print_summary(report: dict, package_dir: Path) -> None:
     echo(f"timings: {timings}")
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])
     if not browser_ran:
-        echo("NOT browser-verified (--no-browser): host checks only")
+        kernels_ran = any(c["stage"] == "webgpu-kernels" and c["status"] in ("passed", "failed") for c in report["checks"])
+        echo(f"NOT browser-verified (--no-browser): host{' and webgpu-kernels' if kernels_ran else ''} checks only")
     verdict = "PASSED" if report["passed"] else "FAILED"
     echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped")

@@ -1,4 +1,4 @@
-"""`pack verify DIST/NAME`: re-run the browser checks on a built package.
+"""`pack verify DIST/NAME`: re-run the browser checks and the webgpu-kernels checks on a built package.
 
 The reference is recomputed on the host from the package itself (its fp32 variant on onnxruntime
 CPU, fed the package's sample), and each check keeps the threshold the build recorded in the
@@ -16,10 +16,11 @@ import numpy as np
 import typer
 
 from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
-from pipeline.commands.summary import MARKS, browser_lines, check_line
+from pipeline.commands.summary import MARKS, browser_lines, check_line, webgpu_kernel_lines
 from pipeline.errors import PackError
 from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
 from pipeline.verify.browser.package import load_manifest
+from pipeline.verify.checks import webgpu_kernel_checks
 from pipeline.verify.host import reference_outputs
 from pipeline.verify.thresholds import threshold_for
 
@@ -34,7 +35,7 @@ def verify(
     watchdog_ms: Annotated[Optional[int], typer.Option("--watchdog-ms", min=1000, help="Per-stage time limit in the browser; default: the manifest's loader.watchdogMs.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print checks and browser facts as JSON; no progress output.")] = False,
 ) -> None:
-    """Verify a built package in headless Chromium on WebGPU and WASM (exit 1 when a check fails)."""
+    """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
     with cli_errors():
         require_package_folder(package, "verify")
         progress = progress_for(json_output)
@@ -45,12 +46,14 @@ def verify(
         references = reference_outputs(reference_path, feeds)
         thresholds = recorded_thresholds(manifest)
         result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
+        kernel_checks, kernel_facts = package_kernel_checks(package, manifest, feeds, references, progress)
+        result.checks.extend(kernel_checks)
     document = {"name": manifest.get("name"), "passed": not result.failed, "reference": reference_variant,
-                "checks": result.checks, "browser": result.report}
+                "checks": result.checks, "browser": result.report, "webgpu_kernels": kernel_facts}
     if json_output:
         print_json(document)
     else:
-        for line in summary_lines(result):
+        for line in summary_lines(result, kernel_facts):
             typer.echo(line)
     raise typer.Exit(1 if result.failed else 0)
 
@@ -102,10 +105,30 @@ def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict]]:
     return table
 
 
-def summary_lines(result: BrowserResult) -> list[str]:
-    """Per-check lines, per-run browser facts, and a verdict."""
+def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.ndarray], references: dict[str, np.ndarray], progress) -> tuple[list[dict], dict]:
+    """The webgpu-kernels stage on the package's fp16/fp32 variants as shipped (its WebGPU EP
+    options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
+    the defaults."""
+    recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
+    kinds = {output["name"]: output.get("kind", "tensor") for output in manifest["outputs"]}
+    models: dict[str, Path] = {}
+    thresholds: dict[str, dict[str, dict]] = {}
+    for name, variant in manifest["variants"].items():
+        precision = variant.get("precision", "fp32")
+        if precision not in ("fp16", "fp32"):
+            continue
+        models[name] = package / variant["model"]
+        thresholds[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in references}
+    ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
+    return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)
+
+
+def summary_lines(result: BrowserResult, kernel_facts: dict | None = None) -> list[str]:
+    """Per-check lines, per-run browser facts, the webgpu-kernels facts, and a verdict."""
     browser = browser_lines(result.report)
     lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
+    if kernel_facts:
+        lines.extend(webgpu_kernel_lines(kernel_facts))
     counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
     verdict = "FAILED" if result.failed else "PASSED"
     lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable")

@@ -1,8 +1,10 @@
-"""Host checks of each variant against the fp32 reference, and the thresholds the browser checks use."""
+"""Host checks and `webgpu-kernels` checks of each variant against the fp32 reference, and the
+thresholds the browser checks use."""
 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +16,7 @@ from pipeline.precision.kept import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
+from pipeline.verify import webgpu_kernels
 from pipeline.verify.host import HostRun, run_model
 from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
@@ -39,15 +42,21 @@ def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds
                 detail += "; the model has If/Loop/Scan subgraphs, which fp16 conversion does not handle: fold them (repair fold_if) or ship fp32 only (variants = ['fp32'])"
             checks.append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": detail})
             continue
-        for name, expected in reference.items():
-            kind = _kind(recipe, name)
-            threshold = _bounds(variant, name, recipe, "cpu")
-            metrics = compare(expected, run.outputs[name], kind)
-            passed, reason = judge(metrics, threshold)
-            check = {**base, "output": name, "status": "passed" if passed else "failed", "metrics": metrics, "threshold": threshold}
-            if reason:
-                check["detail"] = reason
-            checks.append(check)
+        bounds = {name: _bounds(variant, name, recipe, "cpu") for name in reference}
+        checks.extend(output_checks(base, reference, run.outputs, bounds, {name: _kind(recipe, name) for name in reference}))
+    return checks
+
+
+def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str]) -> list[dict]:
+    """One check per output of `reference`: its figures against `bounds[output]`."""
+    checks = []
+    for name, expected in reference.items():
+        metrics = compare(expected, outputs[name], kinds.get(name, "tensor"))
+        passed, reason = judge(metrics, bounds[name])
+        check = {**base, "output": name, "status": "passed" if passed else "failed", "metrics": metrics, "threshold": bounds[name]}
+        if reason:
+            check["detail"] = reason
+        checks.append(check)
     return checks
 
 
@@ -109,6 +118,80 @@ def threshold_table(variants: list[Variant], reference: dict[str, np.ndarray], r
                 output: webgpu_aware_threshold(bounds, _kind(recipe, output), variant.precision, ep) for output, bounds in browser[name].items()
             }
     return table
+
+
+def webgpu_thresholds(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe) -> dict[str, dict[str, dict]]:
+    """thresholds[variant][output] on WebGPU: the bounds manifest `thresholds.webgpu` records (the
+    browser's, fp16 widened for fp16 accumulation)."""
+    from pipeline.verify.browser.harness import webgpu_aware_threshold
+
+    browser = browser_thresholds(variants, reference, recipe)
+    return {v.name: {name: webgpu_aware_threshold(bounds, _kind(recipe, name), v.precision, "webgpu") for name, bounds in browser[v.name].items()} for v in variants}
+
+
+@dataclass
+class KernelOutcome:
+    checks: list[dict] = field(default_factory=list)  # report.json checks, stage "webgpu-kernels"
+    facts: dict | None = None  # report.json "webgpu_kernels"
+    ep_options: dict = field(default_factory=dict)  # the WebGPU EP options the checks settled on
+    steps: list[dict] = field(default_factory=list)
+
+
+def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, progress: Progress, model_files: dict[str, Path], ep_options: dict) -> KernelOutcome:
+    """The build's `webgpu-kernels` stage on the fp16/fp32 variants, with the WebGPU bounds.
+    `ep_options` are the package's WebGPU EP options; the outcome's are those plus a layout that
+    fixed a failure."""
+    float_variants = [v for v in variants if v.precision in ("fp16", "fp32")]
+    if not float_variants:
+        return KernelOutcome(ep_options=dict(ep_options))
+    models = {v.name: model_files[v.name] for v in float_variants}
+    kinds = {name: _kind(recipe, name) for name in reference}
+    checks, facts = webgpu_kernel_checks(models, reference, feeds, webgpu_thresholds(float_variants, reference, recipe), kinds, progress, ep_options)
+    steps = [{"name": "layout", "changed": True, "records": [facts["layout"]]}] if "layout" in facts else []
+    return KernelOutcome(checks, facts, facts["ep_options"], steps)
+
+
+def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict | None = None, retry_layout: bool = True) -> tuple[list[dict], dict]:
+    """The `webgpu-kernels` stage: each variant in `models` on onnxruntime's WebGPU kernels outside
+    the browser, on lavapipe, against `thresholds[variant][output]`. Returns the checks and the
+    stage's facts (adapter, EP options; per variant: nodes on WebGPU, CPU fallback, times).
+
+    As in the browser, a failure under the EP's default NHWC layout is retried with
+    `preferredLayout: NCHW` (onnxruntime's NHWC transform breaks some real graphs' Conv, GTCRN's
+    among them); when that passes, it is the result and facts["layout"] says why. `pack verify`
+    checks a package as shipped (`retry_layout=False`)."""
+    ep_options = dict(ep_options or {})
+    reason = webgpu_kernels.unavailable_reason()
+    facts: dict = {"description": webgpu_kernels.DESCRIPTION, "adapter": webgpu_kernels.adapter_name() if reason is None else None, "ep_options": ep_options, "runs": {}}
+    if reason:
+        return [{"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": v, "status": "skipped", "metrics": {}, "threshold": {}, "detail": f"not available: {reason}"} for v in models], facts
+    checks, facts["runs"] = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, ep_options)
+    failed = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in checks if c["status"] == "failed"]
+    if failed and retry_layout and "preferredLayout" not in ep_options:
+        progress.note(f"{webgpu_kernels.STAGE}: failed with the NHWC layout; trying preferredLayout NCHW")
+        nchw = {**ep_options, "preferredLayout": "NCHW"}
+        retry, runs = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw)
+        if not any(c["status"] == "failed" for c in retry):
+            checks, facts["runs"], facts["ep_options"] = retry, runs, nchw
+            facts["layout"] = {"what": "webgpu preferredLayout NCHW: passes on webgpu-kernels where NHWC failed", "nhwc_failures": failed}
+    return checks, facts
+
+
+def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict) -> tuple[list[dict], dict]:
+    checks: list[dict] = []
+    runs: dict = {}
+    for variant, model_path in models.items():
+        base = {"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": variant}
+        progress.note(f"{webgpu_kernels.STAGE} check {variant}: {webgpu_kernels.DESCRIPTION}")
+        run = webgpu_kernels.run_on_webgpu(model_path, feeds, ep_options)
+        runs[variant] = {"webgpu_nodes": run.webgpu_nodes, "cpu_fallback_nodes": run.cpu_fallback_nodes, **run.timings_ms}
+        if run.not_verifiable:
+            checks.append({**base, "status": "not-verifiable", "metrics": {}, "threshold": {}, "detail": run.not_verifiable})
+        elif run.outputs is None:
+            checks.append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": run.error or "no outputs"})
+        else:
+            checks.extend(output_checks(base, reference, run.outputs, thresholds[variant], kinds))
+    return checks, runs
 
 
 def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> Callable[[Path], tuple[bool, str]]:

@@ -41,8 +41,10 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def _run_key(model_path: Path, feeds: dict[str, np.ndarray]) -> str:
-    digest = hashlib.sha256(f"{metadata.version('onnxruntime')}|".encode())
+def _run_key(model_path: Path, feeds: dict[str, np.ndarray], salt: str = "") -> str:
+    """Cache key of one run: onnxruntime's version, `salt` (what else decides the result), the
+    model's bytes and the feeds."""
+    digest = hashlib.sha256(f"{metadata.version('onnxruntime')}|{salt}".encode())
     with model_path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
