@@ -15,7 +15,7 @@ from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
-from pipeline.runtime import resolve_runtime
+from pipeline.runtime import recipe_runtime
 
 
 def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, recipe: Recipe, outputs: bool) -> list[dict]:
@@ -64,7 +64,7 @@ def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds:
     sample = add_hashed_file(staging, "sample", ".bin", data, progress)
     files.append(sample)
 
-    runtime = resolve_runtime(recipe.runtime_version, progress)
+    runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
     needed = {"webgpu" if "webgpu" in chain else "wasm" for chain in recipe.chains.values()}
     bundles = {}
     for key in sorted(needed):

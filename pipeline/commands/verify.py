@@ -19,8 +19,9 @@ import typer
 from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.commands.summary import MARKS, browser_lines, check_line
 from pipeline.errors import PackError
-from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
-from pipeline.verify.browser.package import load_manifest
+from pipeline.dtypes import NUMPY_DTYPES
+from pipeline.verify.browser.harness import BrowserResult, verify_in_browser
+from pipeline.verify.browser.plan import load_manifest
 from pipeline.verify.host import reference_outputs
 from pipeline.verify.thresholds import threshold_for
 

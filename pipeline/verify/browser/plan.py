@@ -1,4 +1,9 @@
-"""What a built package asks the browser checks to run: its manifest and the (bundle, EP, variant) plan."""
+"""What a built package asks the browser checks to run: its manifest and the (bundle, EP, variant) plan.
+
+Every variant an EP can be asked for is planned, not only the ones a chain picks by default: the
+loader takes any variant on any EP (`load({variant})`), so wasm x fp16 runs too, on each bundle the
+package ships for a chain with that EP.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ _REQUIRED_KEYS = ("variants", "variantFor", "outputs", "sample", "runtime", "exe
 
 
 @dataclass
-class BrowserRun:
+class PlannedRun:
     bundle: str  # the runtime bundle the chain loads: 'webgpu' or 'wasm'
     ep: str
     variant: str
-    platforms: list[str] = field(default_factory=list)  # the platform chains that reach this run
+    platforms: list[str] = field(default_factory=list)  # the platform chains whose bundle and EP this is
+    default: bool = False  # some chain picks this variant for this EP by default (variantFor)
 
 
 def load_manifest(package_dir: Path) -> dict:
@@ -38,9 +44,10 @@ def chain_bundle(chain: list[str]) -> str:
     return "webgpu" if "webgpu" in chain else "wasm"
 
 
-def plan_runs(manifest: dict) -> list[BrowserRun]:
-    """One run per distinct (bundle, EP, variant) that some platform chain can reach, webgpu bundle first."""
-    runs: dict[tuple[str, str, str], BrowserRun] = {}
+def plan_runs(manifest: dict) -> list[PlannedRun]:
+    """One run per distinct (bundle, EP, variant) a platform chain can be asked for: webgpu bundle
+    first, then webgpu EP first, then the variants in variantFor order, then the other variants."""
+    runs: dict[tuple[str, str, str], PlannedRun] = {}
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
         if bundle not in manifest["runtime"].get("bundles", {}):
@@ -52,7 +59,12 @@ def plan_runs(manifest: dict) -> list[BrowserRun]:
             for variant in variants:
                 if variant not in manifest["variants"]:
                     raise PackError(f"manifest.json: variantFor[{ep!r}] names unknown variant {variant!r}; rebuild the package")
-                run = runs.setdefault((bundle, ep, variant), BrowserRun(bundle, ep, variant))
-                run.platforms.append(platform)
+            others = [name for name in manifest["variants"] if name not in variants]
+            for variant in [*variants, *others]:
+                run = runs.setdefault((bundle, ep, variant), PlannedRun(bundle, ep, variant))
+                if platform not in run.platforms:
+                    run.platforms.append(platform)
+                run.default = run.default or variant in variants
     order = {"webgpu": 0, "wasm": 1}
-    return sorted(runs.values(), key=lambda run: (order.get(run.bundle, 2), order.get(run.ep, 2)))
+    # sorted() is stable: within one (bundle, EP) the variants keep the order above
+    return sorted(runs.values(), key=lambda run: (order.get(run.bundle, 2), order.get(run.ep, 2), not run.default))
