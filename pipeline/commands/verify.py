@@ -3,7 +3,8 @@
 The reference is recomputed on the host from the package itself (its fp32 variant on onnxruntime
 CPU, fed the package's sample), and each check keeps the threshold the build recorded in
 report.json (recipe overrides included); without a report the defaults apply. The package is not
-modified: the result goes to stdout.
+modified: the result goes to stdout. `--runtime A --runtime B` runs the same package on other
+onnxruntime-web builds (npm versions, dev builds, local builds) and prints them side by side.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.commands.summary import MARKS, browser_lines, check_line
 from pipeline.errors import PackError
 from pipeline.dtypes import NUMPY_DTYPES
+from pipeline.runtime import runtime_from_option
+from pipeline.verify.browser.chromium import launch_browser
 from pipeline.verify.browser.harness import BrowserResult, verify_in_browser
 from pipeline.verify.browser.plan import load_manifest
 from pipeline.verify.host import reference_outputs
@@ -34,26 +37,47 @@ def verify(
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter (verifies fp16 on WebGPU where the GPU has shader-f16).")] = False,
     bundle: Annotated[Optional[str], typer.Option("--bundle", help="Diagnostic: run every check on this bundle of the installed onnxruntime-web instead of the shipped one (webgpu, wasm, or root = the JSEP build pack never ships).")] = None,
     watchdog_ms: Annotated[Optional[int], typer.Option("--watchdog-ms", min=1000, help="Per-stage time limit in the browser; default: the manifest's loader.watchdogMs.")] = None,
+    runtime: Annotated[Optional[list[str]], typer.Option("--runtime", help="Run on this onnxruntime-web instead of the shipped one: an exact npm version (dev builds too) or a local build's folder. Repeat to compare runtimes side by side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print checks and browser facts as JSON; no progress output.")] = False,
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM (exit 1 when a check fails)."""
     with cli_errors():
         progress = progress_for(json_output)
         manifest = load_manifest(package)
+        runtimes = [runtime_from_option(value, "--runtime", progress) for value in runtime or []]
+        labels = [rt.label for rt in runtimes]
+        if len(set(labels)) != len(labels):
+            raise PackError(f"--runtime: the same runtime twice ({', '.join(labels)}); give different ones")
         feeds = sample_feeds(package, manifest)
         reference_variant, reference_path = reference_model(package, manifest)
         progress.note(f"reference: {reference_path.name} on onnxruntime CPU")
         references = reference_outputs(reference_path, feeds)
         thresholds = recorded_thresholds(package, manifest)
-        result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
-    document = {"name": manifest.get("name"), "passed": not result.failed, "reference": reference_variant,
-                "checks": result.checks, "browser": result.report}
+        if not runtimes:
+            result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
+        else:
+            results = {}
+            with launch_browser(gpu=gpu) as browser:
+                for chosen in runtimes:
+                    progress.note(f"onnxruntime-web {chosen.label}")
+                    results[chosen.label] = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle,
+                                                              watchdog_ms=watchdog_ms, browser=browser, runtime=chosen)
+    if runtimes:
+        failed = any(r.failed for r in results.values())
+        document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
+                    "runtimes": [{"runtime": label, "passed": not r.failed, "checks": r.checks, "browser": r.report} for label, r in results.items()]}
+        lines = side_by_side_lines(results)
+    else:
+        failed = result.failed
+        document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
+                    "checks": result.checks, "browser": result.report}
+        lines = summary_lines(result)
     if json_output:
         print_json(document)
     else:
-        for line in summary_lines(result):
+        for line in lines:
             typer.echo(line)
-    raise typer.Exit(1 if result.failed else 0)
+    raise typer.Exit(1 if failed else 0)
 
 
 def sample_feeds(package: Path, manifest: dict) -> dict[str, np.ndarray]:
@@ -114,6 +138,43 @@ def recorded_thresholds(package: Path, manifest: dict) -> dict[str, dict[str, di
             bounds = recorded.get((variant, output["name"])) or threshold_for(kind, spec.get("precision", "fp32"), "wasm")
             table[variant][output["name"]] = bounds
     return table
+
+
+def side_by_side_lines(results: dict[str, BrowserResult]) -> list[str]:
+    """Several runtimes on one package: each check once per runtime, then a speed table
+    (production settings: session create / first run / median steady run, in ms)."""
+    first = next(iter(results.values()))
+    lines = [browser_lines(first.report)[0], "checks:"]
+    width = max(len(label) for label in results)
+    for label, result in results.items():
+        for check in result.checks:
+            lines.append(f"  [{label:<{width}}]{check_line(check)}")
+    run_labels = list(dict.fromkeys(run for result in results.values() for run in result.report["eps"]))
+    column = max(24, width + 2)
+    lines.append("speed (ms, production settings: create / first / steady):")
+    lines.append(f"  {'run':<28}" + "".join(f"{label:<{column}}" for label in results))
+    for run in run_labels:
+        cells = []
+        for result in results.values():
+            figures = result.report["eps"].get(run) or {}
+            times = [figures.get(key) for key in ("session_create_ms", "first_run_ms", "steady_run_ms")]
+            cells.append(" / ".join("-" if t is None else f"{t:.0f}" if t >= 10 else f"{t:.1f}" for t in times)
+                         + ("" if figures.get("status") == "passed" else f" ({figures.get('status')})"))
+        lines.append(f"  {run:<28}" + "".join(f"{cell:<{column}}" for cell in cells))
+    labels = list(results)
+    if len(labels) >= 2:
+        base, other = results[labels[0]].report["eps"], results[labels[1]].report["eps"]
+        for run in run_labels:
+            a, b = (base.get(run) or {}).get("steady_run_ms"), (other.get(run) or {}).get("steady_run_ms")
+            if a and b:
+                lines.append(f"  {run}: {labels[1]} steady is {a / b:.2f}x the speed of {labels[0]}")
+    verdicts = []
+    for label, result in results.items():
+        counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
+        verdicts.append(f"{label}: {'FAILED' if result.failed else 'PASSED'} ({counts['passed']} passed, {counts['failed']} failed, "
+                        f"{counts['not-verifiable']} not verifiable)")
+    lines.append("; ".join(verdicts))
+    return lines
 
 
 def summary_lines(result: BrowserResult) -> list[str]:
