@@ -30,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 from pipeline.errors import PackError  # noqa: E402
 from pipeline.runtime import runtime_from_option  # noqa: E402
 from pipeline.verify.browser import logs  # noqa: E402
-from pipeline.verify.browser.chromium import launch_browser  # noqa: E402
 from pipeline.verify.browser.plan import load_manifest  # noqa: E402
 from pipeline.verify.browser.runner import BrowserRunner  # noqa: E402
 
@@ -111,12 +110,15 @@ def profile_pass(runner: BrowserRunner, options: dict) -> dict:
             "cpu_nodes": [] if options["ep"] == "wasm" else placement.cpu_nodes}
 
 
-def bench_package(browser, package: Path, runtime, args, adapter_holder: dict) -> dict:
+def bench_package(package: Path, runtime, args, facts: dict) -> dict:
+    """One package in its own browser (as `pack verify` runs it): a crashed GPU process or browser
+    ends this package's figures, not the whole benchmark."""
     manifest = load_manifest(package)
     runtimes = {OTHER_RUNTIME: runtime} if runtime is not None else {}
-    with BrowserRunner(package, runtimes=runtimes, browser=browser) as runner:
-        adapter = adapter_holder.get("adapter") or runner.probe_adapter()
-        adapter_holder["adapter"] = adapter
+    with BrowserRunner(package, runtimes=runtimes, gpu=args.gpu) as runner:
+        facts["chromium"] = runner.browser.version
+        adapter = runner.probe_adapter()
+        facts.setdefault("adapter", adapter)
         features = set(adapter.get("features") or [])
         results = []
         for config in configurations(manifest, args.threads):
@@ -131,7 +133,10 @@ def bench_package(browser, package: Path, runtime, args, adapter_holder: dict) -
                 results.append({**config, "skipped": f"the adapter lacks {', '.join(f for f in requires if f not in features)}"})
                 continue
             print(f"  {package.name}: {config['label']} ...", file=sys.stderr, flush=True)
-            results.append(run_config(runner, config, OTHER_RUNTIME if runtime is not None else None, args.pages, args.steady, not args.no_profile))
+            try:
+                results.append(run_config(runner, config, OTHER_RUNTIME if runtime is not None else None, args.pages, args.steady, not args.no_profile))
+            except Exception as error:  # noqa: BLE001 - a closed browser or page: record it, keep the rest
+                results.append({**config, "error": f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"})
     wasm = next((r for r in results if r["ep"] == "wasm" and r.get("steady_ms")), None)
     ratios = {}
     for result in results:
@@ -199,10 +204,9 @@ def main() -> None:
     args = parser.parse_args()
     try:
         runtimes = [runtime_from_option(value) for value in args.runtime] or [None]
-        with launch_browser(gpu=args.gpu) as browser:
-            adapter_holder: dict = {}
-            packages = [bench_package(browser, package, runtime, args, adapter_holder) for runtime in runtimes for package in args.packages]
-            document = {"chromium": browser.version, "gpu": args.gpu, "adapter": adapter_holder.get("adapter") or {}, "packages": packages}
+        facts: dict = {}
+        packages = [bench_package(package, runtime, args, facts) for runtime in runtimes for package in args.packages]
+        document = {"chromium": facts.get("chromium"), "gpu": args.gpu, "adapter": facts.get("adapter") or {}, "packages": packages}
     except PackError as error:
         raise SystemExit(f"error: {error}") from None
     document["measurements"] = measurements(document)

@@ -37,7 +37,8 @@
 #   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/fonts"]           timeout_s 240
 #      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh demo
 # or, for the architecture exports and the per-EP benchmark (docs/gpu.md), prepared here with
-#   bash scripts/gpu_verify.sh bench-prepare DIST [ROOT]   (ROOT: the checkout the device tool sends)
+#   bash scripts/gpu_verify.sh bench-prepare DIST [ROOT]   (ROOT: the checkout the device tool sends, which
+#   is the session's checkout, not a helper's worktree; the code travels in ROOT/.gpu-web/src)
 # calls 1 and 2 as above (without .gpu-web/pkg), then:
 #   3. carry [".gpu-payload/tool", ".gpu-payload/p3", ".whl"]           timeout_s 180
 #      bash .gpu-payload/tool/setup.sh && bash scripts/gpu_verify.sh stash
@@ -290,7 +291,7 @@ EOF
       name=$(basename "$pkg"); t=$(date +%s)
       [ -f "$STASH/verified-$name" ] && continue
       touch "$STASH/verified-$name"
-      timeout "${PACK_GPU_VERIFY_S:-170}" python3 -c 'import typer; from pipeline.commands.verify import verify; typer.run(verify)' \
+      timeout "${PACK_GPU_VERIFY_S:-170}" python3 -P -c 'import typer; from pipeline.commands.verify import verify; typer.run(verify)' \
         "$pkg" --gpu --json >"$OUT/verify-$name.json" 2>"$OUT/verify-$name.err"
       code=$?; [ $code -gt 1 ] && rc=$code
       echo "== pack verify $name --gpu: exit $code in $(( $(date +%s) - t )) s"; tail -c 600 "$OUT/verify-$name.err"
