@@ -24,13 +24,14 @@ import onnx
 from pipeline.assets.package import io_entries, write_package
 from pipeline.assets.samples import make_feeds
 from pipeline.errors import PackError
-from pipeline.graph import passes as graph_passes
+from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
-from pipeline.graph.passes.ir_version import ir_version_cap
+from pipeline.graph.passes.base import PassSettings
 from pipeline.loader.render import render_loader
 from pipeline.precision.variants import Variant, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
+from pipeline.runtime import max_ir_version
 from pipeline.source import resolve_source
 from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks
 from pipeline.verify.host import run_model
@@ -96,23 +97,19 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
 
 
 def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
-    names = list(graph_passes.auto_repairs(model)) if recipe.repairs_auto else []
+    """The repairs detection asks for (unless `repairs.auto = false`) and those the recipe names,
+    in run order, then the IR version cap for the recipe's runtime."""
+    where = recipe.path or "recipe"
+    known = registry.names()
     for name in recipe.repairs:
-        if name not in graph_passes.PASSES:
-            where = recipe.path or "recipe"
-            raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(graph_passes.PASSES))}")
-        if name not in names:
-            names.append(name)
-    steps = []
-    for name in names:
-        result = graph_passes.PASSES[name](model)
-        steps.append(result.as_step(name))
-        model = result.model
-    # Always last, and again on every variant: conversion can raise the IR version too.
-    result = ir_version_cap(model)
-    if result.changed:
-        steps.append(result.as_step(ir_version_cap.name))
-    return result.model, steps
+        if name not in known:
+            raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(known))}")
+    try:
+        max_ir_version(recipe.runtime_version)  # the last pass needs it: refuse before any work
+    except PackError as error:
+        raise PackError(f"{where}: key 'runtime.version': {error}") from None
+    names = registry.auto_repairs(model) if recipe.repairs_auto else []
+    return registry.run_passes(model, [*names, *recipe.repairs], PassSettings(runtime_version=recipe.runtime_version))
 
 
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:

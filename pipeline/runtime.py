@@ -25,6 +25,16 @@ from pipeline.progress import Progress
 PACKAGE = "onnxruntime-web"
 DEFAULT_VERSION = "1.30.0"
 
+# The newest ONNX IR version each onnxruntime-web release loads; it refuses newer ones ("Unsupported
+# model IR version"). Rows are (release, IR version), each measured by creating a wasm session on
+# the same one-node model stamped IR 8..14 in that release under Node (docs/graph.md has the
+# figures); a release between rows reads what the row below it says.
+MAX_IR_VERSIONS: tuple[tuple[tuple[int, int], int], ...] = (
+    ((1, 19), 10), ((1, 20), 10), ((1, 21), 10), ((1, 22), 10),
+    ((1, 23), 11),
+    ((1, 24), 13), ((1, 25), 13), ((1, 26), 13), ((1, 27), 13), ((1, 29), 13), ((1, 30), 13),
+)
+
 # bundle key -> the package.json "exports" subpath of its entry point
 ENTRY_SUBPATHS: dict[str, str] = {"webgpu": "./webgpu", "wasm": "./wasm", "root": "."}
 
@@ -64,6 +74,28 @@ def is_exact_version(version: str) -> bool:
 def recipe_runtime(version: str, path: Path | None, progress: Progress | None = None) -> Runtime:
     """The runtime a recipe ships: its local build (`[runtime] path`) or the npm version."""
     return local_runtime(path) if path is not None else resolve_runtime(version, progress)
+
+
+def max_ir_version(version: str) -> tuple[int, str | None]:
+    """The newest IR version onnxruntime-web `version` loads, and a note when the table has to guess:
+    a release newer than its newest row is assumed to read what that row reads (IR versions only grow)."""
+    match = re.match(r"^(\d+)\.(\d+)\.", version)
+    if match is None:
+        raise PackError(f"runtime version {version!r}: not an exact version; pin one such as {DEFAULT_VERSION!r}")
+    release = (int(match[1]), int(match[2]))
+    oldest, newest = MAX_IR_VERSIONS[0], MAX_IR_VERSIONS[-1]
+    if release < oldest[0]:
+        raise PackError(
+            f"onnxruntime-web {version} is older than {oldest[0][0]}.{oldest[0][1]}, the oldest release whose IR version "
+            f"pack knows; pin {oldest[0][0]}.{oldest[0][1]}.0 or newer"
+        )
+    ir = next(ir for first, ir in reversed(MAX_IR_VERSIONS) if first <= release)
+    if release > newest[0]:
+        return ir, (
+            f"onnxruntime-web {version} is newer than pack's IR table (newest row {newest[0][0]}.{newest[0][1]}: IR {ir}); "
+            f"assumed to read IR {ir}"
+        )
+    return ir, None
 
 
 def cache_dir() -> Path:

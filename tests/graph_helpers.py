@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 import onnxruntime
 
+from pipeline.graph import registry
+
 DATA = Path(__file__).resolve().parent / "data"
 FFC_MODEL = DATA / "ffc_block.onnx"  # torch.fft.rfftn / irfftn as exported by torch 2.13
 FFC_FLIP_MODEL = DATA / "ffc_block_flip.onnx"  # the same block with a torch.flip spectrum completion
@@ -148,3 +150,35 @@ def run_host(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nd
     options.log_severity_level = 3  # stale-shape models warn on purpose
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+def _bytes(model: onnx.ModelProto) -> bytes:
+    return model.SerializeToString(deterministic=True)
+
+
+def assert_repair(name: str, model: onnx.ModelProto, dims: dict[str, int] | None = None) -> onnx.ModelProto:
+    """Run registered repair `name`: it must change the model, keep its numbers, leave its input
+    alone and be idempotent. Returns the repaired model."""
+    repair = registry.get(name)
+    before = _bytes(model)
+    result = repair(model)
+    assert _bytes(model) == before, "the pass mutated its input"
+    assert result.changed and result.records
+    onnx.checker.check_model(result.model)
+    feeds = random_inputs(model, dims)
+    for expected, actual in zip(run_host(model, feeds), run_host(result.model, feeds), strict=True):
+        assert expected.shape == actual.shape
+        np.testing.assert_array_equal(expected, actual)
+    again = repair(result.model)
+    assert not again.changed and again.records == []
+    assert _bytes(again.model) == _bytes(result.model)
+    return result.model
+
+
+def assert_no_op(name: str, model: onnx.ModelProto) -> None:
+    """Registered repair `name` leaves a model without its pattern as it is, and finds nothing to repair in it."""
+    repair = registry.get(name)
+    result = repair(model)
+    assert not result.changed and result.records == []
+    assert _bytes(result.model) == _bytes(model)
+    assert not [h for h in repair.find(model) if h["repair"] == name]

@@ -5,7 +5,8 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs
+from pipeline.graph.passes.cast_retarget import cast_retarget
+from pipeline.graph.passes.detach_consumed_outputs import detach_consumed_outputs
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
@@ -111,17 +112,19 @@ def test_quantized_model_is_detected():
 
 
 def test_ir_version_cap_lowers_onnx_default_and_is_a_no_op_below():
-    from pipeline.graph.passes.ir_version import MAX_RUNTIME_IR_VERSION, ir_version_cap
+    from pipeline.graph.passes.ir_version import ir_version_cap
+    from pipeline.runtime import DEFAULT_VERSION, max_ir_version
 
+    ceiling, _ = max_ir_version(DEFAULT_VERSION)
     model = conv_model()
     model.ir_version = 14  # what onnx 1.23 writes by default
     result = ir_version_cap(model)
-    assert result.changed and result.model.ir_version == MAX_RUNTIME_IR_VERSION and model.ir_version == 14
+    assert result.changed and result.model.ir_version == ceiling and model.ir_version == 14
     assert not ir_version_cap(result.model).changed
     feeds = {"x": np.ones((1, 3, 16, 16), np.float32)}
     np.testing.assert_array_equal(run(result.model, feeds)["y"], run(model, feeds)["y"])
     clean = conv_model()
-    assert clean.ir_version <= MAX_RUNTIME_IR_VERSION and not ir_version_cap(clean).changed
+    assert clean.ir_version <= ceiling and not ir_version_cap(clean).changed
 
 
 def test_upcast_model_converts_again():
@@ -156,7 +159,7 @@ def test_second_conversion_around_blocked_ops_keeps_single_assignment():
 
 
 def test_rename_converter_names_is_idempotent_and_a_no_op_on_clean_models():
-    from pipeline.graph.passes.fp16_ready import rename_converter_names
+    from pipeline.graph.passes.rename_converter_names import rename_converter_names
 
     assert not rename_converter_names(conv_model()).changed
     converted, _ = convert_to_fp16(model_from_text(OUTPUT_ALSO_CONSUMED))

@@ -14,8 +14,9 @@ from graph_helpers import (
     parse,
     shape_if_model,
 )
-from pipeline.graph.hazards import auto_repairs, detect_hazards, fp16_readiness, preferred_layout
-from pipeline.graph.passes import PASSES, auto_repairs as registry_auto_repairs
+from pipeline.graph import registry
+from pipeline.graph.hazards import detect_hazards, fp16_readiness, preferred_layout
+from pipeline.graph.registry import auto_repairs
 
 
 def _kinds(model: onnx.ModelProto) -> list[tuple[str, str, str | None]]:
@@ -54,7 +55,7 @@ def test_stale_shape_names_the_squeeze_and_every_bundle_ep_pair():
 def test_preferred_layout_is_nchw_only_while_the_stale_rank_remains():
     model = decoder_head_model()
     assert preferred_layout(model) == "NCHW"
-    assert preferred_layout(PASSES["stale_shapes"](model).model) is None
+    assert preferred_layout(registry.get("stale_shapes")(model).model) is None
 
 
 def test_if_conditions_known_from_shapes_are_folded_others_reported():
@@ -63,17 +64,16 @@ def test_if_conditions_known_from_shapes_are_folded_others_reported():
     assert auto_repairs(constant_if_model()) == ["fold_if"]
 
 
-def test_auto_repairs_orders_structure_before_shapes_and_registry_agrees():
+def test_auto_repairs_orders_structure_before_shapes():
     model = decoder_head_model()
     slice_model = neg_slice_model()
     # one model with two patterns: the head and a reversal, side by side
     both = onnx.compose.add_prefix(slice_model, "s_")
     merged = onnx.compose.merge_models(model, both, io_map=[])
     assert auto_repairs(merged) == ["neg_step_slice", "stale_shapes"]
-    assert registry_auto_repairs(merged) == auto_repairs(merged)
     repaired = merged
     for name in auto_repairs(merged):
-        repaired = PASSES[name](repaired).model
+        repaired = registry.get(name)(repaired).model
     assert detect_hazards(repaired) == []
 
 

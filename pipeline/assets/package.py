@@ -11,7 +11,6 @@ from pipeline.assets.files import PackageFile, add_hashed_file
 from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
-from pipeline.graph.passes.ir_version import ir_version_cap
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -56,7 +55,7 @@ def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds:
     model_paths: dict[str, Path] = {}
     variant_entries = {}
     for variant in variants:
-        entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(ir_version_cap(variant.model).model), progress)
+        entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
         files.append(entry)
         model_paths[variant.name] = staging / entry.path
         variant_entries[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}

@@ -14,10 +14,10 @@ from typing import Any
 
 import onnx
 
-from pipeline.graph.hazards import auto_repairs, detect_hazards, fp16_readiness, preferred_layout
-from pipeline.graph.passes import PASSES
 from pipeline.dtypes import onnx_type_name
+from pipeline.graph.hazards import detect_hazards, fp16_readiness, preferred_layout
 from pipeline.graph.passes.util import dims_of
+from pipeline.graph.registry import auto_repairs, run_passes
 
 
 def describe_value(value: onnx.ValueInfoProto) -> dict[str, Any]:
@@ -36,13 +36,8 @@ def _initializer_bytes(tensor: onnx.TensorProto) -> int:
 
 
 def repaired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dict[str, Any]]]:
-    """The model after its automatic repairs, and the report steps of each pass."""
-    steps = []
-    for name in auto_repairs(model):
-        result = PASSES[name](model)
-        model = result.model
-        steps.append(result.as_step(name))
-    return model, steps
+    """The model after its automatic repairs (as `pack build` ships it with the default runtime), and the report steps of each pass."""
+    return run_passes(model, auto_repairs(model))
 
 
 def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
@@ -53,6 +48,7 @@ def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
         (f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type) for node in graph.node
     )
     fixed, _ = repaired(model)
+    hazards = detect_hazards(model)
     return {
         "file": path.name,
         "file_bytes": path.stat().st_size,
@@ -68,10 +64,10 @@ def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
         "ops": dict(sorted(histogram.items(), key=lambda item: (-item[1], item[0]))),
         "inputs": [describe_value(v) for v in graph.input if v.name not in initializer_names],
         "outputs": [describe_value(v) for v in graph.output],
-        "hazards": detect_hazards(model),
+        "hazards": hazards,
         "repairs": auto_repairs(model),
         "webgpu_preferred_layout": {"as_is": preferred_layout(model), "after_repairs": preferred_layout(fixed)},
-        "fp16": fp16_readiness(model),
+        "fp16": fp16_readiness(model, hazards),
     }
 
 

@@ -1,7 +1,8 @@
 """fp16 conversion that survives real models, and the reverse upcast for models shipped as fp16.
 
-`convert_to_fp16` = rename names the converter would reuse → detach consumed outputs → onnxconverter-common (fp32 I/O kept, safe block list)
-→ Cast retarget → topological sort → full onnx.checker. Each step is recorded for report.json.
+`convert_to_fp16` = the "fp16-before" repairs (rename names the converter would reuse, detach consumed
+outputs) → onnxconverter-common (fp32 I/O kept, safe block list) → the "fp16-after" repairs (Cast
+retarget, topological sort) → full onnx.checker. Each step is recorded for report.json.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from onnx import TensorProto, numpy_helper
 from onnxconverter_common import float16
 
 from pipeline.graph.passes.base import PassResult
-from pipeline.graph.passes.fp16_ready import cast_retarget, detach_consumed_outputs, rename_converter_names
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.graph.passes.util import all_graphs
+from pipeline.graph.registry import in_stage, run_passes
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
 # has no fp16 before opset 27, RandomNormalLike draws in its input's type (../shared notes fp16.md).
@@ -44,22 +45,19 @@ def _converter_step(model: onnx.ModelProto, block_list: list[str]) -> PassResult
 def convert_to_fp16(model: onnx.ModelProto, extra_block_list: list[str] = ()) -> tuple[onnx.ModelProto, list[dict]]:
     """Returns (fp16 model, steps). Raises FP16Refused with the reason when it cannot be done."""
     block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
-    steps = []
-    result = PassResult(model, False)
-    for repair in (rename_converter_names, detach_consumed_outputs):
-        result = repair(result.model)
-        steps.append(result.as_step(repair.name))
-    result = _converter_step(result.model, block_list)
+    # The IR version cap is not run here: the converter keeps its input's IR version, and the
+    # build capped that already.
+    prepared, steps = run_passes(model, in_stage("fp16-before"), finish=False)
+    result = _converter_step(prepared, block_list)
     steps.append(result.as_step("fp16_convert"))
-    for repair in (cast_retarget, topological_sort):
-        result = repair(result.model)
-        steps.append(result.as_step(repair.name))
+    converted, after = run_passes(result.model, in_stage("fp16-after"), finish=False)
+    steps += after
     try:
-        onnx.checker.check_model(result.model, full_check=True)
+        onnx.checker.check_model(converted, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise FP16Refused(f"converted model fails onnx.checker: {str(error).splitlines()[0][:300]}") from None
     steps.append({"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]})
-    return result.model, steps
+    return converted, steps
 
 
 def _upcast_tensor(tensor: onnx.TensorProto) -> None:

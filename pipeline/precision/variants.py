@@ -8,22 +8,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import onnx
 
+import pipeline
 from pipeline.cache import cache_dir
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
 from pipeline.recipe import Recipe
 
-# Cached conversions are keyed by the code that makes them too: editing any of these files, or
-# another onnx / onnxconverter-common, invalidates them without a version to remember to bump.
-_CONVERSION_CODE = ("precision/fp16.py", "graph/passes/fp16_ready.py", "graph/passes/topo_sort.py")
-
+# Cached conversions are keyed by the code that makes them too: every module of these folders and
+# the top-level pipeline modules they import, pack's version, and the onnx libraries' versions.
+# Editing any of them invalidates the cache without a version to remember to bump.
+_CONVERSION_FOLDERS = ("graph", "precision")
+_CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime")
+# `from pipeline.x import ...` / `import pipeline.x` at any indentation (late imports count too).
+_PIPELINE_IMPORT = re.compile(r"^\s*(?:from|import)\s+pipeline\.(\w+)", re.MULTILINE)
 
 
 @dataclass
@@ -35,11 +40,26 @@ class Variant:
     requires: list[str] = field(default_factory=list)
 
 
+def conversion_sources(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> list[Path]:
+    """The files whose text the conversion runs: every .py under the conversion folders, and each
+    top-level pipeline module one of them imports."""
+    sources = sorted(p for folder in _CONVERSION_FOLDERS for p in (package_dir / folder).rglob("*.py"))
+    imported = {name for source in sources for name in _PIPELINE_IMPORT.findall(source.read_text(encoding="utf-8"))}
+    top_level = sorted(package_dir / f"{name}.py" for name in imported if (package_dir / f"{name}.py").is_file())
+    return sources + top_level
+
+
+def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> str:
+    """A hash of the conversion's code (file names and text) and the versions of pack and the onnx libraries."""
+    digest = hashlib.sha256()
+    for source in conversion_sources(package_dir):
+        digest.update(source.relative_to(package_dir).as_posix().encode() + b"\0" + source.read_bytes() + b"\0")
+    versions = [pipeline.__version__, *(metadata.version(name) for name in _CONVERSION_LIBRARIES)]
+    return hashlib.sha256(json.dumps([digest.hexdigest(), versions]).encode()).hexdigest()
+
+
 def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
-    package_dir = Path(__file__).resolve().parent.parent
-    code = hashlib.sha256(b"".join((package_dir / name).read_bytes() for name in _CONVERSION_CODE)).hexdigest()
-    versions = [metadata.version("onnx"), metadata.version("onnxconverter-common")]
-    config = json.dumps([code, versions, source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
+    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
     return hashlib.sha256(config.encode()).hexdigest()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from pipeline.graph.passes.base import PassResult
+from pipeline.graph.passes.base import FP16, PassResult, PassSettings, Repair, hazard
 from pipeline.graph.passes.util import (
     NameMaker,
     constant_values,
@@ -177,51 +177,72 @@ def _outer_references(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-class FoldIf:
-    name = "fold_if"
-
-    def __call__(self, model: onnx.ModelProto) -> PassResult:
-        if not any(n.op_type == "If" for n in model.graph.node):
-            return PassResult(copy_model(model), False, [])
-        repaired = copy_model(model)
-        records: list[dict[str, Any]] = []
-        while True:
-            folded = self._fold_one(repaired, records)
-            if not folded:
-                break
-        if not records:
-            return PassResult(copy_model(model), False, [])
-        return PassResult(repaired, True, records)
-
-    def _fold_one(self, model: onnx.ModelProto, records: list[dict[str, Any]]) -> bool:
-        graph = model.graph
-        shapes = inferred_dims(model)
-        known = constant_values(graph)
-        producers = {o: node for node in graph.node for o in node.output}
-        for index, node in enumerate(graph.node):
-            if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
-                continue
-            condition = evaluate_value(node.input[0], producers, known, shapes, main_opset(model))
-            if condition is None or condition.size != 1:
-                continue
-            taken = bool(condition.reshape(-1)[0])
-            branch = next(a.g for a in node.attribute if a.name == ("then_branch" if taken else "else_branch"))
-            label = node_label(node, index)
-            fresh = NameMaker(graph)
-            nodes, initializers = inline_branch(node, branch, fresh, node.name or f"If{index}")
-            rebuilt = list(graph.node[:index]) + nodes + list(graph.node[index + 1:])
-            del graph.node[:]
-            graph.node.extend(rebuilt)
-            graph.initializer.extend(initializers)
-            _remove_dead_ancestors(graph, {node.input[0]})
-            records.append({
-                "node": label,
-                "what": f"If with a condition known before running folded into its {'then' if taken else 'else'} branch",
-                "condition": taken,
-                "inlined_nodes": len(nodes),
-            })
-            return True
-        return False
+def find(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Every `If` of the main graph: foldable when its condition is known before running."""
+    graph = model.graph
+    if not any(n.op_type == "If" for n in graph.node):
+        return []
+    shapes = inferred_dims(model)
+    known = constant_values(graph)
+    producers = {o: n for n in graph.node for o in n.output}
+    hazards = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "If":
+            continue
+        condition = evaluate_value(node.input[0], producers, known, shapes, main_opset(model))
+        label = node_label(node, index)
+        if condition is not None and condition.size == 1:
+            taken = "then" if bool(condition.reshape(-1)[0]) else "else"
+            hazards.append(hazard(label, "If", "if-known-condition", [FP16], "fold_if",
+                                  f"condition is always {taken == 'then'}: only the {taken} branch runs; fp16 conversion fails on If subgraphs"))
+        else:
+            hazards.append(hazard(label, "If", "if-subgraph", [FP16], None,
+                                  "condition depends on run-time values: fp16 conversion cannot type the branches (TypeInferenceError)"))
+    return hazards
 
 
-fold_if = FoldIf()
+def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
+    if not any(n.op_type == "If" for n in model.graph.node):
+        return PassResult(copy_model(model), False, [])
+    repaired = copy_model(model)
+    records: list[dict[str, Any]] = []
+    while _fold_one(repaired, records):
+        pass
+    if not records:
+        return PassResult(copy_model(model), False, [])
+    return PassResult(repaired, True, records)
+
+
+def _fold_one(model: onnx.ModelProto, records: list[dict[str, Any]]) -> bool:
+    graph = model.graph
+    shapes = inferred_dims(model)
+    known = constant_values(graph)
+    producers = {o: node for node in graph.node for o in node.output}
+    for index, node in enumerate(graph.node):
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        condition = evaluate_value(node.input[0], producers, known, shapes, main_opset(model))
+        if condition is None or condition.size != 1:
+            continue
+        taken = bool(condition.reshape(-1)[0])
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if taken else "else_branch"))
+        label = node_label(node, index)
+        fresh = NameMaker(graph)
+        nodes, initializers = inline_branch(node, branch, fresh, node.name or f"If{index}")
+        rebuilt = list(graph.node[:index]) + nodes + list(graph.node[index + 1:])
+        del graph.node[:]
+        graph.node.extend(rebuilt)
+        graph.initializer.extend(initializers)
+        _remove_dead_ancestors(graph, {node.input[0]})
+        records.append({
+            "node": label,
+            "what": f"If with a condition known before running folded into its {'then' if taken else 'else'} branch",
+            "condition": taken,
+            "inlined_nodes": len(nodes),
+        })
+        return True
+    return False
+
+
+# Structure first: folding removes values that later repairs would otherwise look at.
+fold_if = Repair(name="fold_if", order=10, stage="source", find=find, rewrite=rewrite)

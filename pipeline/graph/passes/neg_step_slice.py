@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from pipeline.graph.passes.base import PassResult
+from pipeline.graph.passes.base import PassResult, PassSettings, Repair, hazard
 from pipeline.graph.passes.util import (
     Dim,
     NameMaker,
@@ -119,69 +119,101 @@ def _pad_nodes(
     return [helper.make_node("Pad", [data], [padded], name=name, pads=full)], [], padded
 
 
-class NegStepSlice:
-    name = "neg_step_slice"
+def find(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Negative-step Slices the root (JSEP) build may get wrong: the provable ones are repairable."""
+    graph = model.graph
+    if main_opset(model) < 10 or not any(n.op_type == "Slice" for n in graph.node):
+        return []
+    values = constant_values(graph)
+    shapes = inferred_dims(model)
+    hazards = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Slice" or len(node.input) < 5 or not node.input[4]:
+            continue
+        label = node_label(node, index)
+        steps = values.get(node.input[4])
+        if steps is None:
+            hazards.append(hazard(label, "Slice", "dynamic-slice-steps", ["root/webgpu"], None,
+                                  "steps are computed at run time; a negative step with an end before index 0 loses the first element on the root (JSEP) build"))
+            continue
+        if not np.any(np.asarray(steps) < 0):
+            continue
+        if node.input[1] not in values or node.input[2] not in values:
+            hazards.append(hazard(label, "Slice", "neg-step-slice-dynamic-bounds", ["root/webgpu"], None,
+                                  "negative step with starts/ends computed at run time: cannot prove them in range for the root (JSEP) build"))
+            continue
+        plan = plan_slice(node, values, shapes.get(node.input[0]))
+        if plan is None:
+            continue
+        detail = "negative-step Slice"
+        if plan.pad_axes:
+            detail += f" ends before index 0 on axis {plan.pad_axes}: the root (JSEP) build on WebGPU drops the first element of that axis"
+        else:
+            detail += " starts outside the axis: the root (JSEP) build clamps bounds differently from the spec"
+        hazards.append(hazard(label, "Slice", "neg-step-slice", ["root/webgpu"], "neg_step_slice", detail))
+    return hazards
 
-    def __call__(self, model: onnx.ModelProto) -> PassResult:
-        graph = model.graph
-        values = constant_values(graph)
-        opset = main_opset(model)
-        if opset < 10 or not any(n.op_type == "Slice" for n in graph.node):
-            return PassResult(copy_model(model), False, [])
-        shapes = inferred_dims(model)
-        plans: dict[int, SlicePlan] = {}
-        for index, node in enumerate(graph.node):
-            if node.op_type != "Slice" or node.domain not in ("", "ai.onnx"):
-                continue
-            dims = shapes.get(node.input[0])
-            plan = plan_slice(node, values, dims)
-            if plan is None or (plan.pad_axes and opset < 18 and dims is None):
-                continue
-            plans[index] = plan
-        if not plans:
-            return PassResult(copy_model(model), False, [])
 
-        repaired = copy_model(model)
-        fresh = NameMaker(repaired.graph)
-        new_nodes: list[onnx.NodeProto] = []
-        records: list[dict[str, Any]] = []
-        for index, node in enumerate(repaired.graph.node):
-            plan = plans.get(index)
-            if plan is None:
-                new_nodes.append(node)
-                continue
-            label = node_label(node, index)
-            base = node.name or f"slice{index}"
-            data = node.input[0]
-            if plan.pad_axes:
-                dims = shapes.get(data)
-                pad_nodes, pad_inits, data = _pad_nodes(data, plan, opset, len(dims) if dims else None, fresh, base)
-                new_nodes.extend(pad_nodes)
-                repaired.graph.initializer.extend(pad_inits)
-            starts = numpy_helper.from_array(np.array(plan.starts, np.int64), fresh(f"{base}_starts"))
-            ends = numpy_helper.from_array(np.array(plan.ends, np.int64), fresh(f"{base}_ends"))
-            repaired.graph.initializer.extend([starts, ends])
-            old = {"starts": _ints(values, node.input[1]), "ends": _ints(values, node.input[2])}
-            rewritten = onnx.NodeProto()
-            rewritten.CopyFrom(node)
-            rewritten.input[0] = data
-            rewritten.input[1] = starts.name
-            rewritten.input[2] = ends.name
-            new_nodes.append(rewritten)
-            records.append({
-                "node": label,
-                "what": "negative-step Slice with out-of-range start/end rewritten in range"
-                + (" after a one-element front Pad" if plan.pad_axes else ""),
-                "axes": plan.axes,
-                "starts": [old["starts"], plan.starts],
-                "ends": [old["ends"], plan.ends],
-                "padded_axes": plan.pad_axes,
-                "dynamic_length": plan.dynamic,
-            })
-        del repaired.graph.node[:]
-        repaired.graph.node.extend(new_nodes)
-        _drop_unused_initializers(repaired.graph, {n for i in plans for n in model.graph.node[i].input[1:3]})
-        return PassResult(repaired, True, records)
+def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
+    graph = model.graph
+    values = constant_values(graph)
+    opset = main_opset(model)
+    if opset < 10 or not any(n.op_type == "Slice" for n in graph.node):
+        return PassResult(copy_model(model), False, [])
+    shapes = inferred_dims(model)
+    plans: dict[int, SlicePlan] = {}
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx"):
+            continue
+        dims = shapes.get(node.input[0])
+        plan = plan_slice(node, values, dims)
+        if plan is None or (plan.pad_axes and opset < 18 and dims is None):
+            continue
+        plans[index] = plan
+    if not plans:
+        return PassResult(copy_model(model), False, [])
+
+    repaired = copy_model(model)
+    fresh = NameMaker(repaired.graph)
+    new_nodes: list[onnx.NodeProto] = []
+    records: list[dict[str, Any]] = []
+    for index, node in enumerate(repaired.graph.node):
+        plan = plans.get(index)
+        if plan is None:
+            new_nodes.append(node)
+            continue
+        label = node_label(node, index)
+        base = node.name or f"slice{index}"
+        data = node.input[0]
+        if plan.pad_axes:
+            dims = shapes.get(data)
+            pad_nodes, pad_inits, data = _pad_nodes(data, plan, opset, len(dims) if dims else None, fresh, base)
+            new_nodes.extend(pad_nodes)
+            repaired.graph.initializer.extend(pad_inits)
+        starts = numpy_helper.from_array(np.array(plan.starts, np.int64), fresh(f"{base}_starts"))
+        ends = numpy_helper.from_array(np.array(plan.ends, np.int64), fresh(f"{base}_ends"))
+        repaired.graph.initializer.extend([starts, ends])
+        old = {"starts": _ints(values, node.input[1]), "ends": _ints(values, node.input[2])}
+        rewritten = onnx.NodeProto()
+        rewritten.CopyFrom(node)
+        rewritten.input[0] = data
+        rewritten.input[1] = starts.name
+        rewritten.input[2] = ends.name
+        new_nodes.append(rewritten)
+        records.append({
+            "node": label,
+            "what": "negative-step Slice with out-of-range start/end rewritten in range"
+            + (" after a one-element front Pad" if plan.pad_axes else ""),
+            "axes": plan.axes,
+            "starts": [old["starts"], plan.starts],
+            "ends": [old["ends"], plan.ends],
+            "padded_axes": plan.pad_axes,
+            "dynamic_length": plan.dynamic,
+        })
+    del repaired.graph.node[:]
+    repaired.graph.node.extend(new_nodes)
+    _drop_unused_initializers(repaired.graph, {n for i in plans for n in model.graph.node[i].input[1:3]})
+    return PassResult(repaired, True, records)
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:
@@ -193,4 +225,4 @@ def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> N
     graph.initializer.extend(keep)
 
 
-neg_step_slice = NegStepSlice()
+neg_step_slice = Repair(name="neg_step_slice", order=20, stage="source", find=find, rewrite=rewrite)

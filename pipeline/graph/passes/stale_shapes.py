@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx
 
-from pipeline.graph.passes.base import PassResult
+from pipeline.graph.passes.base import BUNDLE_EPS, PassResult, PassSettings, Repair, hazard
 from pipeline.graph.passes.util import (
     Dim,
     all_graphs,
@@ -85,21 +85,38 @@ def find_stale_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dic
     return inferred, records
 
 
-class StaleShapes:
-    name = "stale_shapes"
+def find(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """One hazard per recorded shape that inference contradicts."""
+    _, records = find_stale_shapes(model)
+    ops = {o: n.op_type for n in model.graph.node for o in n.output}
+    hazards = []
+    for record in records:
+        recorded, inferred = record["recorded"], record["inferred"]
+        rank_differs = recorded is not None and inferred is not None and len(recorded) != len(inferred)
+        detail = f"{record['where']} of '{record['value']}' records shape {recorded}, the node computes {inferred}"
+        if rank_differs:
+            detail += (
+                ": onnxruntime-web refuses the session ('Mismatch between number of inferred and declared"
+                " dimensions') and the NHWC layout transform pushes a rank-"
+                f"{len(recorded)} Transpose onto it"
+            )
+        hazards.append(hazard(record["node"], ops.get(record["value"], "?"), "stale-shape", list(BUNDLE_EPS), "stale_shapes", detail))
+    return hazards
 
-    def __call__(self, model: onnx.ModelProto) -> PassResult:
-        inferred, records = find_stale_shapes(model)
-        if not records:
-            return PassResult(copy_model(model), False, [])
-        repaired = copy_model(inferred)
-        # Graph outputs are the package's interface: keep each declared output unless it was wrong.
-        wrong_outputs = {r["value"] for r in records if r["where"] == "output"}
-        del repaired.graph.output[:]
-        for declared in model.graph.output:
-            replacement = next((o for o in inferred.graph.output if o.name == declared.name), declared)
-            repaired.graph.output.append(replacement if declared.name in wrong_outputs else declared)
-        return PassResult(repaired, True, records)
+
+def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
+    inferred, records = find_stale_shapes(model)
+    if not records:
+        return PassResult(copy_model(model), False, [])
+    repaired = copy_model(inferred)
+    # Graph outputs are the package's interface: keep each declared output unless it was wrong.
+    wrong_outputs = {r["value"] for r in records if r["where"] == "output"}
+    del repaired.graph.output[:]
+    for declared in model.graph.output:
+        replacement = next((o for o in inferred.graph.output if o.name == declared.name), declared)
+        repaired.graph.output.append(replacement if declared.name in wrong_outputs else declared)
+    return PassResult(repaired, True, records)
 
 
-stale_shapes = StaleShapes()
+# Shapes last: the structural repairs before it add and remove values, and this re-infers them all.
+stale_shapes = Repair(name="stale_shapes", order=30, stage="source", find=find, rewrite=rewrite)

@@ -1,0 +1,227 @@
+"""The repair registry: discovery of the repair modules, a repair added from outside the folder
+running end to end (detection, the build's repair stage, `pack inspect`), the runner's order and
+its last stage, the IR version table, and the fp16 conversion cache key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from graph_helpers import assert_no_op, assert_repair, clean_conv_model, neg_slice_model, parse
+from pipeline.build import _repair
+from pipeline.cli import app
+from pipeline.errors import PackError
+from pipeline.graph import registry
+from pipeline.graph.hazards import detect_hazards
+from pipeline.graph.passes.base import PassSettings
+from pipeline.precision.variants import conversion_code_key, conversion_sources
+from pipeline.recipe import Recipe
+from pipeline.runtime import MAX_IR_VERSIONS, max_ir_version
+
+PASSES_DIR = Path(registry.__file__).resolve().parent / "passes"
+
+# A repair written the way a contributor adds one: a module with one Repair, nothing else to edit.
+DOUBLE_NEG = '''
+"""Neg(Neg(x)) is x."""
+from pipeline.graph.passes.base import BUNDLE_EPS, PassResult, Repair, hazard
+from pipeline.graph.passes.util import copy_model, node_label
+
+
+def _pairs(graph):
+    producers = {o: n for n in graph.node for o in n.output}
+    return [(i, n) for i, n in enumerate(graph.node)
+            if n.op_type == "Neg" and producers.get(n.input[0]) is not None and producers[n.input[0]].op_type == "Neg"]
+
+
+def find(model):
+    return [hazard(node_label(n, i), "Neg", "double-neg", list(BUNDLE_EPS), "double_neg", "two Negs in a row")
+            for i, n in _pairs(model.graph)]
+
+
+def rewrite(model, settings):
+    pairs = _pairs(model.graph)
+    if not pairs:
+        return PassResult(model, False)
+    model = copy_model(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    records = []
+    for index, _ in pairs:
+        node = model.graph.node[index]
+        node.op_type = "Identity"
+        node.input[0] = producers[node.input[0]].input[0]
+        records.append({"node": node_label(node, index), "what": "Neg(Neg(x)) -> Identity(x)"})
+    return PassResult(model, True, records)
+
+
+double_neg = Repair(name="double_neg", order=15, stage="source", find=find, rewrite=rewrite)
+'''
+
+
+def _double_neg_model() -> onnx.ModelProto:
+    return parse("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+  a = Neg (x)
+  b = Neg (a)
+  y = Relu (b)
+}""")
+
+
+def _package(tmp_path: Path, name: str, modules: dict[str, str]) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    for module, text in modules.items():
+        (folder / f"{module}.py").write_text(textwrap.dedent(text))
+    return name
+
+
+@pytest.fixture
+def extra_package(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield lambda name, modules: _package(tmp_path, name, modules)
+    for module in [m for m in sys.modules if m.startswith("extra_")]:
+        del sys.modules[module]
+
+
+def test_every_module_in_the_passes_folder_is_a_registered_repair_in_run_order():
+    modules = {p.stem for p in PASSES_DIR.glob("*.py")} - {"__init__"} - registry.HELPER_MODULES
+    assert {r.rewrite.__module__.rsplit(".", 1)[1] for r in registry.repairs()} == modules
+    orders = [r.order for r in registry.repairs()]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    assert registry.repairs()[-1].name == "ir_version_cap" and registry.repairs()[-1].stage == "last"
+    assert [r.name for r in registry.in_stage("source")] == ["fold_if", "neg_step_slice", "stale_shapes"]
+
+
+def test_a_repair_added_as_one_module_runs_end_to_end(extra_package, monkeypatch, tmp_path):
+    package = extra_package("extra_repairs", {"double_neg": DOUBLE_NEG})
+    assert [r.name for r in registry.discover(package)] == ["double_neg"]
+    monkeypatch.setattr(registry, "repairs", lambda: registry.discover(registry.PACKAGE, package))
+    model = _double_neg_model()
+
+    assert_repair("double_neg", model)
+    assert_no_op("double_neg", clean_conv_model())
+    assert [(h["node"], h["hazard"], h["repair"]) for h in detect_hazards(model)] == [("Neg#1", "double-neg", "double_neg")]
+    assert registry.auto_repairs(model) == ["double_neg"]
+
+    repaired, steps = _repair(model, Recipe(name="neg"))
+    assert [s["name"] for s in steps] == ["double_neg"] and steps[0]["changed"]
+    assert [n.op_type for n in repaired.graph.node] == ["Neg", "Identity", "Relu"]
+
+    path = tmp_path / "neg.onnx"
+    onnx.save(model, path)
+    result = CliRunner().invoke(app, ["inspect", str(path), "--no-browser", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["repairs"] == ["double_neg"]
+
+
+def test_discovery_refuses_modules_that_break_the_rules(extra_package):
+    empty = extra_package("extra_empty", {"nothing": "X = 1\n"})
+    with pytest.raises(registry.RegistryError, match="extra_empty.nothing: a repair module defines exactly one Repair, found 0"):
+        registry.discover(empty)
+    clash = extra_package("extra_clash", {"double_neg": DOUBLE_NEG, "other": DOUBLE_NEG.replace('name="double_neg"', 'name="other"')})
+    with pytest.raises(registry.RegistryError, match="share the order 15"):
+        registry.discover(clash)
+    twice = extra_package("extra_twice", {"fold_if": DOUBLE_NEG.replace('name="double_neg"', 'name="fold_if"')})
+    with pytest.raises(registry.RegistryError, match="repairs 'fold_if' and 'fold_if' share the name"):
+        registry.discover(registry.PACKAGE, twice)
+
+
+def test_run_passes_sorts_dedupes_and_always_finishes_with_the_ir_cap():
+    model = neg_slice_model()
+    model.ir_version = 14
+    repaired, steps = registry.run_passes(model, ["stale_shapes", "neg_step_slice", "neg_step_slice"])
+    assert [s["name"] for s in steps] == ["neg_step_slice", "stale_shapes", "ir_version_cap"]
+    assert repaired.ir_version == 13 and model.ir_version == 14
+    _, unfinished = registry.run_passes(model, ["neg_step_slice"], finish=False)
+    assert [s["name"] for s in unfinished] == ["neg_step_slice"]
+    _, clean = registry.run_passes(neg_slice_model(), [])
+    assert clean == []  # the cap records a step only when it changes something or has a note
+    with pytest.raises(KeyError, match="unknown repair 'nope'; known: .*fold_if"):
+        registry.run_passes(model, ["nope"])
+
+
+def test_ir_table_rows_and_lookups():
+    releases = [release for release, _ in MAX_IR_VERSIONS]
+    assert releases == sorted(releases) and [ir for _, ir in MAX_IR_VERSIONS] == sorted(ir for _, ir in MAX_IR_VERSIONS)
+    assert max_ir_version("1.20.1") == (10, None)
+    assert max_ir_version("1.22.0") == (10, None)
+    assert max_ir_version("1.23.0") == (11, None)
+    assert max_ir_version("1.30.0") == (13, None)
+    assert max_ir_version("1.28.0") == (13, None)  # between rows: the row below
+    ir, note = max_ir_version("1.31.0")
+    assert ir == 13 and "newer than pack's IR table" in note
+    with pytest.raises(PackError, match="onnxruntime-web 1.18.0 is older than 1.19"):
+        max_ir_version("1.18.0")
+
+
+def test_the_build_caps_the_ir_version_for_the_recipe_runtime_and_notes_a_guess():
+    model = clean_conv_model()
+    model.ir_version = 14
+    capped, steps = _repair(model, Recipe(name="m", runtime_version="1.22.0"))
+    assert capped.ir_version == 10
+    assert steps == [{"name": "ir_version_cap", "changed": True, "records": [{"what": "IR version 14 -> 10 (onnxruntime-web 1.22.0 reads up to 10)"}]}]
+    newer, steps = _repair(clean_conv_model(), Recipe(name="m", runtime_version="1.31.0"))
+    step, = steps
+    assert step["name"] == "ir_version_cap" and not step["changed"] and "assumed to read IR 13" in step["records"][0]["what"]
+    # the cap never goes below what the opsets need: opset 17 needs IR 8
+    assert registry.get("ir_version_cap")(model, PassSettings(runtime_version="1.20.0")).model.ir_version == 10
+
+
+def test_conversion_key_follows_every_module_the_conversion_imports(tmp_path):
+    package_dir = Path(registry.__file__).resolve().parent.parent
+    copy = tmp_path / "pipeline"
+    shutil.copytree(package_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    names = {p.relative_to(copy).as_posix() for p in conversion_sources(copy)}
+    assert {"graph/passes/util.py", "graph/passes/base.py", "graph/registry.py", "precision/fp16.py", "runtime.py"} <= names
+    key = conversion_code_key(copy)
+    assert key == conversion_code_key(copy)
+    for edited in ("graph/passes/util.py", "graph/passes/base.py", "runtime.py"):
+        path = copy / edited
+        original = path.read_text()
+        path.write_text(original + "\n# edited\n")
+        assert conversion_code_key(copy) != key, edited
+        path.write_text(original)
+    assert conversion_code_key(copy) == key
+    (copy / "publish" / "plan.py").write_text("# not part of the conversion\n")
+    assert conversion_code_key(copy) == key
+
+
+def test_fp16_conversion_keeps_the_ir_version_the_build_capped():
+    """The build caps once, before conversion; the shipped fp16 variant relies on this."""
+    from pipeline.precision.fp16 import convert_to_fp16
+
+    model = clean_conv_model()
+    capped, _ = _repair(model, Recipe(name="m", runtime_version="1.20.0"))
+    capped.ir_version = 10
+    converted, steps = convert_to_fp16(capped)
+    assert converted.ir_version == 10
+    assert [s["name"] for s in steps] == [
+        "rename_converter_names", "detach_consumed_outputs", "fp16_convert", "cast_retarget", "topological_sort", "onnx_checker",
+    ]
+
+
+@pytest.mark.parametrize(
+    "recipe_tail, message",
+    [
+        ('[repairs]\npasses = ["nope"]\n', "m.toml: key 'repairs.passes': unknown repair 'nope'; known: cast_retarget, detach_consumed_outputs, fold_if"),
+        ('[runtime]\nversion = "1.18.0"\n', "m.toml: key 'runtime.version': onnxruntime-web 1.18.0 is older than 1.19, the oldest release"),
+    ],
+    ids=["unknown-repair", "runtime-older-than-the-ir-table"],
+)
+def test_build_refuses_what_the_registry_cannot_run_with_one_error_line(tmp_path, recipe_tail, message):
+    onnx.save(clean_conv_model(), tmp_path / "m.onnx")
+    recipe = tmp_path / "m.toml"
+    recipe.write_text('source.uri = "m.onnx"\n' + recipe_tail)
+    result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser", "--out", str(tmp_path / "dist")])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], result.output
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
