@@ -36,7 +36,9 @@ def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
         key=lambda r: (r["bundle"], r["ep"], r["variant"]),
     )
     assert [(r["bundle"], r["ep"], r["variant"]) for r in runs] == [
+        ("wasm", "wasm", "fp16"),  # every variant on every EP: wasm x fp16 too
         ("wasm", "wasm", "fp32"),
+        ("webgpu", "wasm", "fp16"),
         ("webgpu", "wasm", "fp32"),
         ("webgpu", "webgpu", "fp16"),
         ("webgpu", "webgpu", "fp32"),
