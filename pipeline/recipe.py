@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.dtypes import TYPES
 from pipeline.errors import PackError
 from pipeline.runtime import DEFAULT_VERSION as DEFAULT_RUNTIME
 from pipeline.runtime import is_exact_version, local_runtime
 from pipeline.verify.metrics import OUTPUT_KINDS
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
+DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
 VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
 PLATFORMS = ("desktop", "apple-mobile", "android")

@@ -203,7 +203,10 @@ def _verify_run(
         gpu_error_list = [] if stuck else page.gpu_errors()
         console = list(page.watch.lines)
         verbose = sum(1 for line in console if logs.is_verbose(line))
-        profiled = _profile_pass(page, options, watchdog_ms) if profile and outcome.get("ok") else None
+        # the profile pass costs a second session: where placement matters (webgpu) and on the runs a
+        # chain picks by default; a non-default wasm variant (wasm x fp16) is only checked and timed
+        wanted = profile and outcome.get("ok") and (planned.ep == "webgpu" or planned.default)
+        profiled = _profile_pass(page, options, watchdog_ms) if wanted else None
     finally:
         page.close()
 
