@@ -26,11 +26,13 @@ def inspect(
 ) -> None:
     """Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback."""
     from pipeline.graph.inspect import human_lines, inspect_model, repaired
+    from pipeline.precision.readiness import fp16_readiness
 
     with cli_errors():
         progress = progress_for(json_output)
         model = load_model(model_path)
         document = inspect_model(model_path, model)
+        document["fp16"] = fp16_readiness(model, document["hazards"])
         document["cpu_fallback"] = None
         if not no_browser:
             from pipeline.runtime import runtime_from_option

@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 
 from pipeline.dtypes import onnx_type_name
-from pipeline.graph.hazards import detect_hazards, fp16_readiness, preferred_layout
+from pipeline.graph.hazards import detect_hazards, preferred_layout
 from pipeline.graph.passes.util import dims_of
 from pipeline.graph.registry import auto_repairs, run_passes
 
@@ -41,7 +41,8 @@ def repaired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dict[str, An
 
 
 def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
-    """The host-side inspection document (`pack inspect --no-browser --json`)."""
+    """The graph facts of the inspection document (`pack inspect --no-browser --json`); the command
+    adds "fp16" (pipeline/precision/readiness.py) and "cpu_fallback" (verify/browser/models.py)."""
     graph = model.graph
     initializer_names = {i.name for i in graph.initializer}
     histogram = Counter(
@@ -67,7 +68,6 @@ def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
         "hazards": hazards,
         "repairs": auto_repairs(model),
         "webgpu_preferred_layout": {"as_is": preferred_layout(model), "after_repairs": preferred_layout(fixed)},
-        "fp16": fp16_readiness(model, hazards),
     }
 
 
