@@ -1,8 +1,9 @@
 """`pack build`: recipe → repaired, converted, verified, compressed package in dist/<name>/.
 
-Stages run in pipeline order; each records a step or checks in the report. The package is
-assembled in a temporary folder beside its destination and renamed into place at the end, so a
-build that stops on bad input (PackError, exit 2) leaves nothing half-written.
+Stages run in pipeline order, one function each, and return what they found (steps, checks); the
+report and the manifest are made from those once, at the end. The package is assembled in a
+temporary folder beside its destination and renamed into place at the end, so a build that stops
+on bad input (PackError, exit 2) leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -11,29 +12,37 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import numpy as np
 import onnx
 
-from pipeline.assets.package import io_entries, write_package
+from pipeline.assets.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
+from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
+from pipeline.cache import make_staging_dir
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.loader.render import render_loader
-from pipeline.precision.variants import Variant, make_variants
+from pipeline.lockfile import lock_for
+from pipeline.precision.detect import detect_precision
+from pipeline.precision.kept import Fp16Context
+from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.runtime import max_ir_version
-from pipeline.source import resolve_source
-from pipeline.verify.checks import browser_thresholds, host_checks, self_reference_checks
+from pipeline.source import is_url, resolve_source
+from pipeline.verify.browser.plan import plan_runs
+from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table
 from pipeline.verify.host import run_model
 
 
@@ -47,6 +56,7 @@ class BuildOptions:
     out_dir: Path = Path("dist")
     browser: bool = True
     gpu: bool = False
+    lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
 
 
 @dataclass
@@ -71,16 +81,20 @@ class Timer:
         try:
             yield
         finally:
-            self.timings[f"{name}_s"] = round(time.perf_counter() - start, 3)
+            key = f"{name}_s"  # a stage entered twice (assets) adds up
+            self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
 
 
 def load_build_recipe(options: BuildOptions) -> Recipe:
     recipe_path = find_recipe(options.target)
     if recipe_path is not None:
         recipe = load_recipe_file(recipe_path)
-    elif options.target.endswith(".onnx") or Path(options.target).exists():
-        recipe = recipe_from_model(Path(options.target))
+        if options.source_sha256 and not options.source:
+            raise PackError(f"--sha256 checks --source or a model given as the target; for recipe {recipe_path} set its key 'source.sha256', or give --source with --sha256")
+    elif is_url(options.target) or options.target.endswith(".onnx") or Path(options.target).exists():
+        recipe = recipe_from_model(Path(urlsplit(options.target).path) if is_url(options.target) else Path(options.target))
         recipe.source = options.target
+        recipe.source_sha256 = options.source_sha256
     else:
         raise PackError(f"'{options.target}': not a built-in recipe, a .toml recipe or an .onnx model; `pack recipes` lists the recipes")
     if options.source:
@@ -125,113 +139,190 @@ def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant]
     return run.outputs
 
 
+def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: Recipe, options: BuildOptions, source_path: Path, progress: Progress) -> Fp16Context:
+    """What the fp16 keep-in-fp32 search needs from the verify stage. The fp32 reference runs first
+    when an fp16 variant will be made (it is cached, and bad input should stop the build before
+    any fp16 work)."""
+    reference: dict[str, dict[str, np.ndarray]] = {}
+    if "fp16" in recipe.variants and detect_precision(model)[0] == "fp32":
+        reference["outputs"] = _reference_outputs(model, [], {}, feeds, source_path)
+
+    def reference_outputs() -> dict[str, np.ndarray]:
+        if not reference:
+            reference["outputs"] = _reference_outputs(model, [], {}, feeds, source_path)
+        return reference["outputs"]
+
+    def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        return run_model(path, run_feeds).outputs
+
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
+
+
+def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """The fp32 reference outputs and the host checks of every variant against them."""
+    reference = _reference_outputs(made.reference, made.variants, contents.model_paths, feeds, source_path)
+    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, contents.model_paths)
+    declared = io_entries(made.reference, reference, recipe, outputs=True)
+    for variant in made.variants:
+        if variant.precision == "quantized":
+            checks.extend(self_reference_checks(variant, reference, declared))
+    return reference, checks
+
+
+@dataclass
+class BrowserOutcome:
+    checks: list[dict]
+    report: dict | None = None  # report.json "browser" (None under --no-browser)
+    ep_options: dict | None = None  # the EP options the checks settled on
+    steps: list[dict] = field(default_factory=list)
+
+
 def _webgpu_failed(checks: list[dict]) -> bool:
     return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
 
 
-def _browser_checks(staging: Path, manifest: dict, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, report: dict, progress: Progress) -> None:
+def _browser_verify(staging: Path, contents: PackageContents, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, progress: Progress) -> BrowserOutcome:
     """Browser verification through the package's loader. When WebGPU fails under the EP's default
     NHWC layout, the same package is tried with `preferredLayout: 'NCHW'` (onnxruntime-web 1.30's
-    NHWC transform breaks some real graphs, GTCRN's Conv among them); if that passes, the manifest
-    keeps it, and the step records both figures."""
+    NHWC transform breaks some real graphs, GTCRN's Conv among them); if that passes, the package
+    keeps it, and the step records both figures. The manifest on disk meanwhile is provisional:
+    the final one is written once the verdict is known."""
     from pipeline.verify.browser.chromium import launch_browser
     from pipeline.verify.browser.harness import verify_in_browser
 
+    ep_options = contents.ep_options
+    steps = []
     with launch_browser(gpu=gpu) as browser:
         result = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
-        if _webgpu_failed(result.checks) and "preferredLayout" not in manifest["epOptions"].get("webgpu", {}):
+        if _webgpu_failed(result.checks) and "preferredLayout" not in ep_options.get("webgpu", {}):
             progress.note("webgpu failed with the NHWC layout; trying preferredLayout NCHW")
-            manifest["epOptions"] = {**manifest["epOptions"], "webgpu": {**manifest["epOptions"].get("webgpu", {}), "preferredLayout": "NCHW"}}
-            _write_json(staging / "manifest.json", manifest)
+            nchw = {**ep_options, "webgpu": {**ep_options.get("webgpu", {}), "preferredLayout": "NCHW"}}
+            write_manifest(staging, replace(contents, ep_options=nchw).manifest())
             retry = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
             fixed = not _webgpu_failed(retry.checks)
             failed_before = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in result.checks if c["ep"] == "webgpu" and c["status"] == "failed"]
-            report["steps"].append({
+            steps.append({
                 "name": "layout",
                 "changed": fixed,
                 "records": [{"what": "webgpu preferredLayout NCHW: " + ("passes where NHWC failed" if fixed else "fails too; kept NHWC"), "nhwc_failures": failed_before}],
             })
             if fixed:
-                result = retry
-            else:
-                del manifest["epOptions"]["webgpu"]["preferredLayout"]
-                if not manifest["epOptions"]["webgpu"]:
-                    del manifest["epOptions"]["webgpu"]
-                _write_json(staging / "manifest.json", manifest)
-    report["checks"].extend(result.checks)
-    report["browser"] = result.report
+                result, ep_options = retry, nchw
+    return BrowserOutcome(result.checks, result.report, ep_options, steps)
 
 
-def _write_json(path: Path, document: dict) -> None:
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
+    """--no-browser: every run the browser checks would make, recorded as skipped."""
+    checks = [
+        {"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle, "status": "skipped", "metrics": {}, "threshold": {}, "detail": "--no-browser"}
+        for run in plan_runs(manifest)
+    ]
+    return BrowserOutcome(checks)
+
+
+def _verification(checks: list[dict]) -> Verification:
+    """manifest `verification`: the verdict and one run per (stage, bundle, EP, variant)."""
+    ran = [c for c in checks if c["status"] in ("passed", "failed")]
+    passed = bool(ran) and all(c["status"] == "passed" for c in ran)
+    browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in checks)
+    runs = sorted((run for stage in ("browser", "host") for run in runs_from_checks(checks, stage)), key=run_sort_key)
+    return {"browser": browser_ran, "passed": passed, "runs": runs}
+
+
+def _refused_pairs(manifest: Manifest) -> list[dict] | None:
+    """Each (bundle, EP, variant) the package lists that the refusal rule turns away, and why."""
+    refusals = []
+    for platform_run in plan_runs(manifest):
+        run = refused(manifest, platform_run.bundle, platform_run.ep, platform_run.variant)
+        if run is not None:
+            refusals.append({"bundle": platform_run.bundle, "ep": platform_run.ep, "variant": platform_run.variant, "by": describe_run(run)})
+    return refusals or None
 
 
 def _finish(staging: Path, destination: Path) -> None:
-    """Swap the finished package into place: old one aside, new one in, old one removed."""
-    old = None
-    if destination.exists():
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        destination.rename(old)
-    staging.rename(destination)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
+    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
+    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        old = None
+        if destination.is_symlink() or destination.exists():
+            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+            destination.rename(old)
+        staging.rename(destination)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def build(options: BuildOptions, progress: Progress) -> BuildResult:
     timer = Timer()
-    report: dict = {"name": None, "passed": False, "refused": None, "checks": [], "steps": [], "timings": timer.timings, "source": {}, "variants_refused": {}}
     with timer.stage("fetch"):
         recipe = load_build_recipe(options)
-        report["name"] = recipe.name
-        source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress)
-    report["source"].update(uri=recipe.source, file=source_path.name)
+        sha256_origin = "--sha256" if options.source_sha256 else "recipe key 'source.sha256'"
+        source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress, sha256_origin)
     with timer.stage("repair"):
         progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
         source_sha = hashlib.sha256(model_bytes(model)).hexdigest()
-        report["source"]["sha256"] = source_sha
-        model, steps = _repair(model, recipe)
-        report["steps"].extend(steps)
+        model, repair_steps = _repair(model, recipe)
     with timer.stage("samples"):
         feeds = make_feeds(model, recipe, options.inputs_npz)
     with timer.stage("convert"):
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
-        variants, reference_model = make_variants(model, recipe, source_sha, report)
+        context = _fp16_context(model, feeds, recipe, options, source_path, progress)
+        made = make_variants(model, recipe, source_sha, context)
 
-    options.out_dir.mkdir(parents=True, exist_ok=True)
     destination = options.out_dir / recipe.name
-    staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}.build-", dir=options.out_dir))
     try:
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        staging = make_staging_dir(options.out_dir, prefix=f".{recipe.name}.build-")
+    except OSError as error:
+        raise PackError(f"--out {options.out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
+    try:
+        contents = start_package(recipe)
         with timer.stage("assets"):
-            manifest, model_paths = write_package(staging, recipe, variants, feeds, reference_model, progress)
+            write_models(staging, contents, recipe, made.variants, made.reference, feeds, progress)
         with timer.stage("host_verify"):
-            reference = _reference_outputs(reference_model, variants, model_paths, feeds, source_path)
-            manifest["outputs"] = io_entries(reference_model, reference, recipe, outputs=True)
-            host_checks([v for v in variants if v.precision != "quantized"], reference, feeds, recipe, report, progress, model_paths)
-            for variant in variants:
-                if variant.precision == "quantized":
-                    report["checks"].extend(self_reference_checks(variant, reference, manifest["outputs"]))
-        render_loader(staging, manifest)
-        _write_json(staging / "manifest.json", manifest)
+            reference, host = _host_verify(contents, made, feeds, recipe, source_path, progress)
+        with timer.stage("assets"):
+            write_sample(staging, contents, recipe, made.reference, feeds, reference, progress)
+            write_runtime(staging, contents, recipe, progress)
+            thresholds = threshold_table(made.variants, reference, recipe, contents.variant_for)
+            # The browser stage loads the package through its own loader: it needs a manifest on
+            # disk. This provisional one records no runs, so every variant is tried as shipped.
+            add_plain_files(staging, contents, render_loader(staging, contents.manifest()))
+            write_manifest(staging, contents.manifest(thresholds=thresholds))
         with timer.stage("browser_verify"):
             if options.browser:
-                _browser_checks(staging, manifest, reference, browser_thresholds(variants, reference, recipe), options.gpu, report, progress)
+                browser = _browser_verify(staging, contents, reference, browser_thresholds(made.variants, reference, recipe), options.gpu, progress)
+                contents.ep_options = browser.ep_options
             else:
-                for ep, names in manifest["variantFor"].items():
-                    for name in names:
-                        report["checks"].append({"stage": "browser", "ep": ep, "variant": name, "status": "skipped", "metrics": {}, "threshold": {}, "detail": "--no-browser"})
-        ran = [c for c in report["checks"] if c["status"] in ("passed", "failed")]
-        report["passed"] = bool(ran) and all(c["status"] == "passed" for c in ran)
-        browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])
-        manifest["verification"] = {"browser": browser_ran, "passed": report["passed"]}
-        # Per (bundle, EP, variant) browser status: the loader skips a pair recorded as failed.
-        runs = report.get("browser", {}).get("runs", []) if options.browser else []
-        manifest["verification"]["runs"] = sorted(
-            ({key: run[key] for key in ("bundle", "ep", "variant", "status")} for run in runs),
-            key=lambda run: (run["bundle"], run["ep"], run["variant"], run["status"]),
-        )
-        _write_json(staging / "manifest.json", manifest)
-        _write_json(staging / "report.json", report)
+                browser = _browser_skipped(contents.manifest())
+        checks = host + browser.checks
+        verification = _verification(checks)
+        report = {
+            "name": recipe.name,
+            "passed": verification["passed"],
+            "refused": None,
+            "checks": checks,
+            "steps": repair_steps + made.steps + browser.steps,
+            "timings": timer.timings,
+            "source": {"uri": recipe.source, "file": source_path.name, "sha256": source_sha, "precision": made.precision, "precision_reason": made.precision_reason},
+            "variants_refused": made.refused,
+        }
+        if browser.report is not None:
+            report["browser"] = browser.report
+        kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
+        final = dict(thresholds=thresholds, verification=verification, measurements=measurements_from(browser.report), license=getattr(recipe, "license", None), fp16={"keptFp32": kept} if kept else None)
+        report["refused"] = _refused_pairs(contents.manifest(**final))
+        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        add_plain_files(staging, contents, ["report.json"])
+        write_manifest(staging, contents.manifest(**final))
         _finish(staging, destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,19 +1,92 @@
-"""Where pack keeps downloads and reusable work: $PACK_CACHE_DIR, default ~/.cache/pack."""
+"""Where pack keeps downloads and reusable work ($PACK_CACHE_DIR, default ~/.cache/pack), and the
+one way pack creates staging folders and writes files atomically.
+
+Files and folders pack creates follow the process umask (0644/0755 under the usual 022), so a web
+server or container running as another user can read a package. `tempfile.mkstemp`/`mkdtemp`
+create 0600/0700 whatever the umask; the helpers here give their results the umask's modes.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import signal
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from pipeline.errors import PackError
+
+CACHE_ENV = "PACK_CACHE_DIR"
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the system allows (Linux /proc)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    return 0o666 & ~current_umask()
+
+
+def folder_mode() -> int:
+    return 0o777 & ~current_umask()
+
+
+def make_staging_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named folder in `parent` with the umask's mode (mkdtemp's is always 0700)."""
+    # Made with Ctrl-C/SIGTERM held, so a stop cannot fall between making the folder and setting
+    # its mode; the caller removes it on any later exception.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        os.chmod(path, folder_mode())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return path
+
+
+def cache_root() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pack"
 
 
 def cache_dir(*parts: str) -> Path:
-    root = Path(os.environ.get("PACK_CACHE_DIR") or Path.home() / ".cache" / "pack")
+    """A folder under the cache root, created on first use; an unusable cache is bad environment."""
+    root = cache_root()
     path = root.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PackError(_unusable_cache(root, error.strerror or str(error))) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PackError(_unusable_cache(root, f"{path} is not writable"))
     return path
+
+
+def check_cache_writable() -> None:
+    """Fail early (before any work) when the cache cannot be written: tried with a probe folder,
+    since permission bits miss read-only mounts, immutable folders and root's override."""
+    root = cache_dir()
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pack-probe-", dir=root))
+    except OSError as error:
+        raise PackError(_unusable_cache(root, error.strerror or str(error))) from None
+
+
+def _unusable_cache(root: Path, why: str) -> str:
+    origin = f"{CACHE_ENV}={root}" if os.environ.get(CACHE_ENV) else f"the cache folder {root}"
+    return f"{origin}: cannot write there ({why}); make it writable or set {CACHE_ENV} to a writable folder"
 
 
 def file_sha256(path: Path) -> str:
@@ -25,26 +98,27 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
+@contextmanager
+def atomic_output(path: Path) -> Iterator[BinaryIO]:
+    """A binary handle on a temporary file beside `path`, renamed onto `path` (with the umask's
+    mode) when the block ends without error and removed otherwise: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def atomic_write(path: Path, data: bytes) -> None:
+    with atomic_output(path) as handle:
+        handle.write(data)
+
+
 def atomic_copy(source: Path, destination: Path) -> None:
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.")
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, destination)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(destination) as handle, source.open("rb") as src:
+        shutil.copyfileobj(src, handle, 1 << 20)

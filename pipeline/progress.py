@@ -1,59 +1,97 @@
 """Progress on a terminal, silence under --json or when stderr is not a terminal.
 
 One `Progress` object is passed down a command; long steps call `task()` for a bar or `note()` for a
-status line. All output goes to stderr so stdout stays clean for --json.
+status line. Bars are drawn by `rich` (rate and time left per bar, several bars at once, e.g.
+parallel uploads); all output goes to stderr so stdout stays clean for --json.
 """
 
 from __future__ import annotations
 
 import sys
-import time
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    ProgressColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.progress import Progress as RichProgress
+from rich.progress import Task as RichTask
+from rich.text import Text
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+
+class _AmountColumn(ProgressColumn):
+    """Done/total in bytes (kB, MB…) for byte tasks, as a count for the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bytes, self._count = DownloadColumn(), MofNCompleteColumn()
+
+    def render(self, task: RichTask) -> Text:
+        if task.fields.get("unit") == "bytes":
+            return self._bytes.render(task)
+        if task.total is None:
+            return Text(f"{task.completed:.0f} {task.fields.get('unit', '')}".rstrip(), style="progress.download")
+        return self._count.render(task)
+
+
+class _RateColumn(ProgressColumn):
+    def __init__(self) -> None:
+        super().__init__()
+        self._bytes = TransferSpeedColumn()
+
+    def render(self, task: RichTask) -> Text:
+        if task.fields.get("unit") == "bytes":
+            return self._bytes.render(task)
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:.1f} {task.fields.get('unit', 'items')}/s", style="progress.data.speed")
 
 
 class Task:
-    """A bar for one long step; `advance(n)` adds done units, `total` may be None."""
+    """One bar; `advance(n)` adds done units (thread-safe), `total` may be None."""
 
-    def __init__(self, progress: "Progress", label: str, total: float | None, unit: str):
+    def __init__(self, progress: "Progress", label: str, total: float | None, unit: str, task_id: int | None):
         self._progress = progress
         self.label = label
         self.total = total
         self.unit = unit
         self.done = 0.0
-        self._last_draw = 0.0
+        self._id = task_id
 
     def advance(self, n: float = 1) -> None:
         self.done += n
-        now = time.monotonic()
-        if now - self._last_draw > 0.1:
-            self._last_draw = now
-            self._progress._draw(self)
-
-    def _text(self) -> str:
-        fmt = _human_bytes if self.unit == "bytes" else (lambda v: f"{v:.0f}")
-        if self.total:
-            pct = 100 * self.done / self.total
-            width = 24
-            filled = int(width * min(self.done / self.total, 1))
-            return f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {pct:5.1f}% {fmt(self.done)}/{fmt(self.total)}"
-        return f"{self.label} {fmt(self.done)}"
+        if self._id is not None:
+            self._progress._bars.advance(self._id, n)
 
 
 class Progress:
-    """Writes to stderr when `enabled`; `Progress.quiet()` is the --json / non-tty form."""
+    """Writes to `stream` (stderr) when `enabled` (default: when it is a terminal);
+    `Progress.quiet()` is the --json form."""
 
     def __init__(self, enabled: bool | None = None, stream=None):
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.enabled = _isatty(self.stream) if enabled is None else enabled
+        self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
+        self._bars = RichProgress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            TaskProgressColumn(),
+            _AmountColumn(),
+            _RateColumn(),
+            TimeRemainingColumn(),
+            console=self._console,
+            disable=not self.enabled,
+        )
+        self._lock = threading.Lock()
+        self._open_tasks = 0
 
     @classmethod
     def quiet(cls) -> "Progress":
@@ -61,20 +99,36 @@ class Progress:
 
     def note(self, message: str) -> None:
         if self.enabled:
-            print(message, file=self.stream, flush=True)
+            self._console.print(message, markup=False, highlight=False)
 
     @contextmanager
     def task(self, label: str, total: float | None = None, unit: str = "items") -> Iterator[Task]:
-        task = Task(self, label, total, unit)
-        self._draw(task)
+        if not self.enabled:
+            yield Task(self, label, total, unit, None)
+            return
+        with self._lock:
+            if self._open_tasks == 0:
+                self._bars.start()
+            self._open_tasks += 1
+            task_id = self._bars.add_task(label, total=total, unit=unit)
+        task = Task(self, label, total, unit, task_id)
         try:
             yield task
         finally:
-            if self.enabled:
-                self.stream.write("\r\x1b[2K" + task._text() + "\n")
-                self.stream.flush()
+            with self._lock:
+                self._bars.update(task_id, total=task.done if total is None else total)
+                self._bars.stop_task(task_id)
+                self._open_tasks -= 1
+                if self._open_tasks == 0:
+                    # The finished bars stay on screen; the next group starts a fresh display.
+                    self._bars.refresh()
+                    self._bars.stop()
+                    for old in list(self._bars.task_ids):
+                        self._bars.remove_task(old)
 
-    def _draw(self, task: Task) -> None:
-        if self.enabled:
-            self.stream.write("\r\x1b[2K" + task._text())
-            self.stream.flush()
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

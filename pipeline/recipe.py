@@ -25,7 +25,7 @@ VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
-THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db")
+THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -56,6 +56,10 @@ class Recipe:
     outputs: dict[str, OutputSpec] = field(default_factory=dict)
     variants: list[str] = field(default_factory=lambda: ["fp16", "fp32"])
     fp16_block_ops: list[str] = field(default_factory=list)
+    fp16_keep_nodes: list[str] = field(default_factory=list)  # node names always kept in fp32
+    fp16_search: bool = True  # search for nodes to keep in fp32 when fp16 misses a threshold
+    fp16_search_trials: int = 40
+    fp16_search_seconds: float = 120.0
     repairs_auto: bool = True
     repairs: list[str] = field(default_factory=list)
     seed: int = 0
@@ -176,11 +180,27 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     if variants is not None:
         recipe.variants = variants
 
-    fp16 = r.table(data.get("fp16", {}), "fp16", ("block_ops",))
+    fp16 = r.table(data.get("fp16", {}), "fp16", ("block_ops", "keep_nodes", "search", "search_trials", "search_seconds"))
     block = fp16.get("block_ops", [])
     if not isinstance(block, list) or any(not isinstance(op, str) for op in block):
         r.fail("fp16.block_ops", "a list of ONNX op types", block)
     recipe.fp16_block_ops = block
+    keep = fp16.get("keep_nodes", [])
+    if not isinstance(keep, list) or any(not isinstance(node, str) or not node for node in keep):
+        r.fail("fp16.keep_nodes", "a list of node names", keep)
+    recipe.fp16_keep_nodes = keep
+    search = r.typed(fp16, "fp16", "search", bool, "true or false")
+    recipe.fp16_search = True if search is None else search
+    trials = r.typed(fp16, "fp16", "search_trials", int, "a positive number of trials")
+    if trials is not None:
+        if trials <= 0:
+            r.fail("fp16.search_trials", "a positive number of trials", trials)
+        recipe.fp16_search_trials = trials
+    seconds = r.typed(fp16, "fp16", "search_seconds", (int, float), "a positive number of seconds")
+    if seconds is not None:
+        if seconds <= 0:
+            r.fail("fp16.search_seconds", "a positive number of seconds", seconds)
+        recipe.fp16_search_seconds = float(seconds)
 
     repairs = r.table(data.get("repairs", {}), "repairs", ("auto", "passes"))
     auto = r.typed(repairs, "repairs", "auto", bool, "true or false")
@@ -256,16 +276,18 @@ def find_recipe(name_or_path: str) -> Path | None:
     return candidate if candidate.exists() and "/" not in name_or_path else None
 
 
-def parse_input_option(option: str) -> tuple[str, list[int | str]]:
-    """`NAME=1x3x256x256` from the command line."""
+def parse_input_option(option: str) -> tuple[str, list[int]]:
+    """`NAME=1x3x256x256` from the command line: the sample's shape, so every dim is a size (a
+    symbolic dim of the model stays symbolic in the model; this only sizes the sample)."""
     name, sep, shape = option.partition("=")
     if not sep or not name or not shape:
         raise PackError(f"--input '{option}': expected NAME=SHAPE like image=1x3x256x256")
-    reader = _Reader(Path("--input"))
-    try:
-        return name, _parse_shape(reader, name, shape)
-    except PackError:
-        raise PackError(f"--input '{option}': the shape must be sizes joined by x, like 1x3x256x256") from None
+    parts = re.split(r"[xX]", shape)
+    bad = [part for part in parts if not part.isdigit() or int(part) < 1]
+    if bad:
+        what = f"{bad[0]!r} is not a size" if len(bad) == 1 else f"{', '.join(repr(b) for b in bad)} are not sizes"
+        raise PackError(f"--input '{option}': malformed shape '{shape}': {what}; give a positive size for every dim joined by x, e.g. {name}=" + "x".join(p if p.isdigit() and int(p) > 0 else "1" for p in parts))
+    return name, [int(part) for part in parts]
 
 
 def recipe_from_model(model_path: Path) -> Recipe:

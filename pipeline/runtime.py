@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cache import cache_dir as pipeline_cache_dir
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 
@@ -99,9 +100,8 @@ def max_ir_version(version: str) -> tuple[int, str | None]:
 
 
 def cache_dir() -> Path:
-    """`$PACK_CACHE_DIR`, else `~/.cache/pack`."""
-    configured = os.environ.get("PACK_CACHE_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pack"
+    """`$PACK_CACHE_DIR`, else `~/.cache/pack` (created; an unwritable cache is a PackError)."""
+    return pipeline_cache_dir()
 
 
 def runtime_dir(version: str) -> Path:

@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.assets.files import describe_file
+from pipeline.assets.manifest import make_manifest, write_manifest
 from pipeline.loader.render import render_loader
 from pipeline.runtime import resolve_runtime
 from pipeline.verify.host import reference_outputs
@@ -127,7 +129,7 @@ def _add_file(root: Path, files: dict, stem: str, suffix: str, data: bytes, medi
             encodings = {"br": {"path": f"{path}.br", "size": len(encoded)}}
     files[path] = {
         "sha256": digest, "integrity": "sha256-" + base64.b64encode(bytes.fromhex(digest)).decode(),
-        "size": len(data), "mediaType": media_type, "encodings": encodings,
+        "size": len(data), "mediaType": media_type, "encodings": encodings, "cache": "immutable",
     }
     return path
 
@@ -175,25 +177,24 @@ def write_package(
         bundles[key] = {"entry": bundle.entry, "module": module, "wasm": wasm}
 
     first = next(iter(variants.values())).model
-    manifest = {
-        "schema": 1,
-        "name": name,
-        "files": files,
-        "variants": manifest_variants,
-        "variantFor": variant_for,
-        "inputs": [{"name": i.name, "shape": [d.dim_value for d in i.type.tensor_type.shape.dim], "dtype": _dtype_name(i.type.tensor_type.elem_type)}
-                   for i in first.graph.input],
-        "outputs": [{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim], "dtype": _dtype_name(o.type.tensor_type.elem_type),
-                     "kind": (kinds or {}).get(o.name, "tensor")} for o in first.graph.output],
-        "sample": {"file": sample_path, "tensors": tensors},
-        "runtime": {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles},
-        "executionProviders": chains,
-        "epOptions": ep_options or {},
-        "loader": {"watchdogMs": 60000, "prewarm": False},
-        "verification": {"browser": False, "passed": False},
-    }
-    render_loader(root, manifest)  # the package's own loader.js: the harness verifies through it
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    parts = dict(
+        name=name,
+        variants=manifest_variants,
+        variant_for=variant_for,
+        inputs=[{"name": i.name, "shape": [d.dim_value for d in i.type.tensor_type.shape.dim], "dtype": _dtype_name(i.type.tensor_type.elem_type)}
+                for i in first.graph.input],
+        outputs=[{"name": o.name, "shape": [d.dim_value for d in o.type.tensor_type.shape.dim], "dtype": _dtype_name(o.type.tensor_type.elem_type),
+                  "kind": (kinds or {}).get(o.name, "tensor")} for o in first.graph.output],
+        sample={"file": sample_path, "tensors": tensors, "outputs": {}},
+        runtime={"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles},
+        execution_providers=chains,
+        ep_options=ep_options or {},
+        loader={"watchdogMs": 60000, "prewarm": False, "select": "chain"},
+    )
+    # the package's own loader.js: the harness verifies through it
+    for plain in render_loader(root, make_manifest(files=files, **parts)):
+        files[plain] = describe_file(root, plain).manifest_entry()
+    write_manifest(root, make_manifest(files=files, **parts))
     return root
 
 

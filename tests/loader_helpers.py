@@ -96,7 +96,7 @@ def make_package(root: Path, kind: str = "image", *, chains: dict | None = None,
         kinds={"y": kind},
     )
     manifest = read_manifest(root)
-    manifest["loader"] = {"watchdogMs": 60000, "prewarm": prewarm}
+    manifest["loader"].update(watchdogMs=60000, prewarm=prewarm)
     write_manifest(root, manifest)
     render_loader(root, manifest)
     return root

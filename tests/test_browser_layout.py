@@ -30,8 +30,10 @@ def test_graph_imports_nothing_from_later_stages() -> None:
 
 
 def test_verify_imports_nothing_from_later_stages() -> None:
+    # the manifest (pipeline/assets/manifest.py, COMMON schema) is read by every stage; the rest of assets/ is later
     later = ("pipeline.assets", "pipeline.loader", "pipeline.publish", "pipeline.commands", "pipeline.build", "pipeline.cli")
-    offending = {str(p.relative_to(PIPELINE)): sorted(n for n in _imports(p) if n.startswith(later)) for p in (PIPELINE / "verify").rglob("*.py")}
+    offending = {str(p.relative_to(PIPELINE)): sorted(n for n in _imports(p) if n.startswith(later) and n != "pipeline.assets.manifest")
+                 for p in (PIPELINE / "verify").rglob("*.py")}
     assert {path: names for path, names in offending.items() if names} == {}
 
 

@@ -98,23 +98,3 @@ def test_plan_runs_every_variant_on_every_ep_of_each_shipped_bundle() -> None:
         ("wasm", "wasm", "fp32", True), ("wasm", "wasm", "fp16", False),
     ]
 
-
-def test_measurements_take_production_times_of_passed_runs_only() -> None:
-    from pipeline.verify.browser.harness import measurements
-
-    report = {
-        "chromium": "150.0.7871.100",
-        "adapter": {"available": True, "vendor": "nvidia", "architecture": "hopper", "description": "NVIDIA H200", "features": []},
-        "runs": [
-            {"bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "status": "passed",
-             "timings_ms": {"session_create_ms": 10.0, "first_run_ms": 5.0, "steady_run_ms": 2.0}},
-            {"bundle": "webgpu", "ep": "webgpu", "variant": "fp16", "status": "failed",
-             "timings_ms": {"session_create_ms": 10.0, "first_run_ms": 5.0, "steady_run_ms": 2.0}},
-        ],
-    }
-    assert measurements(report, "gpu") == [{
-        "source": "gpu", "browser": "Chromium/150.0.7871.100",
-        "adapter": {"vendor": "nvidia", "architecture": "hopper", "description": "NVIDIA H200"},
-        "bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "createMs": 10.0, "firstMs": 5.0, "steadyMs": 2.0,
-    }]
-    assert measurements({"adapter": {"available": False}, "runs": []}) == []

@@ -44,7 +44,7 @@ def test_verify_on_the_root_bundle_exits_1_and_says_why(slice_package: Path) -> 
 def test_verify_a_folder_without_manifest_is_bad_input(tmp_path: Path) -> None:
     result = runner.invoke(app, ["verify", str(tmp_path)])
     assert result.exit_code == 2
-    assert "manifest.json: not found; point at a folder made by `pack build`" in result.output
+    assert "not a package (no manifest.json); `pack verify` takes a package folder made by `pack build`" in result.output
 
 
 def test_verify_an_unknown_bundle_is_bad_input(slice_package: Path) -> None:
@@ -79,3 +79,19 @@ def test_verify_refuses_a_bad_or_repeated_runtime(slice_package: Path) -> None:
     assert "--runtime 'latest': neither an exact onnxruntime-web version" in result.output
     result = runner.invoke(app, ["verify", str(slice_package), "--runtime", "1.30.0", "--runtime", "1.30.0"])
     assert result.exit_code == 2 and "--runtime: the same runtime twice" in result.output
+
+
+def test_verify_checks_against_the_bounds_in_the_manifest(slice_package: Path, tmp_path: Path) -> None:
+    import shutil
+
+    package = shutil.copytree(slice_package, tmp_path / "strict")
+    manifest = json.loads((package / "manifest.json").read_text())
+    impossible = {"max_abs": -1.0}  # no figure is below zero: the wasm check must fail on it
+    manifest["thresholds"] = {"wasm": {"fp32": {"y": impossible}}}
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    assert not (package / "report.json").exists()  # nothing but the manifest carries the bounds
+    result = runner.invoke(app, ["verify", str(package), "--json"])
+    assert result.exit_code == 1, result.output
+    wasm = next(c for c in json.loads(result.stdout)["checks"] if c["ep"] == "wasm")
+    assert wasm["threshold"] == impossible and wasm["status"] == "failed" and "max_abs" in wasm["detail"]
+

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.assets.manifest import refused
 from pipeline.cli import app
-from tests.build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, save
+from tests.build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run, save
 
 runner = CliRunner()
 
@@ -34,12 +35,43 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     assert set(manifest["variants"]) == {"fp16", "fp32"}
     assert manifest["variants"]["fp16"]["requires"] == ["shader-f16"]
     assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 16, 16], "dtype": "float32", "sampleShape": [1, 3, 16, 16]}]
-    assert manifest["verification"] == {"browser": False, "passed": True, "runs": []}
+    verification = manifest["verification"]
+    assert verification["browser"] is False and verification["passed"] is True
+    assert verification["runs"] == [
+        {"stage": "browser", "bundle": "wasm", "ep": "wasm", "variant": "fp32", "status": "skipped", "detail": "--no-browser"},
+        {"stage": "browser", "bundle": "webgpu", "ep": "wasm", "variant": "fp32", "status": "skipped", "detail": "--no-browser"},
+        {"stage": "browser", "bundle": "webgpu", "ep": "webgpu", "variant": "fp16", "status": "skipped", "detail": "--no-browser"},
+        {"stage": "browser", "bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "status": "skipped", "detail": "--no-browser"},
+        {"stage": "host", "bundle": "*", "ep": "*", "variant": "fp16", "status": "passed"},
+        {"stage": "host", "bundle": "*", "ep": "*", "variant": "fp32", "status": "passed"},
+    ]
+    assert manifest["measurements"] == [] and manifest["license"] is None and manifest["loader"]["select"] == "chain"
+    # the bounds the host checks used, and the ones the browser checks would use
+    report_checks = json.loads((package / "report.json").read_text())["checks"]
+    for check in (c for c in report_checks if c["stage"] == "host"):
+        assert manifest["thresholds"]["cpu"][check["variant"]][check["output"]] == check["threshold"]
+    assert set(manifest["thresholds"]) == {"cpu", "wasm", "webgpu"} and set(manifest["thresholds"]["webgpu"]) == {"fp16", "fp32"}
+    # the sample file holds the inputs, then the fp32 reference outputs
+    sample = manifest["sample"]
+    y = sample["outputs"]["y"]
+    assert y["dims"] == [1, 3, 16, 16] and y["offset"] >= sample["tensors"]["x"]["offset"] + sample["tensors"]["x"]["length"]
+    raw = (package / sample["file"]).read_bytes()
+    reference = np.frombuffer(raw[y["offset"]: y["offset"] + y["length"]], dtype="<f4").reshape(y["dims"])
+    x = np.frombuffer(raw[: sample["tensors"]["x"]["length"]], dtype="<f4").reshape(1, 3, 16, 16)
+    np.testing.assert_allclose(reference, run(conv_model(), {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    # every file of the package is listed, except manifest.json itself
+    on_disk = {p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()}
+    listed = set(manifest["files"]) | {e["encodings"]["br"]["path"] for e in manifest["files"].values() if e["encodings"]}
+    assert on_disk - listed == {"manifest.json"} and listed <= on_disk
+    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"):
+        assert manifest["files"][name]["cache"] == "short"
+    assert all(entry["cache"] == "immutable" for path, entry in manifest["files"].items() if "/" in path or path.endswith((".onnx", ".bin")))
     assert set(manifest["runtime"]["bundles"]) == {"webgpu", "wasm"}
     for path, entry in manifest["files"].items():
         data = (package / path).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
-        assert path.split(".")[-2] == entry["sha256"][:16] or f".{entry['sha256'][:16]}." in path
+        if entry["cache"] == "immutable":
+            assert path.split(".")[-2] == entry["sha256"][:16] or f".{entry['sha256'][:16]}." in path
         assert entry["integrity"] == "sha256-" + base64.b64encode(hashlib.sha256(data).digest()).decode()
         assert entry["size"] == len(data)
         if entry["encodings"]:
@@ -67,6 +99,10 @@ def test_rebuild_is_byte_identical(conv_file, tmp_path):
             ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
             ra.pop("timings"), rb.pop("timings")
             assert ra == rb
+        elif rel.name == "manifest.json":  # lists report.json, whose timings differ: nothing else may
+            ma, mb = json.loads(a.read_text()), json.loads(b.read_text())
+            ma["files"].pop("report.json"), mb["files"].pop("report.json")
+            assert ma == mb
         else:
             assert a.read_bytes() == b.read_bytes(), rel
 
@@ -81,7 +117,7 @@ def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
         raise AssertionError("recomputed work that the cache holds")
 
     monkeypatch.setattr(pipeline.verify.host, "_run_uncached", must_not_run)
-    monkeypatch.setattr(pipeline.precision.variants, "convert_to_fp16", must_not_run)
+    monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", must_not_run)
     monkeypatch.setattr("pipeline.assets.files._compress", must_not_run)
     result = build(str(conv_file), "--no-browser", "--out", str(tmp_path / "b"))
     assert result.exit_code == 0, result.output
@@ -105,8 +141,19 @@ def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
     report = json.loads((out / "strict" / "report.json").read_text())
     failed = [c for c in report["checks"] if c["status"] == "failed"]
     assert report["passed"] is False and failed[0]["variant"] == "fp16" and "max_abs" in failed[0]["detail"]
-    assert json.loads((out / "strict" / "manifest.json").read_text())["verification"]["passed"] is False
+    manifest = json.loads((out / "strict" / "manifest.json").read_text())
+    assert manifest["verification"]["passed"] is False
     assert "FAIL" in result.output
+    # the failed variant stays listed but the refusal rule turns it away everywhere, and says why
+    host_fp16 = next(r for r in manifest["verification"]["runs"] if r["stage"] == "host" and r["variant"] == "fp16")
+    assert host_fp16["status"] == "failed" and host_fp16["bundle"] == host_fp16["ep"] == "*"
+    assert host_fp16["detail"].startswith("y: max_abs ") and host_fp16["detail"].endswith(" > 0")
+    assert manifest["variantFor"]["webgpu"][0] == "fp16"
+    assert refused(manifest, "webgpu", "webgpu", "fp16") == host_fp16
+    assert refused(manifest, "wasm", "wasm", "fp16") == host_fp16
+    assert refused(manifest, "webgpu", "webgpu", "fp32") is None
+    assert [(r["bundle"], r["ep"], r["variant"]) for r in report["refused"]] == [("webgpu", "webgpu", "fp16")]
+    assert "fp16 on webgpu [webgpu bundle] refused (the loader will not pick it): host fp16 (any bundle, any EP): failed: y: max_abs" in result.output
 
 
 def test_consumed_output_model_builds(tmp_path):
@@ -124,8 +171,11 @@ def test_inputs_npz_and_symbolic_dims(tmp_path):
     out = tmp_path / "d"
     missing = build(str(path), "--no-browser", "--out", str(out))
     assert missing.exit_code == 2
-    assert "input 'x' has symbolic dims ['N']" in missing.output and "--input x=Nx4" in missing.output
+    assert "input 'x' has symbolic dims ['N']" in missing.output and "--input x=1x4" in missing.output
     assert not out.exists() or not any(out.iterdir())
+    # The hint's own text is accepted as printed
+    hinted = missing.output.split("--input ", 1)[1].split()[0]
+    assert build(str(path), "--input", hinted, "--no-browser", "--out", str(out)).exit_code == 0
     assert build(str(path), "--input", "x=3x4", "--no-browser", "--out", str(out)).exit_code == 0
     npz = tmp_path / "sample.npz"
     np.savez(npz, x=np.ones((2, 4), np.float32), s=np.float32(2.0))

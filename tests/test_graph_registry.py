@@ -204,7 +204,7 @@ def test_fp16_conversion_keeps_the_ir_version_the_build_capped():
     converted, steps = convert_to_fp16(capped)
     assert converted.ir_version == 10
     assert [s["name"] for s in steps] == [
-        "rename_converter_names", "detach_consumed_outputs", "fp16_convert", "cast_retarget", "topological_sort", "onnx_checker",
+        "rename_converter_names", "detach_consumed_outputs", "name_unnamed_nodes", "fp16_convert", "cast_retarget", "topological_sort", "onnx_checker",
     ]
 
 

@@ -29,12 +29,23 @@ def _build(model: Path, out: Path, *flags: str) -> tuple[int, dict, dict]:
 def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
     model = save(conv_model(channels=4, size=8), tmp_path / "tiny-verified.onnx")
     code, manifest, report = _build(model, tmp_path / "dist")
-    runs = manifest["verification"]["runs"]
+    runs = [r for r in manifest["verification"]["runs"] if r["stage"] == "browser"]
     # One entry per browser run, exactly the report's, in (bundle, ep, variant) order.
-    assert runs == sorted(
+    assert [{k: r[k] for k in ("bundle", "ep", "variant", "status")} for r in runs] == sorted(
         ({"bundle": r["bundle"], "ep": r["ep"], "variant": r["variant"], "status": r["status"]} for r in report["browser"]["runs"]),
         key=lambda r: (r["bundle"], r["ep"], r["variant"]),
     )
+    host = [r for r in manifest["verification"]["runs"] if r["stage"] == "host"]
+    assert host == [{"stage": "host", "bundle": "*", "ep": "*", "variant": v, "status": "passed"} for v in ("fp16", "fp32")]
+    # the bounds every check used are the manifest's
+    for check in report["checks"]:
+        if check.get("threshold"):
+            assert manifest["thresholds"][check["ep"]][check["variant"]][check["output"]] == check["threshold"], check
+    # the build's browser times, per passed run, as the loader's priors
+    measured = {(m["bundle"], m["ep"], m["variant"]) for m in manifest["measurements"]}
+    assert measured == {(r["bundle"], r["ep"], r["variant"]) for r in runs if r["status"] == "passed"}
+    assert all(m["source"] == "build" and m["firstMs"] > 0 and m["browser"].startswith("Chromium") for m in manifest["measurements"])
+    assert all((m["adapter"] is None) == (m["ep"] == "wasm") for m in manifest["measurements"])
     assert [(r["bundle"], r["ep"], r["variant"]) for r in runs] == [
         ("wasm", "wasm", "fp16"),  # every variant on every EP: wasm x fp16 too
         ("wasm", "wasm", "fp32"),
@@ -64,4 +75,8 @@ def test_no_browser_build_records_no_runs(tmp_path):
     model = save(conv_model(channels=4, size=8), tmp_path / "tiny-unverified.onnx")
     code, manifest, _ = _build(model, tmp_path / "dist", "--no-browser")
     assert code == 0
-    assert manifest["verification"] == {"browser": False, "passed": True, "runs": []}
+    verification = manifest["verification"]
+    assert verification["browser"] is False and verification["passed"] is True
+    browser = [r for r in verification["runs"] if r["stage"] == "browser"]
+    assert browser and all(r["status"] == "skipped" and r["detail"] == "--no-browser" for r in browser)
+    assert manifest["measurements"] == []

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.publish.plan import plan_package
 from pipeline.publish.s3 import Target, make_client
 from tests.build_helpers import conv_model, save
 from tests.publish_helpers import (  # noqa: F401 - fixtures
@@ -64,7 +65,7 @@ def test_human_summary_names_counts_bytes_time_and_loader_url(proxy, s3_server, 
     args = (str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
     first = run_cli(*args)
     assert first.exit_code == 0, first.output
-    objects = len(package.manifest["files"]) + 4
+    objects = len(package.manifest["files"]) + 1  # the listed files and manifest.json
     assert f"uploaded {objects} objects" in first.stdout and "skipped 0 unchanged" in first.stdout
     assert " MB" in first.stdout and " s" in first.stdout
     assert f"demo: {proxy.url}/{bucket}/demo/loader.js" in first.stdout
@@ -229,7 +230,9 @@ def test_publishes_a_package_built_by_pack_build(proxy, s3_server, tmp_path):
         assert decoded_body(stored) == (tmp_path / "dist" / "tiny-conv" / path).read_bytes()
         if path.endswith(".wasm"):
             assert stored["content_type"] == "application/wasm"
-    assert "tiny-conv/report.json" not in snapshot
+    # exactly the listed files (report.json and demo.js among them) and the manifest
+    assert set(snapshot) == {f"tiny-conv/{path}" for path in [*manifest["files"], "manifest.json"]}
+    assert {"report.json", "demo.js", "index.html"} <= set(manifest["files"])
     assert summary["loader_url"].endswith(f"/{bucket}/tiny-conv/loader.js")
     again = run_json("--bucket", bucket, "--endpoint-url", proxy.url, str(tmp_path / "dist"))
     assert again["uploaded"] == 0
@@ -239,3 +242,109 @@ def test_aws_region_from_the_environment_is_used(aws_env, monkeypatch):
     monkeypatch.setenv("AWS_REGION", "ap-southeast-2")
     assert make_client(Target(bucket="b")).meta.region_name == "ap-southeast-2"
     assert make_client(Target(bucket="b", region="eu-west-1")).meta.region_name == "eu-west-1"
+
+
+# --- what may be published: the verification gate and the file list ------------------------------
+
+FAILED_VERIFICATION = {
+    "browser": True,
+    "passed": False,
+    "runs": [
+        {"stage": "browser", "bundle": "wasm", "ep": "wasm", "variant": "fp32", "status": "failed", "detail": "y: rel_l2 0.2 > 0.001"},
+        {"stage": "host", "bundle": "*", "ep": "*", "variant": "fp16", "status": "failed", "detail": "y: max_abs_of_range 0.05 > 0.01"},
+    ],
+}
+
+
+@http_only
+def test_a_package_that_failed_verification_is_refused_naming_the_checks(proxy, s3_server, tmp_path):
+    package = write_package(tmp_path / "dist", verification=FAILED_VERIFICATION)
+    result = run_cli(str(package.root), "--bucket", new_bucket(s3_server), "--endpoint-url", proxy.url)
+    _assert_refused(result, "verification failed, not publishing demo", proxy)
+    line = result.stderr
+    assert "browser fp32 (wasm bundle, wasm): failed: y: rel_l2 0.2 > 0.001" in line
+    assert "host fp16 (any bundle, any EP): failed: y: max_abs_of_range 0.05 > 0.01" in line
+    assert "--allow-failed" in line
+    assert proxy.requests == []
+
+
+@http_only
+def test_allow_failed_publishes_with_a_warning_per_failed_check(proxy, s3_server, tmp_path, monkeypatch):
+    package = write_package(tmp_path / "dist", verification=FAILED_VERIFICATION)
+    bucket = new_bucket(s3_server)
+    monkeypatch.setenv("PACK_ALLOW_FAILED", "1")
+    result = run_cli(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--json")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2 and all("despite a failed check (--allow-failed)" in w for w in warnings)
+    summary = json.loads(result.stdout)
+    assert summary["warnings"] == [w.removeprefix("warning: ") for w in warnings]
+    assert "demo/manifest.json" in bucket_snapshot(s3_server.client(), bucket)
+
+
+@http_only
+def test_a_package_built_without_browser_checks_is_published_with_a_warning(proxy, s3_server, tmp_path):
+    unverified = {"browser": False, "passed": True, "runs": [{"stage": "host", "bundle": "*", "ep": "*", "variant": "fp32", "status": "passed"}]}
+    package = write_package(tmp_path / "dist", verification=unverified)
+    result = run_cli(str(package.root), "--bucket", new_bucket(s3_server), "--endpoint-url", proxy.url)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("warning: ") == 1 and "never verified in a browser (built with --no-browser)" in result.stderr
+
+
+@http_only
+def test_a_file_the_manifest_does_not_list_is_not_uploaded_and_named(proxy, s3_server, tmp_path):
+    package = write_package(tmp_path / "dist")
+    (package.root / "secrets.env").write_text("TOKEN=x\n")
+    bucket = new_bucket(s3_server)
+    result = run_cli(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+    assert result.exit_code == 0, result.output
+    assert f"warning: {package.root / 'secrets.env'}: not listed in manifest.json, not uploaded" in result.stderr
+    assert "demo/secrets.env" not in bucket_snapshot(s3_server.client(), bucket)
+
+
+@http_only
+def test_a_listed_file_missing_on_disk_is_an_error_naming_it(proxy, s3_server, tmp_path):
+    package = write_package(tmp_path / "dist")
+    (package.root / "demo.js").unlink()
+    result = run_cli(str(package.root), "--bucket", new_bucket(s3_server), "--endpoint-url", proxy.url)
+    _assert_refused(result, f"{package.root / 'demo.js'}: listed in manifest.json but missing", proxy)
+    assert proxy.requests == []
+
+
+# --- --dry-run without a bucket to ask --------------------------------------------------------------
+
+
+def test_dry_run_without_credentials_prints_the_local_plan(tmp_path, monkeypatch):
+    isolate_aws_env(monkeypatch, tmp_path)
+    package = write_package(tmp_path / "dist")
+    result = run_cli(str(package.root), "--bucket", "b", "--dry-run")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "dry run, nothing changed: local plan, in upload order"
+    planned = [line.split()[1] for line in lines[1:-2]]
+    expected = plan_package(package.root)
+    assert planned == [f"demo/{obj.path}" for obj in expected.objects]
+    assert planned.index("demo/manifest.json") < planned.index("demo/loader.js") < planned.index("demo/demo.js") < planned.index("demo/index.html")
+    wasm = next(line for line in lines if ".wasm" in line)
+    assert "application/wasm" in wasm and "immutable" in wasm and " B " in wasm
+    assert "Content-Encoding: br" in next(line for line in lines if "model.fp16" in line)
+    assert "max-age=60" in next(line for line in lines if "demo/index.html" in line)
+    total = sum(obj.size for obj in expected.objects)
+    assert lines[-2] == f"would upload at most {len(expected.objects)} objects ({total / 1e6:.1f} MB)"
+    assert lines[-1].startswith("not checked remotely: which objects already exist (they would be skipped): no credentials")
+    assert result.stderr == ""
+
+
+def test_dry_run_without_a_bucket_or_reachable_server_still_plans(tmp_path, monkeypatch, aws_env):
+    package = write_package(tmp_path / "dist")
+    summary = run_json(str(package.root), "--dry-run")
+    assert summary["remote_unchecked"].startswith("no bucket given")
+    assert summary["uploaded"] == len(package.manifest["files"]) + 1 and summary["loader_urls"] == {}
+    # a server that is not there (nothing listens on port 9 of loopback)
+    result = run_cli(str(package.root), "--bucket", "b", "--endpoint-url", "http://127.0.0.1:9", "--dry-run", "--prune")
+    assert result.exit_code == 0, result.output
+    assert "not checked remotely: which objects already exist (they would be skipped), which objects --prune would delete: " in result.stdout
+    assert "cannot reach the endpoint" in result.stdout
+    # without --dry-run the same is an error
+    refused = run_cli(str(package.root), "--bucket", "b", "--endpoint-url", "http://127.0.0.1:9")
+    assert refused.exit_code == 2 and refused.stderr.startswith("error: ") and "cannot reach the endpoint" in refused.stderr

@@ -176,7 +176,7 @@ def test_failure_at_the_loader_leaves_a_complete_new_manifest(proxy, s3_server, 
     proxy.faults.append(Fault("status", match=key_endswith("/loader.js"), times=None, status=500))
     result = _publish_v2(proxy, bucket, v2)
     assert result.exit_code == 2
-    assert "the loader may be the previous one" in result.stderr
+    assert "loader.js may be the previous one" in result.stderr
     assert _stored_manifest(s3_server, bucket) == v2.manifest
     assert_manifests_complete(s3_server.client(), bucket)
     old_loader = s3_server.client().get_object(Bucket=bucket, Key="demo/loader.js")["Body"].read()

@@ -18,15 +18,17 @@ def test_plan_lists_one_object_per_decoded_name_with_headers(tmp_path):
     plan = plan_package(package.root)
     by_path = {obj.path: obj for obj in plan.objects}
 
-    assert set(by_path) == set(package.manifest["files"]) | {"manifest.json", "loader.js", "loader.d.ts", "index.html"}
-    assert "report.json" not in by_path  # not needed by browsers: not published
+    # exactly the manifest's list, and the manifest itself
+    assert set(by_path) == set(package.manifest["files"]) | {"manifest.json"}
+    assert {"loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"} <= set(by_path)
     assert not any(path.endswith(".br") for path in by_path)
+    assert plan.unlisted == ()
 
     for path, entry in package.manifest["files"].items():
         obj = by_path[path]
         assert obj.sha256 == entry["sha256"]
-        assert obj.cache_control == IMMUTABLE_CACHE
-        assert obj.stage is Stage.HASHED
+        assert obj.cache_control == (IMMUTABLE_CACHE if entry["cache"] == "immutable" else SHORT_CACHE)
+        assert (obj.stage is Stage.HASHED) == (entry["cache"] == "immutable")
         if entry["encodings"]:
             assert obj.content_encoding == "br"
             assert obj.source.name == path.rsplit("/", 1)[-1] + ".br"
@@ -42,7 +44,7 @@ def test_plan_lists_one_object_per_decoded_name_with_headers(tmp_path):
     assert module.content_type.startswith("text/javascript")
     assert by_path["manifest.json"].content_type == "application/json"
     assert by_path["index.html"].content_type.startswith("text/html")
-    for name in ("manifest.json", "loader.js", "loader.d.ts", "index.html"):
+    for name in ("manifest.json", "loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"):
         assert by_path[name].cache_control == SHORT_CACHE
 
 
@@ -52,8 +54,11 @@ def test_plan_orders_hashed_then_manifest_then_loader_then_page(tmp_path):
     assert stages == sorted(stages)
     first_manifest = stages.index(Stage.MANIFEST)
     assert all(stage is Stage.HASHED for stage in stages[:first_manifest])
-    assert [obj.path for obj in plan.objects if obj.stage is Stage.LOADER] == ["loader.d.ts", "loader.js"]
-    assert plan.objects[-1].path == "index.html"
+    # a file before every file that imports it: the loader's other files, loader.js, demo.js, index.html
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.SUPPORT] == ["loader.d.ts", "report.json"]
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.LOADER] == ["loader.js"]
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.DEMO] == ["demo.js"]
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.PAGE] == ["index.html"]
 
 
 def test_find_packages_takes_a_package_or_a_folder_of_packages(tmp_path):
@@ -122,7 +127,7 @@ def test_reference_missing_from_files_is_refused(tmp_path):
     package = write_package(tmp_path / "dist")
     module = package.manifest["runtime"]["bundles"]["wasm"]["module"]
     _rewrite_manifest(package, lambda m: m["files"].pop(module))
-    with pytest.raises(PackError, match="not listed in 'files'"):
+    with pytest.raises(PackError, match="key \"runtime.bundles.wasm.module\": .* is not listed in 'files'"):
         plan_package(package.root)
 
 
@@ -137,9 +142,11 @@ def test_paths_outside_the_package_are_refused(tmp_path, bad):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda m: m.update(schema=2), "not a schema-1 manifest"),
-        (lambda m: m.update(name="../x"), "'name' must be"),
-        (lambda m: m.update(files=[]), "'files' must be an object"),
+        (lambda m: m.update(schema=1), 'key "schema": 1 is not 2; rebuild the package'),
+        (lambda m: m.update(name="../x"), "key \"name\": '../x': must be letters, digits"),
+        (lambda m: m.update(files=[]), 'key "files": .* is not of type'),
+        (lambda m: m["files"]["loader.js"].pop("cache"), 'key "files\\["loader.js"\\].cache": missing'),
+        (lambda m: m["verification"].update(runs=[{"stage": "host", "bundle": "*", "ep": "*", "variant": "fp16", "status": "failed"}]), 'key "verification.runs\\[0\\]'),
     ],
 )
 def test_malformed_manifest_is_refused(tmp_path, change, message):
@@ -156,8 +163,25 @@ def test_manifest_that_is_not_json_is_refused(tmp_path):
         plan_package(package.root)
 
 
-def test_missing_loader_is_refused(tmp_path):
+@pytest.mark.parametrize("name", ["loader.js", "demo.js", "report.json"])
+def test_missing_listed_plain_file_is_refused(tmp_path, name):
     package = write_package(tmp_path / "dist")
-    (package.root / "loader.js").unlink()
-    with pytest.raises(PackError, match="loader.js: missing"):
+    (package.root / name).unlink()
+    with pytest.raises(PackError, match=f"{name.replace('.', '[.]')}: listed in manifest.json but missing"):
+        plan_package(package.root)
+
+
+def test_files_the_manifest_does_not_list_are_not_planned(tmp_path):
+    package = write_package(tmp_path / "dist")
+    (package.root / "notes.txt").write_text("private")
+    (package.root / "ort" / "extra.mjs").write_text("export {};")
+    plan = plan_package(package.root)
+    assert plan.unlisted == ("notes.txt", "ort/extra.mjs")
+    assert not {"notes.txt", "ort/extra.mjs"} & plan.paths
+
+
+def test_immutable_cache_needs_a_hashed_name(tmp_path):
+    package = write_package(tmp_path / "dist")
+    _rewrite_manifest(package, lambda m: m["files"]["loader.js"].update(cache="immutable"))
+    with pytest.raises(PackError, match="cache 'immutable' but the name carries no content hash"):
         plan_package(package.root)

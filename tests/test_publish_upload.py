@@ -41,14 +41,12 @@ def test_first_publish_stores_every_object_with_its_headers(proxy, s3_server, tm
     summary = run_json(str(package.root), "--bucket", bucket, "--prefix", "/models/", "--endpoint-url", proxy.url)
 
     snapshot = bucket_snapshot(s3_server.client(), bucket)
-    expected = {f"models/demo/{path}" for path in package.manifest["files"]} | {
-        f"models/demo/{name}" for name in ("manifest.json", "loader.js", "loader.d.ts", "index.html")
-    }
-    assert set(snapshot) == expected  # no .br keys, no report.json
+    expected = {f"models/demo/{path}" for path in [*package.manifest["files"], "manifest.json"]}
+    assert set(snapshot) == expected  # exactly the listed files and the manifest; no .br keys
     for path, entry in package.manifest["files"].items():
         stored = snapshot[f"models/demo/{path}"]
-        assert decoded_body(stored) == package.hashed[path]
-        assert stored["cache_control"] == IMMUTABLE_CACHE
+        assert decoded_body(stored) == (package.root / path).read_bytes()
+        assert stored["cache_control"] == (IMMUTABLE_CACHE if entry["cache"] == "immutable" else SHORT_CACHE)
         assert stored["metadata"]["sha256"] == entry["sha256"]
         # The stored encoding is exactly "br": never "br,aws-chunked" (what R2 rejects).
         assert stored["content_encoding"] == ("br" if entry["encodings"] else None)
@@ -56,7 +54,7 @@ def test_first_publish_stores_every_object_with_its_headers(proxy, s3_server, tm
             assert stored["body"] == (package.root / entry["encodings"]["br"]["path"]).read_bytes()
     wasm_key = next(key for key in snapshot if key.endswith(".wasm"))
     assert snapshot[wasm_key]["content_type"] == "application/wasm"
-    for name in ("manifest.json", "loader.js", "index.html"):
+    for name in ("manifest.json", "loader.js", "index.html", "demo.js", "report.json"):
         stored = snapshot[f"models/demo/{name}"]
         assert stored["cache_control"] == SHORT_CACHE
         assert stored["body"] == (package.root / name).read_bytes()
@@ -77,12 +75,11 @@ def test_uploads_go_hashed_files_then_manifest_then_loader_then_page(proxy, s3_s
     writes = [request for request in proxy.requests if request.method in ("PUT", "POST")]
     order = [_put_path(request).rsplit("/", 1)[-1] for request in writes]
     manifest_at = order.index("manifest.json")
-    hashed_names = {path.rsplit("/", 1)[-1] for path in package.manifest["files"]}
+    hashed_names = {path.rsplit("/", 1)[-1] for path, entry in package.manifest["files"].items() if entry["cache"] == "immutable"}
     assert set(order[:manifest_at]) == hashed_names  # every part and completion before the manifest
-    assert order[manifest_at + 1 :] in (
-        ["loader.d.ts", "loader.js", "index.html"],
-        ["loader.js", "loader.d.ts", "index.html"],
-    )
+    # then the loader's other files (in either order), loader.js, and the page that imports it
+    assert set(order[manifest_at + 1 : manifest_at + 3]) == {"loader.d.ts", "report.json"}
+    assert order[manifest_at + 3 :] == ["loader.js", "demo.js", "index.html"]
 
 
 def test_large_file_goes_multipart_in_equal_parts(proxy, s3_server, tmp_path):
@@ -186,7 +183,7 @@ def test_dry_run_lists_the_plan_and_changes_nothing(proxy, s3_server, tmp_path):
     package = write_package(tmp_path / "dist")
     summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--dry-run", "--prune")
     assert summary["dry_run"] is True
-    assert summary["uploaded"] == len(package.manifest["files"]) + 4
+    assert summary["uploaded"] == len(package.manifest["files"]) + 1
     assert {obj["action"] for obj in summary["objects"]} == {"would-upload"}
     assert [r for r in proxy.requests if r.method in ("PUT", "POST", "DELETE")] == []
     assert bucket_snapshot(s3_server.client(), bucket) == {}
@@ -198,7 +195,7 @@ def test_prune_removes_only_what_no_manifest_references(proxy, s3_server, tmp_pa
     v1 = write_package(tmp_path / "v1")
     other = write_package(tmp_path / "v1", name="other")
     run_json(str(tmp_path / "v1"), "--bucket", bucket, "--prefix", "m", "--endpoint-url", proxy.url)
-    admin.put_object(Bucket=bucket, Key="m/demo/report.json", Body=b"{}")  # stale, unreferenced
+    admin.put_object(Bucket=bucket, Key="m/demo/notes.txt", Body=b"{}")  # stale, unreferenced
     admin.put_object(Bucket=bucket, Key="m/half/model.0123456789abcdef.onnx", Body=b"x")  # no manifest
     admin.put_object(Bucket=bucket, Key="site/index.html", Body=b"<html>")  # outside the prefix
     admin.put_object(Bucket=bucket, Key="m/readme.txt", Body=b"top level")  # not in a package folder
@@ -206,7 +203,7 @@ def test_prune_removes_only_what_no_manifest_references(proxy, s3_server, tmp_pa
     v2 = write_package(tmp_path / "v2", version="v2")
     dry = run_json(str(v2.root), "--bucket", bucket, "--prefix", "m", "--endpoint-url", proxy.url, "--prune", "--dry-run")
     old_models = {f"m/demo/{v1.manifest['variants'][v]['model']}" for v in ("fp16", "fp32")}
-    expected_deleted = old_models | {"m/demo/report.json"}
+    expected_deleted = old_models | {"m/demo/notes.txt"}
     assert {o["key"] for o in dry["objects"] if o["action"] == "would-delete"} == expected_deleted
     assert expected_deleted <= set(bucket_snapshot(admin, bucket))
 
@@ -250,7 +247,7 @@ def test_large_uploads_show_a_byte_progress_bar(s3_server, aws_env, tmp_path):
     target = Target(bucket=bucket, endpoint_url=s3_server.url)
     stream = io.StringIO()
     result = publish(make_client(target), target, [plan], part_size=5 * MIB, progress=Progress(enabled=True, stream=stream))
-    final = stream.getvalue().rstrip("\n").rsplit("\r\x1b[2K", 1)[-1]
-    total_mb = f"{result.bytes / 1000 / 1000:.1f} MB"
-    assert final.startswith("upload demo [########################] 100.0%")
-    assert final.endswith(f"{total_mb}/{total_mb}")
+    final = stream.getvalue().rstrip("\n").splitlines()[-1]
+    total_mb = f"{result.bytes / 1000 / 1000:.1f}"
+    assert final.startswith("upload demo ") and " 100% " in final
+    assert f" {total_mb}/{total_mb} MB " in final and "/s" in final  # amount and rate

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import brotli
 
-from pipeline.cache import atomic_write, cache_dir
+from pipeline.assets.manifest import FileEntry
+from pipeline.cache import atomic_write, cache_dir, file_sha256
 from pipeline.progress import Progress
 
 MEDIA_TYPES = {
@@ -71,11 +72,12 @@ class PackageFile:
     size: int
     encoded_path: str | None
     encoded_size: int | None
+    cache: str = "immutable"  # immutable: the name carries the content hash; short: it does not
 
-    def manifest_entry(self) -> dict:
+    def manifest_entry(self) -> FileEntry:
         integrity = "sha256-" + base64.b64encode(bytes.fromhex(self.sha256)).decode()
         encodings = {"br": {"path": self.encoded_path, "size": self.encoded_size}} if self.encoded_path else {}
-        return {"sha256": self.sha256, "integrity": integrity, "size": self.size, "mediaType": media_type(self.path), "encodings": encodings}
+        return {"sha256": self.sha256, "integrity": integrity, "size": self.size, "mediaType": media_type(self.path), "encodings": encodings, "cache": self.cache}  # type: ignore[typeddict-item]
 
 
 def hashed_name(stem: str, sha256: str, suffix: str) -> str:
@@ -94,3 +96,10 @@ def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: P
         (root / f"{path}.br").write_bytes(encoded)
         return PackageFile(path, sha256, len(data), f"{path}.br", len(encoded))
     return PackageFile(path, sha256, len(data), None, None)
+
+
+def describe_file(root: Path, path: str) -> PackageFile:
+    """A file already in the package whose name carries no hash (loader files, demo page,
+    report.json): listed with a short cache lifetime and no encoded copy."""
+    target = root / path
+    return PackageFile(path, file_sha256(target), target.stat().st_size, None, None, cache="short")

@@ -1,13 +1,21 @@
-"""Assemble a package folder: model variants, sample, runtime files, and the manifest describing them."""
+"""Assemble a package folder: model variants, sample, runtime files, and what the manifest says of them.
+
+The build writes the files stage by stage into its staging folder (models before the host checks,
+which run on the shipped bytes; the sample once the fp32 reference outputs exist) and collects
+them in one `PackageContents`; the manifest is made from it once, at the end (pipeline/build.py).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
-from pipeline.assets.files import PackageFile, add_hashed_file
+from pipeline.assets.files import PackageFile, add_hashed_file, describe_file
+from pipeline.assets.manifest import LoaderSettings, Manifest, Measurement, Sample, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
 from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
@@ -32,7 +40,8 @@ def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, rec
     return entries
 
 
-def _variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]]:
+def variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]]:
+    """Per browser EP of the recipe's chains, the variants in preference order."""
     names = [v.name for v in variants]
     eps = sorted({ep for chain in recipe.chains.values() for ep in chain}, key=["webgpu", "wasm"].index)
     table = {}
@@ -47,47 +56,104 @@ def _variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]
     return table
 
 
-def write_package(staging: Path, recipe: Recipe, variants: list[Variant], feeds: dict[str, np.ndarray], reference_model: onnx.ModelProto, progress: Progress) -> tuple[dict, dict[str, Path]]:
-    """Model files, sample and runtime files into `staging`, and the manifest that describes them.
-    Returns (manifest, model path per variant); the build adds the outputs' sample shapes once the
-    reference has run on the shipped fp32 file."""
-    files: list[PackageFile] = []
-    model_paths: dict[str, Path] = {}
-    variant_entries = {}
+@dataclass
+class PackageContents:
+    """Every file written into the package so far and the manifest sections describing them."""
+
+    name: str
+    description: str | None
+    chains: dict[str, list[str]]
+    loader: LoaderSettings
+    files: dict[str, PackageFile] = field(default_factory=dict)
+    variants: dict[str, VariantEntry] = field(default_factory=dict)
+    variant_for: dict[str, list[str]] = field(default_factory=dict)
+    model_paths: dict[str, Path] = field(default_factory=dict)  # variant name -> shipped model file
+    inputs: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)
+    sample: Sample | None = None
+    runtime: dict[str, Any] = field(default_factory=dict)
+    ep_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add(self, *files: PackageFile) -> None:
+        for file in files:
+            self.files[file.path] = file
+
+    def manifest(
+        self,
+        *,
+        thresholds: Thresholds | None = None,
+        verification: Verification | None = None,
+        measurements: list[Measurement] | None = None,
+        license: str | None = None,
+        fp16: dict[str, Any] | None = None,
+    ) -> Manifest:
+        return make_manifest(
+            name=self.name,
+            description=self.description,
+            files={path: file.manifest_entry() for path, file in self.files.items()},
+            variants=self.variants,
+            variant_for=self.variant_for,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            sample=self.sample,  # type: ignore[arg-type]
+            runtime=self.runtime,
+            execution_providers=self.chains,
+            ep_options=self.ep_options,
+            loader=self.loader,
+            thresholds=thresholds,
+            verification=verification,
+            measurements=measurements,
+            license=license,
+            fp16=fp16,
+        )
+
+
+def start_package(recipe: Recipe) -> PackageContents:
+    return PackageContents(
+        name=recipe.name,
+        description=recipe.description,
+        chains=recipe.chains,
+        # "chain": the recipe's EP order; the loader helper's measured choice can switch it to "measured".
+        loader={"watchdogMs": recipe.watchdog_ms, "prewarm": recipe.prewarm, "select": "chain"},
+    )
+
+
+def write_models(staging: Path, contents: PackageContents, recipe: Recipe, variants: list[Variant], reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Progress) -> None:
+    """One content-hashed model file per variant (the repair passes capped its IR version for the runtime)."""
     for variant in variants:
         entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
-        files.append(entry)
-        model_paths[variant.name] = staging / entry.path
-        variant_entries[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}
-    data, tensors = sample_bytes(feeds)
-    sample = add_hashed_file(staging, "sample", ".bin", data, progress)
-    files.append(sample)
+        contents.add(entry)
+        contents.model_paths[variant.name] = staging / entry.path
+        contents.variants[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}
+    contents.variant_for = variant_for(variants, recipe)
+    contents.inputs = io_entries(reference_model, feeds, recipe, outputs=False)
+    contents.outputs = io_entries(reference_model, None, recipe, outputs=True)
+    layout = preferred_layout(reference_model)
+    contents.ep_options = {"webgpu": {"preferredLayout": layout}} if layout else {}
 
+
+def write_sample(staging: Path, contents: PackageContents, recipe: Recipe, reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarray], progress: Progress) -> None:
+    """The sample file: inputs, then their fp32 reference outputs; and the outputs' sample shapes."""
+    data, tensors, outputs = sample_bytes(feeds, reference)
+    sample = add_hashed_file(staging, "sample", ".bin", data, progress)
+    contents.add(sample)
+    contents.sample = {"file": sample.path, "tensors": tensors, "outputs": outputs}
+    contents.outputs = io_entries(reference_model, reference, recipe, outputs=True)
+
+
+def write_runtime(staging: Path, contents: PackageContents, recipe: Recipe, progress: Progress) -> None:
+    """The onnxruntime-web bundles the platform chains need (one per distinct chain bundle)."""
     runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
-    needed = {"webgpu" if "webgpu" in chain else "wasm" for chain in recipe.chains.values()}
     bundles = {}
-    for key in sorted(needed):
+    for key in sorted({chain_bundle(chain) for chain in recipe.chains.values()}):
         bundle = runtime.bundles[key]
         module = add_hashed_file(staging, f"ort/{bundle.module.name.removesuffix('.mjs')}", ".mjs", bundle.module.read_bytes(), progress)
         wasm = add_hashed_file(staging, f"ort/{bundle.wasm.name.removesuffix('.wasm')}", ".wasm", bundle.wasm.read_bytes(), progress)
-        files += [module, wasm]
+        contents.add(module, wasm)
         bundles[key] = {"entry": bundle.entry, "module": module.path, "wasm": wasm.path}
+    contents.runtime = {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles}
 
-    layout = preferred_layout(reference_model)
-    manifest = {
-        "schema": 1,
-        "name": recipe.name,
-        "description": recipe.description,
-        "files": {f.path: f.manifest_entry() for f in sorted(files, key=lambda f: f.path)},
-        "variants": variant_entries,
-        "variantFor": _variant_for(variants, recipe),
-        "inputs": io_entries(reference_model, feeds, recipe, outputs=False),
-        "outputs": io_entries(reference_model, None, recipe, outputs=True),
-        "sample": {"file": sample.path, "tensors": tensors},
-        "runtime": {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles},
-        "executionProviders": recipe.chains,
-        "epOptions": {"webgpu": {"preferredLayout": layout}} if layout else {},
-        "loader": {"watchdogMs": recipe.watchdog_ms, "prewarm": recipe.prewarm},
-        "verification": {"browser": False, "passed": False},
-    }
-    return manifest, model_paths
+
+def add_plain_files(staging: Path, contents: PackageContents, paths: list[str]) -> None:
+    """Files written without a hash in their name (loader files, demo page, report.json)."""
+    contents.add(*(describe_file(staging, path) for path in paths))

@@ -1,5 +1,6 @@
 """Sample inputs: from --inputs NPZ, per-input .npy files, constants or seeded random ranges; and the
-raw little-endian `sample.bin` the package ships for the demo page and the browser checks."""
+raw little-endian `sample.bin` the package ships for the demo page and the browser checks (the
+inputs, then their fp32 reference outputs)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import onnx
 from onnx import TensorProto
 
 from pipeline.dtypes import ONNX_TO_NAME
-from pipeline.errors import PackError
+from pipeline.errors import PackError, warn
 from pipeline.recipe import InputSpec, Recipe
 
 ONNX_TO_NUMPY = ONNX_TO_NAME  # the one dtype table (pipeline/dtypes.py)
@@ -40,29 +41,72 @@ def _resolve_shape(info: onnx.ValueInfoProto, spec: InputSpec | None, where: str
         raise PackError(f"{where} '{info.name}': shape {shape} has rank {len(shape)}, the model expects {model_shape}")
     symbolic = [d for d in shape if not isinstance(d, int)]
     if symbolic:
-        raise PackError(f"input '{info.name}' has symbolic dims {symbolic} ({model_shape}); give --input {info.name}=" + "x".join(str(d) if isinstance(d, int) else "N" for d in shape) + f" or recipe key inputs.{info.name}.shape")
+        # The example is a shape --input accepts as printed: a size (1) in place of each symbolic dim.
+        example = "x".join(str(d) if isinstance(d, int) else "1" for d in shape)
+        raise PackError(f"input '{info.name}' has symbolic dims {symbolic} ({model_shape}); give each a size for the sample, e.g. --input {info.name}={example} or recipe key inputs.{info.name}.shape")
     for want, declared in zip(shape, model_shape):
         if isinstance(declared, int) and declared and want != declared:
             raise PackError(f"{where} '{info.name}': shape {shape} does not match the model's {model_shape}")
     return shape
 
 
-def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict[str, np.ndarray]:
-    inputs = graph_inputs(model)
-    names = {i.name for i in inputs}
+def check_recipe_io(model: onnx.ModelProto, recipe: Recipe) -> None:
+    """Every `inputs.<name>` and `outputs.<name>` table of the recipe names a real input/output."""
+    names = {i.name for i in graph_inputs(model)}
     for name in recipe.inputs:
         if name not in names:
-            raise PackError(f"recipe key 'inputs.{name}': the model has no input '{name}'; its inputs are: {', '.join(sorted(names))}")
-    given: dict[str, np.ndarray] = {}
-    if npz is not None:
-        try:
-            with np.load(npz, allow_pickle=False) as archive:
-                given = {key: archive[key] for key in archive.files}
-        except (OSError, ValueError) as error:
-            raise PackError(f"--inputs {npz}: cannot read as .npz ({error}); save with numpy.savez(path, name=array)") from None
-        unknown = sorted(set(given) - names)
-        if unknown:
-            raise PackError(f"--inputs {npz}: keys {unknown} are not model inputs; expected {sorted(names)}")
+            raise PackError(f"{_recipe_where(recipe)}key 'inputs.{name}': the model has no input '{name}'; its inputs are: {', '.join(sorted(names))}")
+    outputs = [o.name for o in model.graph.output]
+    for name in recipe.outputs:
+        if name not in outputs:
+            raise PackError(f"{_recipe_where(recipe)}key 'outputs.{name}': the model has no output '{name}'; its outputs are: {', '.join(outputs)}; rename the table")
+
+
+def _recipe_where(recipe: Recipe) -> str:
+    return f"{recipe.path}: " if recipe.path else "recipe "
+
+
+def _read_npz(npz: Path, inputs: list[onnx.ValueInfoProto], recipe: Recipe) -> dict[str, np.ndarray]:
+    """The arrays of an --inputs archive: no unknown keys, and every input that the recipe does
+    not fill itself (file, value or range) present, so no input is silently made up."""
+    names = {i.name for i in inputs}
+    try:
+        with np.load(npz, allow_pickle=False) as archive:
+            given = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError) as error:
+        raise PackError(f"--inputs {npz}: cannot read as .npz ({error}); save with numpy.savez(path, name=array)") from None
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise PackError(f"--inputs {npz}: keys {unknown} are not model inputs; expected {sorted(names)}")
+
+    def recipe_fills(name: str) -> bool:
+        spec = recipe.inputs.get(name)
+        return bool(spec and (spec.file or spec.value is not None or spec.range))
+
+    missing = [i.name for i in inputs if i.name not in given and not recipe_fills(i.name)]
+    if missing:
+        raise PackError(f"--inputs {npz}: no array for input(s) {', '.join(missing)}; add them to the .npz (numpy.savez(path, {missing[0]}=array, ...)) or give them in the recipe's inputs table")
+    return given
+
+
+def _npz_array(array: np.ndarray, dtype: str, name: str, where: str) -> np.ndarray:
+    """The array in the model's dtype: equal dtypes pass, an exact widening (float16 -> float32,
+    int32 -> int64, ..., or a scalar whose value survives the cast) is cast with one warning
+    line, anything else is refused (a silent
+    narrowing would verify the package on other numbers than the ones given)."""
+    if array.dtype == np.dtype(dtype):
+        return array
+    cast = array.astype(dtype)
+    if np.can_cast(array.dtype, dtype, casting="safe") or (array.ndim == 0 and cast == array):
+        warn(f"{where}: '{name}' is {array.dtype}, cast to the model's {dtype} (exact, no value changes)")
+        return cast
+    raise PackError(f"{where}: '{name}' is {array.dtype}, the model expects {dtype}; save it as {dtype} (array.astype('{dtype}'))")
+
+
+def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict[str, np.ndarray]:
+    check_recipe_io(model, recipe)
+    inputs = graph_inputs(model)
+    given = _read_npz(npz, inputs, recipe) if npz is not None else {}
     rng = np.random.default_rng(recipe.seed)
     feeds: dict[str, np.ndarray] = {}
     for info in inputs:
@@ -93,11 +137,7 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
                 array = np.zeros(shape, dtype=bool)
             feeds[info.name] = array.astype(dtype)
             continue
-        if array.dtype != np.dtype(dtype):
-            if array.ndim == 0 or np.can_cast(array.dtype, dtype, casting="same_kind"):
-                array = array.astype(dtype)
-            else:
-                raise PackError(f"{where}: '{info.name}' is {array.dtype}, the model expects {dtype}")
+        array = _npz_array(array, dtype, info.name, where)
         if array.ndim == 0 and declared_shape(info):
             array = np.full(_resolve_shape(info, spec, where), array, dtype=dtype)
         _resolve_shape(info, InputSpec(info.name, shape=list(array.shape)), where)
@@ -105,16 +145,25 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
     return feeds
 
 
-def sample_bytes(feeds: dict[str, np.ndarray]) -> tuple[bytes, dict]:
-    """Concatenated little-endian tensors and the manifest's `sample.tensors` description."""
-    chunks, tensors, offset = [], {}, 0
-    for name, array in feeds.items():
+def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | None = None) -> tuple[bytes, dict, dict]:
+    """Concatenated little-endian tensors: the inputs, then their fp32 reference `outputs` (so a
+    page can compare its own run with the build's); and the manifest's `sample.tensors` and
+    `sample.outputs` descriptions."""
+    chunks: list[bytes] = []
+    offset = 0
+
+    def append(array: np.ndarray) -> dict:
+        nonlocal offset
         data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         # 8-byte alignment so the browser can view each tensor without copying.
         padding = (-offset) % 8
         chunks.append(b"\0" * padding)
         offset += padding
-        tensors[name] = {"dtype": str(array.dtype), "dims": list(array.shape), "offset": offset, "length": len(data)}
+        entry = {"dtype": str(array.dtype), "dims": list(array.shape), "offset": offset, "length": len(data)}
         chunks.append(data)
         offset += len(data)
-    return b"".join(chunks), tensors
+        return entry
+
+    tensors = {name: append(array) for name, array in feeds.items()}
+    described = {name: append(np.asarray(array)) for name, array in (outputs or {}).items()}
+    return b"".join(chunks), tensors, described

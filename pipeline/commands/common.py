@@ -1,26 +1,86 @@
-"""What every command shares: error reporting and JSON output."""
+"""What every command shares: error reporting, signal handling, output-folder checks, JSON output."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import tempfile
+import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import typer
 
-from pipeline.errors import PackError
+from pipeline.errors import PackError, interrupt_exit_code, raise_terminated
 from pipeline.progress import Progress
 
 
 @contextmanager
 def cli_errors() -> Iterator[None]:
-    """Turn a PackError into its one-line message on stderr and exit code 2."""
+    """Run a command body: a PackError becomes its one-line message on stderr and exit code 2;
+    Ctrl-C (exit 130) and SIGTERM (exit 143) unwind through the same clean-up paths and end with
+    one line instead of a traceback."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     except PackError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(error.exit_code) from None
+    except KeyboardInterrupt as error:
+        code = interrupt_exit_code(error)
+        typer.echo(f"interrupted ({signal.Signals(code - 128).name}): stopped and cleaned up", err=True)
+        raise typer.Exit(code) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def check_output_folder(folder: Path, option: str = "--out") -> None:
+    """Refuse, before any work, an output folder that is a file, lies under a file, or cannot be
+    written (the package goes to FOLDER/<name>/)."""
+    fix = f"give {option} a writable folder (the package goes to {option.removeprefix('--').upper()}/<name>/)"
+    if folder.exists() and not folder.is_dir():
+        raise PackError(f"{option} {folder}: is a file, not a folder; {fix}")
+    existing = folder
+    while not existing.exists() and not existing.is_symlink():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise PackError(f"{option} {folder}: {existing} is a file, so no folder can be made under it; {fix}")
+    if not is_writable_folder(existing):
+        raise PackError(f"{option} {folder}: {existing} is read-only; {fix}")
+
+
+def is_writable_folder(folder: Path) -> bool:
+    """Whether a folder can be made in `folder`, by trying (permission bits alone miss read-only
+    mounts, immutable folders and root's override); the probe is removed at once."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pack-probe-", dir=folder))
+    except OSError:
+        return False
+    return True
+
+
+def is_package_folder(folder: Path) -> bool:
+    return folder.is_dir() and (folder / "manifest.json").is_file()
+
+
+def require_package_folder(folder: Path, command: str) -> None:
+    """Refuse what is not a folder made by `pack build`, saying what to give instead."""
+    usage = f"`pack {command}` takes a package folder made by `pack build` (dist/<name>)"
+    if not folder.exists():
+        raise PackError(f"{folder}: no such folder; {usage}")
+    if not folder.is_dir():
+        build_hint = f"; build one first: pack build {folder}" if folder.suffix in (".onnx", ".toml") else ""
+        raise PackError(f"{folder}: is a file, not a package folder; {usage}{build_hint}")
+    if not (folder / "manifest.json").is_file():
+        raise PackError(f"{folder}: not a package (no manifest.json); {usage}")
 
 
 def progress_for(json_output: bool) -> Progress:

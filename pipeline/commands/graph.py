@@ -1,4 +1,5 @@
-"""`pack inspect` and `pack diagnose`."""
+"""`pack inspect` and `pack diagnose`. onnx and the browser runner are imported in the command
+bodies, so other commands do not load them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import typer
 
 from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.errors import PackError
-from pipeline.graph.model_io import load_model
 from pipeline.runtime import DEFAULT_VERSION
 
 BUNDLES = ("root", "webgpu")
@@ -27,6 +27,7 @@ def inspect(
     """Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback."""
     from pipeline.graph.inspect import human_lines, inspect_model, repaired
     from pipeline.precision.readiness import fp16_readiness
+    from pipeline.graph.model_io import load_model
 
     with cli_errors():
         progress = progress_for(json_output)
@@ -94,6 +95,7 @@ def diagnose(
     from pipeline.verify.browser.models import BrowserModelRunner
     from pipeline.verify.diagnose import diagnose as run_diagnosis
     from pipeline.verify.diagnose import human_lines, random_feeds
+    from pipeline.graph.model_io import load_model
 
     with cli_errors():
         bundles = bundle or list(BUNDLES)

@@ -12,7 +12,8 @@ from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.errors import PackError
 from pipeline.publish.cors import set_cors, validate_origins
 from pipeline.publish.plan import PackagePlan, find_packages, plan_package
-from pipeline.publish.publisher import PublishResult, publish as publish_plans
+from pipeline.assets.manifest import describe_run
+from pipeline.publish.publisher import PublishResult, local_plan, publish as publish_plans
 from pipeline.publish.s3 import Target, check_bucket, is_r2, make_client, normalize_prefix
 from pipeline.publish.transfer import MIB, MIN_PART_SIZE
 
@@ -46,7 +47,21 @@ def publish(
         Optional[list[str]],
         typer.Option(envvar="PACK_CORS", help="Set a bucket CORS rule for GET/HEAD from ORIGIN (repeatable)."),
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Show what would change; change nothing. Without credentials or a reachable bucket: the full local plan.",
+        ),
+    ] = False,
+    allow_failed: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failed",
+            envvar="PACK_ALLOW_FAILED",
+            help="Publish a package whose verification failed (each failed check is printed as a warning).",
+        ),
+    ] = False,
     prune: Annotated[
         bool, typer.Option("--prune", help="Delete objects under the prefix that no published manifest references.")
     ] = False,
@@ -58,33 +73,91 @@ def publish(
     """Publish packages to S3 or R2: hashed files, then manifest, then loader; unchanged objects are skipped."""
     with cli_errors():
         progress = progress_for(json_output)
-        if not bucket:
+        if not bucket and not dry_run:
             raise PackError("no bucket: pass --bucket NAME or set PACK_BUCKET")
         if part_size * MIB < MIN_PART_SIZE:
             raise PackError(f"--part-size {part_size}: S3 and R2 need parts of at least 5 MiB")
         origins = validate_origins(cors or [])
         plans = _plan_all(dist, allow_none=bool(origins))
+        warnings = _trust_gate(plans, allow_failed)
         target = Target(
-            bucket=bucket,
+            bucket=bucket or "<bucket>",
             prefix=normalize_prefix(prefix),
             endpoint_url=endpoint_url or None,
             region=region or None,
             profile=profile or None,
             public_url=public_url or None,
         )
-        client = make_client(target)
-        target = replace(target, region=client.meta.region_name)  # as resolved (AWS_REGION, profile)
-        check_bucket(client, target)
-        rules = set_cors(client, target, origins, dry_run) if origins else None
-        result = publish_plans(
-            client, target, plans, part_size=part_size * MIB, dry_run=dry_run, prune_unreferenced=prune, progress=progress
-        )
+        client, unreachable = _connect(target, dry_run, has_bucket=bool(bucket))
+        if client is None:
+            result = local_plan(target, plans, with_urls=bool(bucket))
+            result.remote_unchecked = unreachable
+            rules = None
+        else:
+            target = replace(target, region=client.meta.region_name)  # as resolved (AWS_REGION, profile)
+            rules = set_cors(client, target, origins, dry_run) if origins else None
+            result = publish_plans(
+                client, target, plans, part_size=part_size * MIB, dry_run=dry_run, prune_unreferenced=prune, progress=progress
+            )
+        result.warnings = warnings
         if is_r2(target.endpoint_url) and not target.public_url and plans:
             progress.note("note: the R2 API URL is not public; set --public-url / PACK_PUBLIC_URL to its public domain")
         if json_output:
             print_json(_summary_json(result, rules))
         else:
-            _print_summary(result, rules)
+            _print_summary(result, rules, what_else=_unchecked_extras(prune, origins))
+
+
+def _connect(target: Target, dry_run: bool, has_bucket: bool):
+    """(client, None), or under --dry-run (None, why the bucket could not be asked) instead of an error."""
+    try:
+        if not has_bucket:
+            raise PackError("no bucket given (--bucket / PACK_BUCKET)")
+        client = make_client(target)
+        check_bucket(client, target)
+        return client, None
+    except PackError as error:
+        if not dry_run:
+            raise
+        return None, str(error)
+
+
+def _unchecked_extras(prune: bool, origins: list[str]) -> list[str]:
+    extras = []
+    if prune:
+        extras.append("which objects --prune would delete")
+    if origins:
+        extras.append("the bucket's CORS rules")
+    return extras
+
+
+def _trust_gate(plans: list[PackagePlan], allow_failed: bool) -> list[str]:
+    """Nothing unverified is served silently: a package whose verification failed is refused
+    (naming each failed check) unless --allow-failed, which warns once per failed check; a package
+    built without the browser checks is published with a warning. Returns the warnings printed."""
+    warnings: list[str] = []
+
+    def warn(text: str) -> None:
+        warnings.append(text)
+        typer.echo(f"warning: {text}", err=True)
+
+    for plan in plans:
+        for path in plan.unlisted:
+            warn(f"{plan.root / path}: not listed in manifest.json, not uploaded; rebuild the package, or remove the file")
+        verification = plan.manifest["verification"]
+        if not verification["passed"]:
+            failed = plan.failed
+            reasons = [describe_run(run) for run in failed] or ["no check ran to completion (every one was skipped or not verifiable)"]
+            if not allow_failed:
+                raise PackError(
+                    f"{plan.root}: verification failed, not publishing {plan.name}: {'; '.join(reasons)}; "
+                    "fix the model or recipe and rebuild, or pass --allow-failed (PACK_ALLOW_FAILED=1) to publish it anyway"
+                )
+            for reason in reasons:
+                warn(f"{plan.name}: publishing despite a failed check (--allow-failed): {reason}")
+        if not verification["browser"]:
+            warn(f"{plan.name}: never verified in a browser (built with --no-browser); run `pack verify {plan.root}` before serving it")
+    return warnings
 
 
 def _plan_all(dist: list[Path] | None, allow_none: bool) -> list[PackagePlan]:
@@ -114,10 +187,15 @@ def _summary_json(result: PublishResult, rules: list[dict[str, Any]] | None) -> 
         "loader_url": next(iter(urls.values())) if len(urls) == 1 else None,
         "loader_urls": urls,
         "cors": rules,
+        "warnings": result.warnings,
+        "remote_unchecked": result.remote_unchecked,
     }
 
 
-def _print_summary(result: PublishResult, rules: list[dict[str, Any]] | None) -> None:
+def _print_summary(result: PublishResult, rules: list[dict[str, Any]] | None, what_else: list[str]) -> None:
+    if result.remote_unchecked is not None:
+        _print_local_plan(result, what_else)
+        return
     rate = result.bytes / result.seconds / 1e6 if result.seconds > 0 else 0.0
     verb = "would upload" if result.dry_run else "uploaded"
     line = (
@@ -131,3 +209,15 @@ def _print_summary(result: PublishResult, rules: list[dict[str, Any]] | None) ->
         typer.echo(f"CORS: GET/HEAD allowed from {', '.join(rules[-1]['AllowedOrigins'])}")
     for name, url in result.loader_urls.items():
         typer.echo(f"{name}: {url}")
+
+
+def _print_local_plan(result: PublishResult, what_else: list[str]) -> None:
+    """--dry-run without a bucket to ask: every object in upload order with its bytes and headers."""
+    typer.echo("dry run, nothing changed: local plan, in upload order")
+    width = max((len(obj.key) for obj in result.objects), default=0)
+    for number, obj in enumerate(result.objects, 1):
+        encoding = f"; Content-Encoding: {obj.content_encoding}" if obj.content_encoding else ""
+        typer.echo(f"  {number:>3} {obj.key:<{width}}  {obj.bytes:>11,d} B  {obj.content_type}{encoding}; Cache-Control: {obj.cache_control}")
+    typer.echo(f"would upload at most {result.uploaded} objects ({result.bytes / 1e6:.1f} MB)")
+    unchecked = ", ".join(["which objects already exist (they would be skipped)", *what_else])
+    typer.echo(f"not checked remotely: {unchecked}: {result.remote_unchecked}")

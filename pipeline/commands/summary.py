@@ -44,6 +44,28 @@ def browser_lines(browser: dict) -> list[str]:
     return lines
 
 
+def fp16_kept_lines(report: dict) -> list[str]:
+    """The fp16 nodes kept in fp32 (name, op, why), their size cost and the search's figures."""
+    step = next((s for s in report.get("steps", []) if s["name"] == "fp16_keep_fp32"), None)
+    if not step or not step.get("records"):
+        return []
+    record = step["records"][0]
+    lines = []
+    sizes = record.get("sizes")
+    if sizes:
+        count = len(record.get("kept", []))
+        lines.append(f"  fp16: {count} node{'s' if count != 1 else ''} kept in fp32; weights {sizes['fp16_bytes']} B vs all-fp16 ideal {sizes['all_fp16_ideal_bytes']} B (+{sizes['kept_cost_bytes']} B) and fp32 {sizes['fp32_bytes']} B")
+    for kept in record.get("kept", [])[:20]:
+        lines.append(f"    kept {kept['node']} ({kept['op']}): {kept['why']}")
+    search = record.get("search")
+    if search:
+        outcome = f"failed: {search['failed']}" if "failed" in search else ("minimal" if search.get("minimal") else f"not minimal: {search.get('stopped')}")
+        lines.append(f"    search: {search['trials']} trials, {search['seconds']:.1f} s over {search['candidates']} ranked nodes with {', '.join(search['evaluators'])}; {outcome}")
+    if record.get("lock"):
+        lines.append(f"    {record['lock']}")
+    return lines
+
+
 def print_summary(report: dict, package_dir: Path) -> None:
     echo = lambda line="": typer.echo(line, err=False)  # noqa: E731
     echo(f"package {report['name']} -> {package_dir}")
@@ -51,11 +73,15 @@ def print_summary(report: dict, package_dir: Path) -> None:
     if source:
         echo(f"  source {source.get('uri')} ({source.get('precision', '?')}: {source.get('precision_reason', '')})")
     for step in report.get("steps", []):
-        if step.get("changed") or step.get("refused"):
+        if (step.get("changed") or step.get("refused")) and step["name"] != "fp16_keep_fp32":
             what = step.get("refused") or "; ".join(r.get("what") or r.get("warning") or str(r) for r in step.get("records", [])[:3])
             echo(f"  step {step['name']}: {what}")
+    for line in fp16_kept_lines(report):
+        echo(line)
     for name, reason in report.get("variants_refused", {}).items():
         echo(f"  variant {name} refused: {reason}")
+    for item in report.get("refused") or []:
+        echo(f"  {item['variant']} on {item['ep']} [{item['bundle']} bundle] refused (the loader will not pick it): {item['by']}")
     echo("checks:")
     for check in report["checks"]:
         echo(check_line(check))

@@ -1,15 +1,14 @@
 """`pack verify DIST/NAME`: re-run the browser checks on a built package.
 
 The reference is recomputed on the host from the package itself (its fp32 variant on onnxruntime
-CPU, fed the package's sample), and each check keeps the threshold the build recorded in
-report.json (recipe overrides included); without a report the defaults apply. The package is not
+CPU, fed the package's sample), and each check keeps the threshold the build recorded in the
+manifest's `thresholds` (recipe overrides included). The package is not
 modified: the result goes to stdout. `--runtime A --runtime B` runs the same package on other
 onnxruntime-web builds (npm versions, dev builds, local builds) and prints them side by side.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,7 +16,7 @@ import brotli
 import numpy as np
 import typer
 
-from pipeline.commands.common import cli_errors, print_json, progress_for
+from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
 from pipeline.commands.summary import MARKS, browser_lines, check_line
 from pipeline.errors import PackError
 from pipeline.dtypes import NUMPY_DTYPES
@@ -42,6 +41,7 @@ def verify(
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM (exit 1 when a check fails)."""
     with cli_errors():
+        require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
         runtimes = [runtime_from_option(value, "--runtime", progress) for value in runtime or []]
@@ -52,7 +52,7 @@ def verify(
         reference_variant, reference_path = reference_model(package, manifest)
         progress.note(f"reference: {reference_path.name} on onnxruntime CPU")
         references = reference_outputs(reference_path, feeds)
-        thresholds = recorded_thresholds(package, manifest)
+        thresholds = recorded_thresholds(manifest)
         if not runtimes:
             result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
         else:
@@ -112,31 +112,18 @@ def reference_model(package: Path, manifest: dict) -> tuple[str, Path]:
     raise PackError(f"{package / 'manifest.json'}: no fp32 or fp16 variant to compute a reference from; rebuild with an fp32 variant")
 
 
-def recorded_thresholds(package: Path, manifest: dict) -> dict[str, dict[str, dict]]:
-    """thresholds[variant][output]: the build's recorded browser (else host) thresholds, else defaults."""
-    recorded: dict[tuple[str, str], dict] = {}
-    try:
-        report = json.loads((package / "report.json").read_text())
-    except (OSError, ValueError):
-        report = {}
-    # browser checks on wasm and host checks carry the unwidened bounds (the harness widens fp16 on
-    # webgpu itself); webgpu checks come last
-    def preference(check: dict) -> int:
-        if check.get("stage") == "browser" and check.get("ep") == "wasm":
-            return 0
-        return 1 if check.get("stage") == "host" else 2
-
-    for check in sorted(report.get("checks", []), key=preference):
-        key = (check.get("variant"), check.get("output"))
-        if check.get("threshold") and key not in recorded:
-            recorded[key] = dict(check["threshold"])
+def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict]]:
+    """thresholds[variant][output] for the harness: the bounds the build checked, from the
+    manifest (its wasm bounds, else its webgpu ones, which the harness's own widening leaves as
+    they are), else the defaults."""
+    recorded = manifest["thresholds"]
     table: dict[str, dict[str, dict]] = {}
     for variant, spec in manifest["variants"].items():
         table[variant] = {}
         for output in manifest["outputs"]:
-            kind = output.get("kind", "tensor")
-            bounds = recorded.get((variant, output["name"])) or threshold_for(kind, spec.get("precision", "fp32"), "wasm")
-            table[variant][output["name"]] = bounds
+            name = output["name"]
+            bounds = next((recorded[ep][variant][name] for ep in ("wasm", "webgpu") if name in recorded.get(ep, {}).get(variant, {})), None)
+            table[variant][name] = dict(bounds) if bounds else threshold_for(output.get("kind", "tensor"), spec.get("precision", "fp32"), "wasm")
     return table
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from pipeline.assets.manifest import validate
 from pipeline.errors import PackError
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "web_template"
@@ -46,29 +47,19 @@ def render_loader(package_dir: Path, manifest: dict) -> list[str]:
 
 
 def template_context(manifest: dict) -> dict[str, Any]:
-    """What the templates see, validated; PackError names the manifest key at fault."""
-    if not isinstance(manifest, dict):
-        raise PackError("manifest.json: not an object; rebuild the package")
-    name = manifest.get("name")
-    if not isinstance(name, str) or not name:
-        raise PackError('manifest.json "name": missing or empty; set the recipe name')
-    inputs = [_io_item(item, f"inputs[{i}]") for i, item in enumerate(_list(manifest, "inputs"))]
-    outputs = [_io_item(item, f"outputs[{i}]") for i, item in enumerate(_list(manifest, "outputs"))]
-    variants = manifest.get("variants")
-    if not isinstance(variants, dict) or not variants:
-        raise PackError('manifest.json "variants": missing or empty; the build must ship at least one model variant')
-    bundles = (manifest.get("runtime") or {}).get("bundles")
-    if not isinstance(bundles, dict) or not bundles:
-        raise PackError('manifest.json "runtime.bundles": missing or empty; the build must ship an onnxruntime-web bundle')
+    """What the templates see, from a valid manifest; PackError names the manifest key at fault."""
+    validate(manifest, "manifest.json")
+    inputs = [_io_item(item) for item in manifest["inputs"]]
+    outputs = [_io_item(item) for item in manifest["outputs"]]
     return {
         # Comments only: a name may not break out of a // line.
-        "name": _LINE_BREAKS.sub(" ", name),
+        "name": _LINE_BREAKS.sub(" ", manifest["name"]),
         "inputs": inputs,
         "outputs": outputs,
         "input_union": _union(item["name"] for item in inputs),
         "output_union": _union(item["name"] for item in outputs),
-        "variant_union": _union(sorted(variants)),
-        "bundle_union": _union(sorted(bundles)),
+        "variant_union": _union(sorted(manifest["variants"])),
+        "bundle_union": _union(sorted(manifest["runtime"]["bundles"])),
     }
 
 
@@ -81,25 +72,13 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _list(manifest: dict, key: str) -> list:
-    value = manifest.get(key)
-    if not isinstance(value, list) or not value:
-        raise PackError(f'manifest.json "{key}": missing or empty; the model must declare its {key}')
-    return value
-
-
-def _io_item(item: Any, where: str) -> dict[str, str]:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        raise PackError(f'manifest.json "{where}": needs a string "name"; rebuild the package')
-    dtype = item.get("dtype")
-    if not isinstance(dtype, str):
-        raise PackError(f'manifest.json "{where}.dtype": missing for {item["name"]!r}; rebuild the package')
-    shape = item.get("shape") or []
+def _io_item(item: dict) -> dict[str, str]:
+    shape = item["shape"]
     return {
         "name": item["name"],
         "key": json.dumps(item["name"]),
-        "dtype": dtype,
-        "dtype_literal": json.dumps(dtype),
+        "dtype": item["dtype"],
+        "dtype_literal": json.dumps(item["dtype"]),
         "shape": ", ".join(str(dim) for dim in shape),
         # symbolic dims are numbers at run time
         "shape_type": "readonly [" + ", ".join(str(d) if isinstance(d, int) and d >= 0 else "number" for d in shape) + "]",

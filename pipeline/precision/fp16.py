@@ -1,13 +1,17 @@
 """fp16 conversion that survives real models, and the reverse upcast for models shipped as fp16.
 
-`convert_to_fp16` = the "fp16-before" repairs (rename names the converter would reuse, detach consumed
-outputs) → onnxconverter-common (fp32 I/O kept, safe block list) → the "fp16-after" repairs (Cast
-retarget, topological sort) → full onnx.checker. Each step is recorded for report.json.
+`convert_with_keeps` = the "fp16-before" repairs (rename names the converter would reuse, detach
+consumed outputs) → unnamed nodes named → onnxconverter-common (fp32 I/O kept, safe block list, the
+nodes kept in fp32) → the "fp16-after" repairs (Cast retarget, topological sort) → full
+onnx.checker; an invalid result keeps more nodes in fp32 and retries (keep.py). Each step is
+recorded for report.json.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -18,6 +22,7 @@ from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.graph.passes.util import all_graphs
 from pipeline.graph.registry import in_stage, run_passes
+from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
 # has no fp16 before opset 27, RandomNormalLike draws in its input's type (../shared notes fp16.md).
@@ -28,36 +33,69 @@ class FP16Refused(Exception):
     """The model cannot be converted safely; the message says why."""
 
 
-def _converter_step(model: onnx.ModelProto, block_list: list[str]) -> PassResult:
+def _converter_step(model: onnx.ModelProto, block_list: list[str], keep: set[str]) -> PassResult:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block_list)
+            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block_list, node_block_list=sorted(keep))
         except Exception as error:  # the converter raises bare Exceptions and ValueErrors
-            raise FP16Refused(f"onnxconverter-common failed: {str(error).splitlines()[0][:300]}") from None
+            raise ConversionError(f"onnxconverter-common failed: {error}") from None
+    added = cast_kept_inputs(converted, keep)
+    restore_fp32_outputs(converted, {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT})
     notes = sorted({str(w.message).splitlines()[0][:200] for w in caught})
     blocked = sorted({n.op_type for n in model.graph.node if n.op_type in block_list})
-    records = [{"what": f"converted to fp16, fp32 I/O kept; kept in fp32: {', '.join(blocked) or 'none'}"}]
-    records += [{"warning": note} for note in notes]
+    what = f"converted to fp16, fp32 I/O kept; ops kept in fp32: {', '.join(blocked) or 'none'}"
+    if keep:
+        what += f"; {len(keep)} nodes kept in fp32 ({added} casts added inside subgraphs)"
+    records = [{"what": what}] + [{"warning": note} for note in notes]
     return PassResult(converted, True, records)
 
 
-def convert_to_fp16(model: onnx.ModelProto, extra_block_list: list[str] = ()) -> tuple[onnx.ModelProto, list[dict]]:
-    """Returns (fp16 model, steps). Raises FP16Refused with the reason when it cannot be done."""
-    block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
-    # The IR version cap is not run here: the converter keeps its input's IR version, and the
-    # build capped that already.
-    prepared, steps = run_passes(model, in_stage("fp16-before"), finish=False)
-    result = _converter_step(prepared, block_list)
+def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str], steps: list[dict]) -> onnx.ModelProto:
+    del steps[:]
+    result = _converter_step(model, block_list, keep)
     steps.append(result.as_step("fp16_convert"))
     converted, after = run_passes(result.model, in_stage("fp16-after"), finish=False)
     steps += after
     try:
         onnx.checker.check_model(converted, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-        raise FP16Refused(f"converted model fails onnx.checker: {str(error).splitlines()[0][:300]}") from None
+        raise ConversionError(f"converted model fails onnx.checker: {error}", converted) from None
     steps.append({"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]})
-    return converted, steps
+    return converted
+
+
+@dataclass
+class FP16Result:
+    model: onnx.ModelProto
+    steps: list[dict]
+    kept: list[KeptNode]  # nodes kept in fp32 (from the converter's errors, a lock or a search)
+
+
+def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (), keep: dict[str, str] | None = None, validate: Callable[[onnx.ModelProto], str | None] | None = None) -> FP16Result:
+    """fp16 conversion that keeps `keep` ({node: why}) in fp32, and keeps more nodes when the
+    converted graph is invalid (see keep.py). Raises FP16Refused with the reason when it cannot."""
+    block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
+    # The IR version cap is not run here: the converter keeps its input's IR version, and the
+    # build capped that already.
+    prepared, steps = run_passes(model, in_stage("fp16-before"), finish=False)
+    named = name_unnamed_nodes(prepared)
+    if named.changed:
+        steps.append(named.as_step(name_unnamed_nodes.name))
+    attempt_steps: list[dict] = []
+    try:
+        converted, kept, records = convert_keeping(named.model, lambda m, k: _convert_once(m, block_list, k, attempt_steps), keep, validate, blocked_ops=set(block_list))
+    except KeepFailed as error:
+        raise FP16Refused(f"converted model is invalid: {error}") from None
+    if records:
+        steps.append({"name": "fp16_keep", "changed": True, "records": records})
+    return FP16Result(converted, steps + attempt_steps, kept_list(kept, named.model))
+
+
+def convert_to_fp16(model: onnx.ModelProto, extra_block_list: list[str] = ()) -> tuple[onnx.ModelProto, list[dict]]:
+    """Returns (fp16 model, steps). Raises FP16Refused with the reason when it cannot be done."""
+    result = convert_with_keeps(model, extra_block_list)
+    return result.model, result.steps
 
 
 def _upcast_tensor(tensor: onnx.TensorProto) -> None:

@@ -1,6 +1,7 @@
 """Which variants a package ships, made from the repaired source model.
 
-fp32 sources are converted to fp16 (cached per source bytes, settings and conversion code); sources
+fp32 sources are converted to fp16 (cached per source bytes, settings, conversion code and the nodes
+kept in fp32, which kept.py decides); sources
 already in fp16 ship as fp16 with an upcast fp32 fallback; quantized sources ship as they are.
 """
 
@@ -19,7 +20,9 @@ import pipeline
 from pipeline.cache import cache_dir
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.detect import detect_precision
-from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
+from pipeline.precision.fp16 import FP16Refused, convert_with_keeps, upcast_to_fp32
+from pipeline.precision.keep import name_unnamed_nodes
+from pipeline.precision.kept import Fp16Context, fp16_with_kept_nodes
 from pipeline.recipe import Recipe
 
 # Cached conversions are keyed by the code that makes them too: every module of these folders and
@@ -38,6 +41,7 @@ class Variant:
     model: onnx.ModelProto
     origin: str  # how it was made, for the summary
     requires: list[str] = field(default_factory=list)
+    kept_fp32: list[dict] = field(default_factory=list)  # [{node, op, why}]: manifest fp16.keptFp32
 
 
 def conversion_sources(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> list[Path]:
@@ -63,52 +67,80 @@ def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
     return hashlib.sha256(config.encode()).hexdigest()
 
 
-def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str]) -> tuple[onnx.ModelProto | None, list[dict], str | None]:
-    """fp16 conversion, reused from the work cache when the source and settings are unchanged."""
+def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: dict[str, str], refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:
+    """fp16 conversion keeping `keep` in fp32 (plus what the converter's errors add), reused from
+    the work cache when the source, settings and kept nodes are unchanged. Returns (model, steps,
+    refusal, kept {node: why})."""
+    keep_key = hashlib.sha256(json.dumps(sorted(keep)).encode()).hexdigest()[:16]
     folder = cache_dir("work", key)
-    model_file, steps_file = folder / "fp16.onnx", folder / "fp16.steps.json"
+    model_file, steps_file = folder / f"fp16-{keep_key}.onnx", folder / f"fp16-{keep_key}.steps.json"
     if steps_file.exists():
         cached = json.loads(steps_file.read_text())
+        kept = {**keep, **cached.get("kept", {})}
         if cached.get("refused"):
-            return None, cached["steps"], cached["refused"]
+            return None, cached["steps"], cached["refused"], kept
         if model_file.exists():
-            return onnx.load(str(model_file)), cached["steps"], None
+            return onnx.load(str(model_file)), cached["steps"], None, kept
     try:
-        converted, steps = convert_to_fp16(model, block_ops)
-        refused = None
+        result = convert_with_keeps(model, block_ops, keep, refusal)
+        converted, steps, refused = result.model, result.steps, None
+        found = {k.node: k.why for k in result.kept if k.node not in keep}
         model_file.write_bytes(model_bytes(converted))
     except FP16Refused as error:
-        converted, steps, refused = None, [{"name": "fp16_convert", "changed": False, "records": [], "refused": str(error)}], str(error)
-    steps_file.write_text(json.dumps({"steps": steps, "refused": refused}))
-    return converted, steps, refused
+        converted, steps, refused, found = None, [{"name": "fp16_convert", "changed": False, "records": [], "refused": str(error)}], str(error), {}
+    steps_file.write_text(json.dumps({"steps": steps, "refused": refused, "kept": found}))
+    return converted, steps, refused, {**keep, **found}
 
 
-def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, report: dict) -> tuple[list[Variant], onnx.ModelProto]:
+def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None) -> Variant | None:
+    """The fp16 variant with its nodes kept in fp32 (kept.py); None when fp16 is refused."""
+    named = name_unnamed_nodes(model).model
+    key = _work_key(source_sha, recipe)
+    refusal = context.refusal if context else None
+
+    def convert(keep: dict[str, str]) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:
+        return _cached_fp16(named, key, recipe.fp16_block_ops, keep, refusal)
+
+    decided = fp16_with_kept_nodes(named, recipe, convert, made.steps, made.refused, context)
+    if decided is None:
+        return None
+    converted, kept = decided
+    origin = "converted" + (f", {len(kept)} nodes kept in fp32" if kept else "")
+    return Variant("fp16", "fp16", converted, origin, ["shader-f16"], kept)
+
+
+@dataclass
+class VariantSet:
+    """What the precision stage decided: the variants to ship, the fp32 host reference, and why."""
+
+    variants: list[Variant]
+    reference: onnx.ModelProto
+    precision: str  # of the source: fp32 | fp16 | quantized
+    precision_reason: str
+    steps: list[dict] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
+
+
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, context: Fp16Context | None = None) -> VariantSet:
     """The variants to ship and the fp32 model that serves as the host reference."""
     precision, why = detect_precision(model)
-    report["source"]["precision"] = precision
-    report["source"]["precision_reason"] = why
     if precision == "quantized":
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]})
-        return [Variant("quantized", "quantized", model, "source (quantized)")], model
+        step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
+        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], model, precision, why, [step])
     if precision == "fp16":
-        reference, step = upcast_to_fp32(model)
-        report["steps"].append({"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]})
-        variants = []
+        reference, upcast = upcast_to_fp32(model)
+        made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
         if "fp16" in recipe.variants:
-            variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
+            made.variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
         if "fp32" in recipe.variants:
-            report["steps"].append(step)
-            variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
-        return variants, reference
-    variants = []
+            made.steps.append(upcast)
+            made.variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
+        return made
+    made = VariantSet([], model, precision, why)
     if "fp16" in recipe.variants:
-        converted, steps, refused = _cached_fp16(model, _work_key(source_sha, recipe), recipe.fp16_block_ops)
-        report["steps"].extend(steps)
-        if refused:
-            report["variants_refused"]["fp16"] = refused
-        else:
-            variants.append(Variant("fp16", "fp16", converted, "converted", ["shader-f16"]))
-    if "fp32" in recipe.variants or not variants:
-        variants.append(Variant("fp32", "fp32", model, "source"))
-    return variants, model
+        fp16 = _fp16_variant(model, recipe, source_sha, made, context)
+        if fp16 is not None:
+            made.variants.append(fp16)
+    if "fp32" in recipe.variants or not made.variants:
+        made.variants.append(Variant("fp32", "fp32", model, "source"))
+    return made

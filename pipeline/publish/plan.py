@@ -1,7 +1,8 @@
-"""What to upload from one package directory, validated against its manifest.json.
+"""What to upload from one package directory: exactly the files its manifest.json lists, and the manifest.
 
-Nothing here talks to a bucket: a package that names a missing file, or a file whose bytes do
-not match the manifest, is refused here, before any request is made.
+Nothing here talks to a bucket: a package whose manifest is not valid (pipeline/assets/manifest.py),
+that names a missing file, or a file whose bytes do not match the manifest, is refused here, before
+any request is made. A file in the folder that the manifest does not list is never uploaded.
 
 One object per decoded name: where the manifest lists a `br` encoding, the `.br` bytes are
 uploaded under the decoded name with `Content-Encoding: br`.
@@ -10,7 +11,6 @@ uploaded under the decoded name with `Content-Encoding: br`.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from enum import IntEnum
@@ -19,6 +19,7 @@ from typing import Any
 
 import brotli
 
+from pipeline.assets.manifest import Manifest, Run, failed_runs, read_manifest
 from pipeline.cache import file_sha256
 from pipeline.errors import PackError
 
@@ -44,23 +45,36 @@ _TYPES = {
     ".bin": "application/octet-stream",
 }
 
-# Not hashed, published after the hashed files and the manifest (see Stage). report.json is
-# deliberately absent: browsers never fetch it and it describes the build machine's run.
-_ENTRY_FILES = {"loader.js": "loader", "loader.d.ts": "loader", "index.html": "page"}
-
 _HASHED_NAME = re.compile(r"^.+\.([0-9a-f]{16})\.[^./]+$")
-_PACKAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _READ_CHUNK = 1 << 20
+LOADER_ENTRY = "loader.js"
+DEMO_SCRIPT = "demo.js"  # imported by index.html, imports loader.js
 
 
 class Stage(IntEnum):
     """Upload order. Each stage starts only when the previous one fully succeeded, so every
-    manifest ever visible in the bucket names objects that are already there."""
+    manifest ever visible in the bucket names objects that are already there, and every file is
+    there before a file that imports it: the loader's own modules (and loader.d.ts, report.json)
+    before loader.js, loader.js before the demo script, the demo script before the page."""
 
     HASHED = 0
     MANIFEST = 1
-    LOADER = 2
-    PAGE = 3
+    SUPPORT = 2
+    LOADER = 3
+    DEMO = 4
+    PAGE = 5
+
+
+def stage_of(path: str, cache: str) -> Stage:
+    if cache == "immutable":
+        return Stage.HASHED
+    if path == LOADER_ENTRY:
+        return Stage.LOADER
+    if path == DEMO_SCRIPT:
+        return Stage.DEMO
+    if path.endswith(".html"):
+        return Stage.PAGE
+    return Stage.SUPPORT
 
 
 @dataclass(frozen=True)
@@ -90,10 +104,20 @@ class PackagePlan:
     name: str
     root: Path
     objects: tuple[PlannedObject, ...]
+    manifest: Manifest
+    unlisted: tuple[str, ...] = ()  # files in the folder that the manifest does not list: not uploaded
 
     @property
     def paths(self) -> frozenset[str]:
         return frozenset(obj.path for obj in self.objects)
+
+    @property
+    def failed(self) -> list[Run]:
+        return failed_runs(self.manifest)
+
+    @property
+    def browser_verified(self) -> bool:
+        return self.manifest["verification"]["browser"]
 
 
 def find_packages(dist: Path) -> list[Path]:
@@ -111,60 +135,25 @@ def find_packages(dist: Path) -> list[Path]:
 
 
 def plan_package(root: Path) -> PackagePlan:
-    """Validate the package at `root` and list its objects in upload order."""
-    manifest_path = root / "manifest.json"
-    manifest = _read_manifest(manifest_path)
-    name = manifest["name"]
-    files: dict[str, Any] = manifest["files"]
-    _check_references(manifest_path, manifest)
-
-    objects = [_plan_listed_file(root, path, entry) for path, entry in sorted(files.items())]
-    objects.append(_plan_entry_file(root, "manifest.json", Stage.MANIFEST))
-    if not (root / "loader.js").is_file():
-        raise PackError(f"{root / 'loader.js'}: missing; rebuild the package with `pack build`")
-    for entry_name, kind in _ENTRY_FILES.items():
-        if (root / entry_name).is_file():
-            stage = Stage.LOADER if kind == "loader" else Stage.PAGE
-            objects.append(_plan_entry_file(root, entry_name, stage))
-    objects.sort(key=lambda obj: (obj.stage, obj.path))
-    return PackagePlan(name=name, root=root, objects=tuple(objects))
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PackError(f"{path}: missing; this is not a package, run `pack build` first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise PackError(f"{path}: not valid JSON ({error}); rebuild the package") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != 1:
-        raise PackError(f"{path}: not a schema-1 manifest; rebuild the package with this pack version")
-    name = manifest.get("name")
-    if not isinstance(name, str) or not _PACKAGE_NAME.match(name):
-        raise PackError(f"{path}: 'name' must be letters, digits, '.', '_' or '-'; got {name!r}")
-    if not isinstance(manifest.get("files"), dict):
-        raise PackError(f"{path}: 'files' must be an object of package paths; rebuild the package")
-    return manifest
-
-
-def _check_references(manifest_path: Path, manifest: dict[str, Any]) -> None:
-    """Every path the loader may fetch must be listed in `files`, or it would not be published."""
+    """Validate the package at `root` and list its objects in upload order: exactly the files its
+    manifest lists, then manifest.json itself."""
+    manifest = read_manifest(root)
     files = manifest["files"]
+    objects = [_plan_listed_file(root, path, entry) for path, entry in files.items()]
+    manifest_file = root / "manifest.json"
+    sha256, size = _sha256_file(manifest_file)
+    objects.append(PlannedObject("manifest.json", manifest_file, size, sha256, sha256, _content_type("manifest.json", None), None, SHORT_CACHE, Stage.MANIFEST))
+    objects.sort(key=lambda obj: (obj.stage, obj.path))
+    return PackagePlan(name=manifest["name"], root=root, objects=tuple(objects), manifest=manifest, unlisted=tuple(_unlisted(root, files)))
 
-    def objects(value: Any) -> list[dict[str, Any]]:
-        items = value.values() if isinstance(value, dict) else []
-        return [item for item in items if isinstance(item, dict)]
 
-    referenced: list[Any] = [variant.get("model") for variant in objects(manifest.get("variants"))]
-    if isinstance(manifest.get("sample"), dict):
-        referenced.append(manifest["sample"].get("file"))
-    for bundle in objects((manifest.get("runtime") or {}).get("bundles")):
-        referenced += [bundle.get("module"), bundle.get("wasm")]
-    for path in referenced:
-        if path is not None and path not in files:
-            raise PackError(
-                f"{manifest_path}: references {path!r} which is not listed in 'files'; rebuild the package"
-            )
+def _unlisted(root: Path, files: dict[str, Any]) -> list[str]:
+    """Package paths on disk that neither the manifest nor one of its encodings names."""
+    known = {"manifest.json", *files}
+    for entry in files.values():
+        known.update(encoding["path"] for encoding in entry["encodings"].values())
+    on_disk = (path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file() or path.is_symlink())
+    return sorted(path for path in on_disk if path not in known)
 
 
 def _safe_path(root: Path, path: str) -> Path:
@@ -193,12 +182,15 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
             f"{decoded}: the name says content hash {match.group(1)} but the file hashes to "
             f"{sha256[:16]}; rebuild the package"
         )
+    if entry["cache"] == "immutable" and not match:
+        raise PackError(f"{where}: cache 'immutable' but the name carries no content hash; rebuild the package")
     content_type = _content_type(path, entry.get("mediaType"))
-    cache = IMMUTABLE_CACHE if match else SHORT_CACHE
+    cache = IMMUTABLE_CACHE if entry["cache"] == "immutable" else SHORT_CACHE
+    stage = stage_of(path, entry["cache"])
 
     brotli_entry = (entry.get("encodings") or {}).get("br")
     if not brotli_entry:
-        return PlannedObject(path, decoded, size, sha256, sha256, content_type, None, cache, Stage.HASHED)
+        return PlannedObject(path, decoded, size, sha256, sha256, content_type, None, cache, stage)
     encoded = _safe_path(root, brotli_entry.get("path") or f"{path}.br")
     if not encoded.is_file():
         raise PackError(f"{encoded}: listed as the br encoding of {path} but missing; rebuild the package")
@@ -207,13 +199,7 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
         raise PackError(f"{encoded}: {body_size} bytes, manifest.json says {brotli_entry['size']}; rebuild")
     if _brotli_decoded_sha256(encoded) != sha256:
         raise PackError(f"{encoded}: does not decode to {path}; rebuild the package")
-    return PlannedObject(path, encoded, body_size, sha256, body_sha256, content_type, "br", cache, Stage.HASHED)
-
-
-def _plan_entry_file(root: Path, path: str, stage: Stage) -> PlannedObject:
-    source = root / path
-    sha256, size = _sha256_file(source)
-    return PlannedObject(path, source, size, sha256, sha256, _content_type(path, None), None, SHORT_CACHE, stage)
+    return PlannedObject(path, encoded, body_size, sha256, body_sha256, content_type, "br", cache, stage)
 
 
 def _content_type(path: str, media_type: Any) -> str:

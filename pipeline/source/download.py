@@ -14,7 +14,7 @@ CHUNK = 1 << 20
 TIMEOUT_S = 60
 
 
-def download(url: str, sha256: str | None, progress: Progress) -> Path:
+def download(url: str, sha256: str | None, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
     """The cached file for `url`; a partial download left by an earlier run is resumed."""
     if not sha256:
         raise PackError(f"source {url}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256)")
@@ -54,6 +54,6 @@ def download(url: str, sha256: str | None, progress: Progress) -> Path:
     actual = file_sha256(partial)
     if actual != sha256:
         partial.unlink()
-        raise PackError(f"source {url}: sha256 is {actual}, the recipe expects {sha256}; fix 'source.sha256' or the URL")
+        raise PackError(f"source {url}: sha256 is {actual}, {sha256_origin} expects {sha256}; fix {sha256_origin} or the URL")
     partial.rename(target)
     return target

@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pipeline.cache import atomic_copy, cache_dir
+from pipeline.cache import atomic_copy, atomic_output, cache_dir
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 
@@ -64,8 +64,7 @@ def _members(archive: Path) -> list[str]:
 
 
 def _extract(archive: Path, member: str, destination: Path) -> None:
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=destination.parent, delete=False, prefix=".extract.") as out:
+    with atomic_output(destination) as out:
         if archive.suffix in (".whl", ".zip"):
             with zipfile.ZipFile(archive) as z, z.open(member) as src:
                 shutil.copyfileobj(src, out)
@@ -74,7 +73,6 @@ def _extract(archive: Path, member: str, destination: Path) -> None:
                 src = t.extractfile(member)
                 assert src is not None
                 shutil.copyfileobj(src, out)
-    Path(out.name).replace(destination)
 
 
 def _match(members: list[str], wanted: str, spec: str) -> str:
@@ -100,9 +98,8 @@ def _extract_many(archive: Path, members: set[str], folder: Path) -> None:
             if member.name in members:
                 src = t.extractfile(member)
                 assert src is not None
-                with tempfile.NamedTemporaryFile(dir=folder, delete=False, prefix=".extract.") as out:
+                with atomic_output(folder / Path(member.name).name) as out:
                     shutil.copyfileobj(src, out)
-                Path(out.name).replace(folder / Path(member.name).name)
 
 
 def _assemble_chunked(archive: Path, index_member: str, key: str, destination: Path, spec: str, progress: Progress) -> None:
@@ -118,7 +115,7 @@ def _assemble_chunked(archive: Path, index_member: str, key: str, destination: P
     staging = destination.parent / ".chunks"
     staging.mkdir(exist_ok=True)
     _extract_many(archive, {f"{folder}/{c['hash']}" for c in chunks}, staging)
-    with tempfile.NamedTemporaryFile(dir=destination.parent, delete=False, prefix=".assemble.") as out, progress.task(f"assemble {key}", index[key].get("size"), "bytes") as task:
+    with atomic_output(destination) as out, progress.task(f"assemble {key}", index[key].get("size"), "bytes") as task:
         for chunk in chunks:
             data = (staging / chunk["hash"]).read_bytes()
             if hashlib.sha256(data).hexdigest() != chunk["hash"]:
@@ -130,7 +127,6 @@ def _assemble_chunked(archive: Path, index_member: str, key: str, destination: P
             task.advance(len(data))
     shutil.rmtree(staging, ignore_errors=True)
     index_file.unlink()
-    Path(out.name).replace(destination)
 
 
 def fetch_package_file(spec: str, progress: Progress) -> Path:

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import onnx
 
+from pipeline.graph.model_io import model_bytes
+from pipeline.precision.kept import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
-from pipeline.verify.host import run_model
+from pipeline.verify.host import HostRun, run_model
 from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
 
+# A quantized source is its own reference: its host check bounds non-finite values only.
+SELF_REFERENCE_BOUNDS = {"nan": 0, "inf": 0}
 
-def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, report: dict, progress: Progress, model_files: dict[str, Path]) -> None:
+
+def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, progress: Progress, model_files: dict[str, Path]) -> list[dict]:
+    """report.json check entries (stage "host") of each variant on onnxruntime CPU."""
+    checks: list[dict] = []
     for variant in variants:
         progress.note(f"host check {variant.name} on onnxruntime CPU")
         run = run_model(model_files[variant.name], feeds)
@@ -27,18 +37,18 @@ def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds
             detail = run.error or "no outputs"
             if variant.precision == "fp16" and is_if:
                 detail += "; the model has If/Loop/Scan subgraphs, which fp16 conversion does not handle: fold them (repair fold_if) or ship fp32 only (variants = ['fp32'])"
-            report["checks"].append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": detail})
+            checks.append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": detail})
             continue
         for name, expected in reference.items():
-            spec = recipe.outputs.get(name)
-            kind = spec.kind if spec else "tensor"
-            threshold = threshold_for(kind, variant.precision, "cpu", spec.thresholds.get(variant.name) if spec else None)
+            kind = _kind(recipe, name)
+            threshold = _bounds(variant, name, recipe, "cpu")
             metrics = compare(expected, run.outputs[name], kind)
             passed, reason = judge(metrics, threshold)
             check = {**base, "output": name, "status": "passed" if passed else "failed", "metrics": metrics, "threshold": threshold}
             if reason:
                 check["detail"] = reason
-            report["checks"].append(check)
+            checks.append(check)
+    return checks
 
 
 def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], declared: list[dict]) -> list[dict]:
@@ -52,7 +62,7 @@ def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], decl
         floating = value.dtype.kind == "f"
         metrics = {"shape_ok": shape_ok, "nan": int(np.isnan(value).sum()) if floating else 0, "inf": int(np.isinf(value).sum()) if floating else 0}
         passed = shape_ok and not metrics["nan"] and not metrics["inf"]
-        check = {"stage": "host", "ep": "cpu", "variant": variant.name, "output": entry["name"], "status": "passed" if passed else "failed", "metrics": metrics, "threshold": {"nan": 0, "inf": 0}}
+        check = {"stage": "host", "ep": "cpu", "variant": variant.name, "output": entry["name"], "status": "passed" if passed else "failed", "metrics": metrics, "threshold": dict(SELF_REFERENCE_BOUNDS)}
         if not passed:
             check["detail"] = f"shape {list(value.shape)} vs declared {expected}" if not shape_ok else "non-finite outputs"
         else:
@@ -61,15 +71,87 @@ def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], decl
     return checks
 
 
+def _kind(recipe: Recipe, output: str) -> str:
+    spec = recipe.outputs.get(output)
+    return spec.kind if spec else "tensor"
+
+
+def _bounds(variant: Variant, output: str, recipe: Recipe, ep: str) -> dict:
+    spec = recipe.outputs.get(output)
+    override = spec.thresholds.get(variant.name) if spec else None
+    return threshold_for(_kind(recipe, output), variant.precision, ep, override)
+
+
 def browser_thresholds(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe) -> dict[str, dict[str, dict]]:
     """thresholds[variant][output] for the browser harness: the wasm bounds with the recipe's
     overrides. The harness takes each output's kind from the manifest and widens fp16 on webgpu."""
-    table: dict[str, dict[str, dict]] = {}
+    return {variant.name: {name: _bounds(variant, name, recipe, "wasm") for name in reference} for variant in variants}
+
+
+def threshold_table(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe, variant_for: dict[str, list[str]]) -> dict[str, dict[str, dict[str, dict]]]:
+    """manifest `thresholds[ep][variant][output]`: the bounds the build's checks use, exactly: the
+    host checks' (cpu), and the browser harness's for each variant an EP may run (fp16 on webgpu
+    widened as the harness widens it)."""
+    from pipeline.verify.browser.harness import webgpu_aware_threshold
+
+    table: dict[str, dict[str, dict[str, dict]]] = {"cpu": {}}
     for variant in variants:
-        table[variant.name] = {}
-        for name in reference:
+        table["cpu"][variant.name] = {
+            name: dict(SELF_REFERENCE_BOUNDS) if variant.precision == "quantized" else _bounds(variant, name, recipe, "cpu")
+            for name in reference
+        }
+    by_name = {variant.name: variant for variant in variants}
+    browser = browser_thresholds(variants, reference, recipe)
+    for ep in ("wasm", "webgpu"):
+        for name in variant_for.get(ep, []):
+            variant = by_name[name]
+            table.setdefault(ep, {})[name] = {
+                output: webgpu_aware_threshold(bounds, _kind(recipe, output), variant.precision, ep) for output, bounds in browser[name].items()
+            }
+    return table
+
+
+def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> Callable[[Path], tuple[bool, str]]:
+    def judge_model(path: Path) -> tuple[bool, str]:
+        result = run(path, feeds)
+        if getattr(result, "not_verifiable", None):
+            return True, f"not verifiable: {result.not_verifiable}"  # e.g. over lavapipe's buffer limit
+        if result.outputs is None:
+            return False, f"{DID_NOT_RUN}: {result.error or 'no outputs'}"
+        for name, expected in reference().items():
             spec = recipe.outputs.get(name)
             kind = spec.kind if spec else "tensor"
-            override = spec.thresholds.get(variant.name) if spec else None
-            table[variant.name][name] = threshold_for(kind, variant.precision, "wasm", override)
-    return table
+            threshold = threshold_for(kind, "fp16", ep, spec.thresholds.get("fp16") if spec else None)
+            passed, reason = judge(compare(expected, result.outputs[name], kind), threshold)
+            if not passed:
+                return False, f"{name}: {reason}"
+        return True, "passed"
+
+    return judge_model
+
+
+def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> list[Evaluator]:
+    """The checks an fp16 candidate must pass in the keep-in-fp32 search: the host CPU check, and
+    the WebGPU-kernel check (fp16 accumulation) when that stage is available on this machine."""
+    evaluators = [Evaluator("host cpu", _fp16_judge(run_model, "cpu", reference, feeds, recipe))]
+    try:
+        from pipeline.verify import webgpu_kernels
+    except ImportError:
+        return evaluators
+    if webgpu_kernels.unavailable_reason() is None:
+        evaluators.append(Evaluator("webgpu-kernels", _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe)))
+    return evaluators
+
+
+def onnxruntime_refusal(feeds: dict[str, np.ndarray]) -> Callable[[onnx.ModelProto], str | None]:
+    """onnxruntime's reason for refusing a converted model (run in a child), or None if it runs."""
+    def refusal(model: onnx.ModelProto) -> str | None:
+        with tempfile.TemporaryDirectory(prefix="pack-fp16-load-") as tmp:
+            path = Path(tmp) / "fp16.onnx"
+            path.write_bytes(model_bytes(model))
+            run = run_model(path, feeds)
+        if run.outputs is not None or run.crashes:
+            return None  # a crash names no node to keep: the host check reports it
+        return run.error or "onnxruntime refused the model"
+
+    return refusal

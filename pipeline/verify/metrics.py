@@ -2,8 +2,12 @@
 
 Metric names are the keys used in report.json: `max_abs`, `max_abs_of_range` (max abs error as a
 fraction of the reference's value range: the figure fp16 accumulation error scales with), `rel_l2`,
-`psnr_db` (images) or `snr_db` (audio), `nan`/`inf` (non-finite values the reference does not have),
-`shape_ok`. Threshold keys are the same names: upper bounds for errors, lower bounds for dB figures.
+`psnr_db` and `p999_abs_of_range` (images: the 99.9th percentile of |error| as a fraction of the
+range, what a person can see, where `max_abs_of_range` is one pixel), `snr_db` and `seg_snr_db`
+(audio: SNR over the whole signal, and the mean SNR of 256-sample segments, each clamped to
+[-10, 35] dB, so a quiet passage that breaks is not hidden by loud ones), `nan`/`inf` (non-finite
+values the reference does not have), `shape_ok`. Threshold keys are the same names: upper bounds for
+errors, lower bounds for dB figures. docs/precision.md has the measurements behind the defaults.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import math
 import numpy as np
 
 OUTPUT_KINDS = ("tensor", "image", "audio")
-LOWER_BOUNDS = ("psnr_db", "snr_db")  # higher is better; every other threshold is an upper bound
+LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db")  # higher is better; every other threshold is an upper bound
+SEGMENT = 256  # samples per segment of the segmental SNR (16 ms at 16 kHz)
+SEG_SNR_RANGE = (-10.0, 35.0)  # the usual per-segment clamp: silence cannot dominate the mean
 
 
 def _finite_db(value: float) -> float:
@@ -53,12 +59,33 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
         mse = err_norm**2 / max(diff.size, 1)
         peak = value_range if value_range > 0 else 1.0
         metrics["psnr_db"] = _finite_db(math.inf if mse == 0 else 10 * math.log10(peak**2 / mse))
+        p999 = float(np.percentile(np.abs(diff), 99.9)) if diff.size else 0.0
+        metrics["p999_abs_of_range"] = p999 / peak
     elif kind == "audio":
         metrics["snr_db"] = _finite_db(math.inf if err_norm == 0 else 20 * math.log10(max(ref_norm, 1e-30) / err_norm))
+        metrics["seg_snr_db"] = _segmental_snr(ref_f, diff)
     for key in ("max_abs_of_range", "rel_l2"):
         if math.isinf(metrics[key]):
             metrics[key] = 1e9
     return metrics
+
+
+def _segmental_snr(reference: np.ndarray, diff: np.ndarray) -> float:
+    """Mean per-segment SNR along the last axis (segments of SEGMENT samples, the tail too), each
+    clamped to SEG_SNR_RANGE; segments that are silent in both are skipped."""
+    ref = reference.reshape(-1, reference.shape[-1]) if reference.ndim else reference.reshape(1, 1)
+    err = diff.reshape(ref.shape)
+    low, high = SEG_SNR_RANGE
+    figures = []
+    for row_ref, row_err in zip(ref, err):
+        for start in range(0, row_ref.size, SEGMENT):
+            signal = float(np.sum(row_ref[start:start + SEGMENT] ** 2))
+            noise = float(np.sum(row_err[start:start + SEGMENT] ** 2))
+            if signal == 0 and noise == 0:
+                continue
+            db = high if noise == 0 else (low if signal == 0 else 10 * math.log10(signal / noise))
+            figures.append(min(max(db, low), high))
+    return round(float(np.mean(figures)), 3) if figures else high
 
 
 def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:

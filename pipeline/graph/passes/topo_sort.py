@@ -7,6 +7,18 @@ import onnx
 
 from pipeline.errors import PackError
 from pipeline.graph.passes.base import PassResult, PassSettings, Repair
+from pipeline.graph.passes.util import all_graphs, subgraphs
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The node's inputs and the outer-scope names its subgraphs read (an If branch that pads `h`
+    must come after the node that makes `h`)."""
+    names = set(node.input)
+    for sub in subgraphs(node):
+        for graph in all_graphs(sub):
+            for inner in graph.node:
+                names.update(inner.input)
+    return names
 
 
 def _sorted_nodes(graph: onnx.GraphProto, outer: set[str]) -> list[onnx.NodeProto]:
@@ -18,7 +30,7 @@ def _sorted_nodes(graph: onnx.GraphProto, outer: set[str]) -> list[onnx.NodeProt
         still = []
         for node in pending:
             # Names nobody in this graph produces come from an enclosing scope.
-            if all(name in available or name not in producers for name in node.input):
+            if all(name in available or name not in producers for name in _reads(node)):
                 ordered.append(node)
                 available.update(node.output)
             else:

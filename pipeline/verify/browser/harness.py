@@ -150,30 +150,6 @@ def run_summary(run_report: dict) -> dict:
     return summary
 
 
-def measurements(report: dict, source: str = "build") -> list[dict]:
-    """The manifest's `measurements` entries (COMMON.md schema 2) of a browser report: one per run
-    that passed its checks, with the production-settings times. `source`: "build", "gpu" or
-    "benchmark". Runs that failed or were not verifiable measure nothing a loader should trust."""
-    adapter = report.get("adapter") or {}
-    adapter_class = ({key: adapter.get(key) or "" for key in ("vendor", "architecture", "description")}
-                     if adapter.get("available") else None)
-    entries = []
-    for run in report.get("runs", []):
-        timings = run.get("timings_ms") or {}
-        if run.get("status") != "passed" or timings.get("steady_run_ms") is None:
-            continue
-        entries.append({
-            "source": source,
-            "browser": f"Chromium/{report.get('chromium')}",
-            "adapter": adapter_class,
-            "bundle": run["bundle"], "ep": run["ep"], "variant": run["variant"],
-            "createMs": timings.get("session_create_ms"),
-            "firstMs": timings.get("first_run_ms"),
-            "steadyMs": timings.get("steady_run_ms"),
-        })
-    return entries
-
-
 def _verify_run(
     runner: BrowserRunner, manifest: dict, planned: PlannedRun, runtime: str | dict, adapter: dict,
     references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int, profile: bool,

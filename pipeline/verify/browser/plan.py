@@ -7,13 +7,10 @@ package ships for a chain with that EP.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import PackError
-
-_REQUIRED_KEYS = ("variants", "variantFor", "outputs", "sample", "runtime", "executionProviders")
+from pipeline.assets.manifest import Manifest, chain_bundle, read_manifest
 
 
 @dataclass
@@ -25,40 +22,20 @@ class PlannedRun:
     default: bool = False  # some chain picks this variant for this EP by default (variantFor)
 
 
-def load_manifest(package_dir: Path) -> dict:
-    path = Path(package_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PackError(f"{path}: not found; point at a folder made by `pack build` (dist/<name>)") from None
-    except ValueError as error:
-        raise PackError(f"{path}: not JSON ({error}); rebuild the package") from None
-    missing = [key for key in _REQUIRED_KEYS if key not in manifest]
-    if missing:
-        raise PackError(f"{path}: missing {', '.join(missing)}; rebuild the package with this version of pack")
-    return manifest
+def load_manifest(package_dir: Path) -> Manifest:
+    """The package's manifest, validated (pipeline/assets/manifest.py)."""
+    return read_manifest(package_dir)
 
 
-def chain_bundle(chain: list[str]) -> str:
-    """ARCHITECTURE.md: a chain with webgpu loads the webgpu bundle; a wasm-only chain the wasm bundle."""
-    return "webgpu" if "webgpu" in chain else "wasm"
-
-
-def plan_runs(manifest: dict) -> list[PlannedRun]:
+def plan_runs(manifest: Manifest) -> list[PlannedRun]:
     """One run per distinct (bundle, EP, variant) a platform chain can be asked for: webgpu bundle
-    first, then webgpu EP first, then the variants in variantFor order, then the other variants."""
+    first, then webgpu EP first, then the variants in variantFor order, then the other variants.
+    (validate() has checked that every chain's bundle, EPs and variants exist.)"""
     runs: dict[tuple[str, str, str], PlannedRun] = {}
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
-        if bundle not in manifest["runtime"].get("bundles", {}):
-            raise PackError(f"manifest.json: runtime.bundles has no {bundle!r} bundle for platform {platform!r}; rebuild the package")
         for ep in chain:
-            variants = manifest["variantFor"].get(ep)
-            if not variants:
-                raise PackError(f"manifest.json: variantFor has no variants for EP {ep!r} (platform {platform!r}); rebuild the package")
-            for variant in variants:
-                if variant not in manifest["variants"]:
-                    raise PackError(f"manifest.json: variantFor[{ep!r}] names unknown variant {variant!r}; rebuild the package")
+            variants = manifest["variantFor"][ep]
             others = [name for name in manifest["variants"] if name not in variants]
             for variant in [*variants, *others]:
                 run = runs.setdefault((bundle, ep, variant), PlannedRun(bundle, ep, variant))

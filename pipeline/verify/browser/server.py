@@ -54,14 +54,14 @@ class ServedRequest:
 class StaticServer:
     """Threaded static server; `url` ends with '/'. `requests` records what was served."""
 
-    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None):
+    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None, host: str = "127.0.0.1", port: int = 0):
         self.root = Path(root).resolve()
         mounts = {prefix if prefix.endswith("/") else prefix + "/": Path(path).resolve() for prefix, path in (extra_mounts or {}).items()}
         # longest prefix first, the package root last
         self.mounts = sorted(mounts.items(), key=lambda item: -len(item[0])) + [("/", self.root)]
         self.requests: list[ServedRequest] = []
         self._media_types = _manifest_media_types(self.root)
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         # a short poll interval keeps shutdown() quick (it waits for the next poll)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="pack-static-server", daemon=True)

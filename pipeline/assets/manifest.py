@@ -1,0 +1,381 @@
+"""manifest.json, schema 2: its types, its one builder, its one validator, and the refusal rule.
+
+The JSON Schema shipped beside this module (manifest.schema.json) is the contract every reader
+codes against (the browser loader, `pack verify`, `pack publish`, the test helpers);
+`validate()` adds the cross-references a schema cannot state (every path named is listed in
+`files`, every EP of a chain has variants and a bundle). docs/ARCHITECTURE.md explains the keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Literal, NotRequired, TypedDict
+
+import jsonschema
+
+from pipeline.errors import PackError
+
+SCHEMA_VERSION = 2
+BROWSER_EPS = ("webgpu", "wasm")
+WILDCARD = "*"
+
+Status = Literal["passed", "failed", "not-verifiable", "skipped"]
+
+
+class Encoding(TypedDict):
+    path: str
+    size: int
+
+
+class FileEntry(TypedDict):
+    sha256: str
+    integrity: str  # SRI string of the decoded bytes
+    size: int  # decoded bytes
+    mediaType: str
+    encodings: dict[str, Encoding]  # {"br": ...} where a brotli copy pays, else {}
+    cache: Literal["immutable", "short"]  # immutable: content-hashed name
+
+
+class VariantEntry(TypedDict):
+    precision: str
+    model: str
+    requires: list[str]
+
+
+class SampleTensor(TypedDict):
+    dtype: str
+    dims: list[int]
+    offset: int
+    length: int
+
+
+class Sample(TypedDict):
+    file: str
+    tensors: dict[str, SampleTensor]  # the sample inputs
+    outputs: dict[str, SampleTensor]  # their fp32 reference outputs, after the inputs
+
+
+class Run(TypedDict):
+    stage: Literal["host", "browser", "webgpu-kernels"]
+    bundle: str  # webgpu | wasm | *
+    ep: str  # cpu | webgpu | wasm | *
+    variant: str
+    status: Status
+    detail: NotRequired[str]  # the first failed check with figure and bound; absent when passed
+
+
+class Verification(TypedDict):
+    browser: bool
+    passed: bool
+    runs: list[Run]
+
+
+class Measurement(TypedDict):
+    source: Literal["build", "gpu", "benchmark"]
+    browser: str
+    adapter: dict[str, str] | None
+    bundle: str
+    ep: str
+    variant: str
+    createMs: float | None
+    firstMs: float | None
+    steadyMs: float | None
+
+
+class LoaderSettings(TypedDict):
+    watchdogMs: int
+    prewarm: bool
+    select: Literal["measured", "chain"]
+
+
+# thresholds[ep][variant][output][metric] = bound (metric names of pipeline/verify/metrics.py)
+Thresholds = dict[str, dict[str, dict[str, dict[str, float]]]]
+
+
+class Manifest(TypedDict):
+    schema: int
+    name: str
+    description: NotRequired[str | None]
+    files: dict[str, FileEntry]
+    variants: dict[str, VariantEntry]
+    variantFor: dict[str, list[str]]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    sample: Sample
+    runtime: dict[str, Any]
+    executionProviders: dict[str, list[str]]
+    epOptions: dict[str, dict[str, Any]]
+    loader: LoaderSettings
+    thresholds: Thresholds
+    verification: Verification
+    measurements: list[Measurement]
+    license: str | None
+    fp16: NotRequired[dict[str, Any]]
+
+
+def chain_bundle(chain: Iterable[str]) -> str:
+    """The runtime bundle a platform chain loads: webgpu when the chain has webgpu, else wasm."""
+    return "webgpu" if "webgpu" in chain else "wasm"
+
+
+def make_manifest(
+    *,
+    name: str,
+    files: dict[str, FileEntry],
+    variants: dict[str, VariantEntry],
+    variant_for: dict[str, list[str]],
+    inputs: list[dict[str, Any]],
+    outputs: list[dict[str, Any]],
+    sample: Sample,
+    runtime: dict[str, Any],
+    execution_providers: dict[str, list[str]],
+    loader: LoaderSettings,
+    ep_options: dict[str, dict[str, Any]] | None = None,
+    thresholds: Thresholds | None = None,
+    verification: Verification | None = None,
+    measurements: list[Measurement] | None = None,
+    license: str | None = None,
+    description: str | None = None,
+    fp16: dict[str, Any] | None = None,
+    where: str = "manifest.json",
+) -> Manifest:
+    """The one way a manifest is made (the build, and test packages); validated before it is returned."""
+    manifest: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "name": name,
+        "description": description,
+        "files": dict(sorted(files.items())),
+        "variants": variants,
+        "variantFor": variant_for,
+        "inputs": inputs,
+        "outputs": outputs,
+        "sample": sample,
+        "runtime": runtime,
+        "executionProviders": execution_providers,
+        "epOptions": ep_options or {},
+        "loader": loader,
+        "thresholds": thresholds or {},
+        "verification": verification or {"browser": False, "passed": False, "runs": []},
+        "measurements": measurements or [],
+        "license": license,
+    }
+    if fp16 is not None:
+        manifest["fp16"] = fp16
+    return validate(manifest, where)
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(resources.files(__package__).joinpath("manifest.schema.json").read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def key_path(parts: Iterable[Any]) -> str:
+    """`outputs[0].dtype`, `files["model.fp16.0123456789abcdef.onnx"].cache`: a key as a reader finds it."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier():
+            text += f".{part}" if text else part
+        else:
+            text += f"[{json.dumps(part)}]"
+    return text
+
+
+def validate(manifest: Any, where: str | Path) -> Manifest:
+    """`manifest` unchanged when it is a valid schema-2 manifest; else PackError naming the key."""
+    if not isinstance(manifest, dict):
+        raise PackError(f"{where}: not a JSON object; rebuild the package with this version of pack")
+    if manifest.get("schema") != SCHEMA_VERSION:
+        raise PackError(
+            f'{where}: key "schema": {manifest.get("schema")!r} is not {SCHEMA_VERSION}; '
+            "rebuild the package with this version of pack"
+        )
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(manifest))
+    if error is not None:
+        parts = list(error.absolute_path)
+        message = error.message
+        if error.validator == "required":
+            missing = next(key for key in error.validator_value if key not in error.instance)
+            parts.append(missing)
+            message = "missing"
+        elif error.validator == "additionalProperties" and error.validator_value is False:
+            parts.append(sorted(key for key in error.instance if key not in error.schema.get("properties", {}))[0])
+            message = "not a key of schema 2"
+        elif error.validator in ("minProperties", "minItems"):
+            message = "empty"
+        elif error.validator == "pattern" and error.schema.get("description"):
+            message = f"{error.instance!r}: {error.schema['description']}"
+        raise PackError(f'{where}: key "{key_path(parts)}": {_short(message)}; rebuild the package with this version of pack')
+    _check_references(manifest, where)
+    return manifest  # type: ignore[return-value]
+
+
+def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
+    """What the schema cannot say: each path the loader fetches is listed in `files`, and each
+    platform chain has a bundle and variants for every EP it names."""
+
+    def fail(parts: list[Any], message: str) -> None:
+        raise PackError(f'{where}: key "{key_path(parts)}": {message}; rebuild the package with this version of pack')
+
+    files = manifest["files"]
+    for path in files:
+        if path == "manifest.json":
+            fail(["files", path], "the manifest does not list itself")
+    referenced: list[tuple[list[Any], str]] = [(["variants", name, "model"], v["model"]) for name, v in manifest["variants"].items()]
+    referenced.append((["sample", "file"], manifest["sample"]["file"]))
+    for key, bundle in manifest["runtime"]["bundles"].items():
+        referenced += [(["runtime", "bundles", key, "module"], bundle["module"]), (["runtime", "bundles", key, "wasm"], bundle["wasm"])]
+    for parts, path in referenced:
+        if path not in files:
+            fail(parts, f"{path!r} is not listed in 'files'")
+    for ep, names in manifest["variantFor"].items():
+        for index, name in enumerate(names):
+            if name not in manifest["variants"]:
+                fail(["variantFor", ep, index], f"unknown variant {name!r}")
+    for platform, chain in manifest["executionProviders"].items():
+        if chain_bundle(chain) not in manifest["runtime"]["bundles"]:
+            fail(["executionProviders", platform], f"needs the {chain_bundle(chain)!r} runtime bundle, which runtime.bundles lacks")
+        for ep in chain:
+            if not manifest["variantFor"].get(ep):
+                fail(["executionProviders", platform], f"names EP {ep!r}, for which variantFor has no variants")
+    input_names = {item["name"] for item in manifest["inputs"]}
+    output_names = {item["name"] for item in manifest["outputs"]}
+    for name in manifest["sample"]["tensors"]:
+        if name not in input_names:
+            fail(["sample", "tensors", name], "not a model input")
+    for name in input_names - set(manifest["sample"]["tensors"]):
+        fail(["sample", "tensors"], f"no sample for input {name!r}")
+    for name in manifest["sample"]["outputs"]:
+        if name not in output_names:
+            fail(["sample", "outputs", name], "not a model output")
+
+
+def _short(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def read_manifest(package_dir: Path) -> Manifest:
+    """The validated manifest of the package folder `package_dir`."""
+    path = Path(package_dir) / "manifest.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        raise PackError(f"{path}: not found; point at a folder made by `pack build` (dist/<name>)") from None
+    except OSError as error:
+        raise PackError(f"{path}: cannot read ({error.strerror}); check its permissions") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as error:
+        raise PackError(f"{path}: not valid JSON ({error}); rebuild the package") from None
+    return validate(manifest, path)
+
+
+def write_manifest(package_dir: Path, manifest: Manifest) -> Path:
+    """manifest.json (validated first): indented, keys in builder order, one trailing newline."""
+    path = Path(package_dir) / "manifest.json"
+    validate(manifest, path)
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+# --- verification runs and the refusal rule ---------------------------------------------------
+
+
+def run_sort_key(run: Run) -> tuple[str, str, str, str]:
+    return (run["stage"], run["bundle"], run["ep"], run["variant"])
+
+
+def _matches(recorded: str, wanted: str) -> bool:
+    return recorded == WILDCARD or wanted == WILDCARD or recorded == wanted
+
+
+def refused(manifest: Manifest, bundle: str, ep: str, variant: str) -> Run | None:
+    """The refusal rule: the first run recorded `failed` that matches (bundle, ep, variant),
+    a `*` in the run matching anything; None when the triple may be used.
+    (The loader's policy module implements the same rule in JS.)"""
+    for run in manifest["verification"]["runs"]:
+        if run["status"] == "failed" and _matches(run["bundle"], bundle) and _matches(run["ep"], ep) and _matches(run["variant"], variant):
+            return run
+    return None
+
+
+def failed_runs(manifest: Manifest) -> list[Run]:
+    return [run for run in manifest["verification"]["runs"] if run["status"] == "failed"]
+
+
+def describe_run(run: Run) -> str:
+    """`host fp16 (any bundle, any EP): y: rel_l2 0.05 > 0.01`."""
+    bundle = "any bundle" if run["bundle"] == WILDCARD else f"{run['bundle']} bundle"
+    ep = "any EP" if run["ep"] == WILDCARD else run["ep"]
+    text = f"{run['stage']} {run['variant']} ({bundle}, {ep}): {run['status']}"
+    return text + (f": {run['detail']}" if run.get("detail") else "")
+
+
+def runs_from_checks(checks: list[dict], stage: str, bundle_of: dict[tuple[str, str], str] | None = None) -> list[Run]:
+    """One run per (bundle, EP, variant) of `stage`'s checks (report.json entries).
+
+    Host checks judge the variant itself, so they are recorded for every bundle and EP (`*`):
+    a variant that fails on the host is refused everywhere. A run fails when any of its checks
+    failed, is not-verifiable or skipped when one is (and none failed), and its detail is the
+    first such check's output, figure and bound."""
+    grouped: dict[tuple[str, str, str], list[dict]] = {}
+    for check in checks:
+        if check["stage"] != stage:
+            continue
+        if stage == "host":
+            key = (WILDCARD, WILDCARD, check["variant"])
+        else:
+            bundle = check.get("bundle") or (bundle_of or {}).get((check["ep"], check["variant"]), WILDCARD)
+            key = (bundle, check["ep"], check["variant"])
+        grouped.setdefault(key, []).append(check)
+    runs: list[Run] = []
+    for (bundle, ep, variant), group in grouped.items():
+        status: Status = "passed"
+        for candidate in ("failed", "not-verifiable", "skipped"):
+            if any(c["status"] == candidate for c in group):
+                status = candidate  # type: ignore[assignment]
+                break
+        run: Run = {"stage": stage, "bundle": bundle, "ep": ep, "variant": variant, "status": status}  # type: ignore[typeddict-item]
+        if status != "passed":
+            first = next(c for c in group if c["status"] == status)
+            detail = first.get("detail") or status
+            if first.get("output"):
+                detail = f"{first['output']}: {detail}"
+            run["detail"] = _short(detail, 500)
+        runs.append(run)
+    return sorted(runs, key=run_sort_key)
+
+
+def measurements_from(browser_report: dict | None) -> list[Measurement]:
+    """Per-run times of the build's browser checks, for the loader to use as priors."""
+    if not browser_report:
+        return []
+    adapter = browser_report.get("adapter") or {}
+    adapter_class = (
+        {key: str(adapter.get(key) or "") for key in ("vendor", "architecture", "description")}
+        if adapter.get("available") else None
+    )
+    chromium = browser_report.get("chromium")
+    measurements: list[Measurement] = []
+    for run in browser_report.get("runs") or []:
+        timings = run.get("timings_ms") or {}
+        if run.get("status") != "passed" or timings.get("first_run_ms") is None:
+            continue
+        measurements.append({
+            "source": "build",
+            "browser": f"Chromium/{chromium}" if chromium else "Chromium",
+            "adapter": adapter_class if run["ep"] == "webgpu" else None,
+            "bundle": run["bundle"],
+            "ep": run["ep"],
+            "variant": run["variant"],
+            "createMs": timings.get("session_create_ms"),
+            "firstMs": timings.get("first_run_ms"),
+            "steadyMs": timings.get("steady_run_ms"),
+        })
+    return sorted(measurements, key=lambda m: (m["bundle"], m["ep"], m["variant"]))

@@ -1,0 +1,145 @@
+"""The fp16 variant's nodes kept in fp32: from the recipe (`[fp16] keep_nodes`), the lock, the
+converter's errors (keep.py, inside the conversion) and, when the variant misses a threshold, a
+search (ranking.py, search.py) judged by the verify stage's evaluators. Records the decision in
+report.json and the lock file (docs/precision.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from pipeline.graph.model_io import model_bytes
+from pipeline.lockfile import LockFile
+from pipeline.precision.detect import weight_bytes_by_type
+from pipeline.precision.fp16 import SAFE_BLOCK_LIST
+from pipeline.precision.ranking import RunOutputs, rank_nodes
+from pipeline.precision.search import search_keep_set
+from pipeline.progress import Progress
+from pipeline.recipe import Recipe
+
+DID_NOT_RUN = "did not run"  # an evaluator's detail for a model that produced no outputs
+# A kept set that spends more than this share of fp16's saving (fp32 bytes - all-fp16 bytes) is no
+# fp16 variant worth shipping: the search fails instead (fp16 then fails its host check as before).
+MAX_KEPT_COST_SHARE = 0.5
+
+
+@dataclass
+class Evaluator:
+    """One check an fp16 candidate must pass: `judge(model file)` -> (passed, one-line detail).
+    The verify stage makes them (host CPU; WebGPU kernels when available)."""
+
+    name: str
+    judge: Callable[[Path], tuple[bool, str]]
+
+
+@dataclass
+class Fp16Context:
+    """What the build lends the fp16 search: sample feeds, a runner for the fp32 ranking run, the
+    evaluators, the lock file and progress."""
+
+    feeds: dict[str, np.ndarray]
+    run_outputs: RunOutputs
+    evaluators: list[Evaluator]
+    lock: LockFile
+    progress: Progress
+    refusal: Callable[[onnx.ModelProto], str | None] | None = None  # onnxruntime's refusal to load, if any
+
+
+# keep {node: why} -> (fp16 model or None, steps, refusal or None, kept {node: why} incl. the converter's)
+Convert = Callable[[dict[str, str]], tuple["onnx.ModelProto | None", list[dict], "str | None", dict[str, str]]]
+
+
+def _judge_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> tuple[bool, str]:
+    with tempfile.TemporaryDirectory(prefix="pack-fp16-") as tmp:
+        path = Path(tmp) / "fp16.onnx"
+        path.write_bytes(model_bytes(converted))
+        for evaluator in evaluators:
+            passed, detail = evaluator.judge(path)
+            if not passed:
+                return False, f"{evaluator.name}: {detail}"
+    return True, "passes " + ", ".join(e.name for e in evaluators)
+
+
+def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
+    """Weight bytes of fp32, of the all-fp16 ideal (every fp32 weight halved) and of the variant."""
+    source_weights = weight_bytes_by_type(source)
+    ideal = sum(size // 2 if kind == "fp32" else size for kind, size in source_weights.items())
+    actual = sum(weight_bytes_by_type(converted).values())
+    return {"fp32_bytes": sum(source_weights.values()), "all_fp16_ideal_bytes": ideal, "fp16_bytes": actual, "kept_cost_bytes": actual - ideal}
+
+
+def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Convert, steps: list[dict], refused: dict[str, str], context: Fp16Context | None) -> tuple[onnx.ModelProto, list[dict]] | None:
+    """(fp16 model, kept [{node, op, why}]) for the (named) fp32 model, or None when fp16 is
+    refused (the reason goes to `refused`). Appends report steps (a `fp16_keep_fp32` step among
+    them) to `steps` and writes the lock."""
+    model_sha = hashlib.sha256(model_bytes(named)).hexdigest()
+    keep = {name: "recipe key fp16.keep_nodes" for name in recipe.fp16_keep_nodes}
+    record: dict = {}
+    locked = context.lock.get(recipe.name, "fp16") if context else None
+    from_lock = False
+    if locked is not None:
+        if locked.get("model_sha256") == model_sha:
+            keep.update({entry["node"]: entry["why"] for entry in locked.get("kept", [])})
+            from_lock = True
+            record["lock"] = f"applied {context.lock.path.name}: {len(locked.get('kept', []))} nodes kept in fp32, no search"
+        else:
+            note = f"lock {context.lock.path.name}: its fp16 entry is for another model (sha256 {str(locked.get('model_sha256'))[:12]}, now {model_sha[:12]}); finding the nodes to keep again"
+            context.progress.note(note)
+            record["lock"] = note
+    converted, conversion_steps, refusal, kept = convert(keep)
+    steps.extend(conversion_steps)
+    if refusal:
+        refused["fp16"] = refusal
+        return None
+    search = None
+    if context and context.evaluators and recipe.fp16_search and not from_lock:
+        passed, detail = _judge_all(converted, context.evaluators)
+        if not passed and DID_NOT_RUN not in detail:
+            context.progress.note(f"fp16 misses a threshold ({detail}); searching for nodes to keep in fp32")
+            blocked = set(SAFE_BLOCK_LIST) | set(recipe.fp16_block_ops)
+            ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept]
+            why = {stat.node: f"search: {stat.why}" for stat in ranked}
+
+            tried = [0]
+
+            def trial(nodes: list[str]) -> tuple[bool, str]:
+                tried[0] += 1
+                context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(nodes)} of {len(ranked)} ranked nodes kept in fp32")
+                candidate, _, refused_now, _ = convert({**kept, **{n: why[n] for n in nodes}})
+                return (False, refused_now) if refused_now else _judge_all(candidate, context.evaluators)
+
+            result = search_keep_set([stat.node for stat in ranked], trial, recipe.fp16_search_trials, recipe.fp16_search_seconds)
+            search = {**result.figures(), "candidates": len(ranked), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
+            found = {**kept, **{n: why[n] for n in result.kept}}
+            candidate = convert(found)[0] if result.passed else None
+            sizes = _sizes(named, candidate) if candidate is not None else None
+            if candidate is None:
+                search["failed"] = result.stopped or "no passing set found"
+            elif sizes["kept_cost_bytes"] > MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"]):
+                search["failed"] = f"the {len(result.kept)} nodes that pass keep {sizes['fp16_bytes']} of {sizes['fp32_bytes']} bytes: more than half of fp16's saving lost"
+            else:
+                converted, kept = candidate, found
+            search["ranked"] = [stat.as_dict() for stat in ranked[:10]]
+    nodes = {n.name: n.op_type for n in named.graph.node}
+    kept_list = [{"node": name, "op": nodes.get(name, "?"), "why": why} for name, why in sorted(kept.items())]
+    if kept_list or search:
+        record.update(kept=kept_list, sizes=_sizes(named, converted))
+        if search:
+            record["search"] = search
+        summary = f"{len(kept_list)} node{'s' if len(kept_list) != 1 else ''} kept in fp32"
+        if search:
+            summary += f"; search: {search['trials']} trials in {search['seconds']:.1f} s" + (f" ({search['failed']})" if "failed" in search else "")
+        record["what"] = summary
+        steps.append({"name": "fp16_keep_fp32", "changed": bool(kept_list), "records": [record]})
+        if context and not from_lock and (search is None or "failed" not in search):
+            context.lock.put(recipe.name, "fp16", {"model_sha256": model_sha, "kept": kept_list, "search": {k: search[k] for k in ("trials", "seconds", "minimal", "stopped")} if search else None})
+    elif "lock" in record:
+        steps.append({"name": "fp16_keep_fp32", "changed": False, "records": [{**record, "what": record["lock"]}]})
+    return converted, kept_list

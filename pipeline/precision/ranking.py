@@ -1,0 +1,160 @@
+"""Rank the nodes most likely to need fp32, from one fp32 run that exposes every intermediate.
+
+Per node: the largest |value| among its float outputs (above 65504 is inf in fp16), and, for ops
+that sum signed terms, how much smaller its output is than its inputs (`amplification`: an fp16 input rounded by 2^-11 of its
+magnitude leaves an error of 2^-11 · amplification relative to the output: `x - mean` on a large
+offset, a `Sub` of near-equal values). Accumulating ops (ConvTranspose overlap-add, LSTM/GRU state,
+long reductions, CumSum, Pow, ReduceSumSquare) rank ahead of others with the same figures.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from pipeline.graph.model_io import model_bytes
+from pipeline.graph.passes.util import copy_model
+
+FP16_MAX = 65504.0
+FP16_EPS = 2.0**-11  # relative rounding error of fp16
+# onnxconverter-common clamps constants into [1e-7, 1e4] by magnitude (its defaults, which pack uses).
+CLAMP_MIN, CLAMP_MAX = 1e-7, 1e4
+ACCUMULATING_OPS = {
+    "ConvTranspose", "LSTM", "GRU", "RNN", "CumSum", "Pow", "ReduceSumSquare", "ReduceSum", "ReduceMean",
+    "ReduceL2", "ReduceLogSumExp", "Softmax", "LayerNormalization", "MatMul", "Gemm", "Conv", "Exp", "Sub",
+}
+# Ops whose output can be much smaller than their inputs by cancellation (sums of signed terms);
+# scaling ops (Mul, Div, Sqrt, ...) keep relative precision however small their output.
+ADDITIVE_OPS = {
+    "Add", "Sub", "Sum", "Mean", "ReduceSum", "ReduceMean", "MatMul", "Gemm", "Conv", "ConvTranspose", "CumSum",
+    "LayerNormalization", "InstanceNormalization", "BatchNormalization", "GroupNormalization", "LSTM", "GRU", "RNN", "Einsum",
+}
+_NOT_CANDIDATES = {"Cast", "Shape", "Size", "Constant", "ConstantOfShape", "Identity"}
+
+
+@dataclass
+class NodeStat:
+    node: str
+    op: str
+    max_abs: float
+    amplification: float
+    score: float
+    why: str
+
+    def as_dict(self) -> dict:
+        return {"node": self.node, "op": self.op, "max_abs": _finite(self.max_abs), "amplification": _finite(self.amplification), "score": _finite(self.score), "why": self.why}
+
+
+def _finite(value: float) -> float:
+    return 1e30 if not math.isfinite(value) else float(f"{value:.4g}")
+
+
+def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with every float intermediate of the main graph added as a graph output."""
+    exposed = copy_model(model)
+    inferred = onnx.shape_inference.infer_shapes(exposed)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    present = {o.name for o in exposed.graph.output}
+    added = []
+    for node in exposed.graph.node:
+        for name in node.output:
+            if name and name not in present and types.get(name) == TensorProto.FLOAT:
+                exposed.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+                present.add(name)
+                added.append(name)
+    return exposed, added
+
+
+def _clamped_constants(model: onnx.ModelProto) -> dict[str, str]:
+    """{constant: why} for fp32 constants the converter would clamp (values it cannot keep)."""
+    found = {}
+    constants = {t.name: t for t in model.graph.initializer}
+    constants.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
+    for name, tensor in constants.items():
+        if tensor.data_type != TensorProto.FLOAT:
+            continue
+        values = np.abs(onnx.numpy_helper.to_array(tensor).astype(np.float64))
+        big = values[values > CLAMP_MAX]
+        tiny = values[(values > 0) & (values < CLAMP_MIN)]
+        if big.size:
+            found[name] = f"reads constant '{name}' with values up to {big.max():.4g}, which fp16 conversion clamps to {CLAMP_MAX:g}"
+        elif tiny.size:
+            found[name] = f"reads constant '{name}' with values down to {tiny.min():.3g}, which fp16 conversion raises to {CLAMP_MIN:g}"
+    return found
+
+
+def _max_abs(value: np.ndarray) -> float:
+    finite = np.abs(value[np.isfinite(value)]) if value.size else np.zeros(0)
+    return float(finite.max()) if finite.size else 0.0
+
+
+RunOutputs = Callable[[Path, dict[str, np.ndarray]], "dict[str, np.ndarray] | None"]
+
+
+def rank_nodes(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run_outputs: RunOutputs, blocked_ops: set[str] = frozenset()) -> list[NodeStat]:
+    """Main-graph nodes with float outputs, most likely to need fp32 first, from one run of
+    `run_outputs` (the build passes the host's child-process runner)."""
+    exposed, _ = exposed_model(model)
+    with tempfile.TemporaryDirectory(prefix="pack-rank-") as tmp:
+        path = Path(tmp) / "exposed.onnx"
+        path.write_bytes(model_bytes(exposed))
+        outputs = run_outputs(path, feeds)
+    if outputs is None:
+        return []
+    values = dict(outputs)
+    values.update({k: v for k, v in feeds.items() if np.asarray(v).dtype.kind == "f"})
+    for tensor in model.graph.initializer:
+        if tensor.data_type == TensorProto.FLOAT:
+            values[tensor.name] = onnx.numpy_helper.to_array(tensor)
+    clamped = _clamped_constants(model)
+    peaks = {name: _max_abs(np.asarray(value, dtype=np.float64)) for name, value in values.items() if np.asarray(value).dtype.kind == "f"}
+    stats = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type in _NOT_CANDIDATES or node.op_type in blocked_ops or not node.name:
+            continue
+        outs = [peaks[name] for name in node.output if name in peaks]
+        if not outs:
+            continue
+        out_peak = max(outs)
+        in_peak = max((peaks[name] for name in node.input if name in peaks), default=0.0)
+        if node.op_type in ADDITIVE_OPS:
+            amplification = in_peak / out_peak if out_peak > 0 else (math.inf if in_peak > 0 else 1.0)
+        else:
+            amplification = 1.0
+        accumulating = node.op_type in ACCUMULATING_OPS
+        clamps = [clamped[name] for name in node.input if name in clamped]
+        if out_peak > FP16_MAX or in_peak > FP16_MAX:
+            score, why = 1e6 + out_peak, f"values up to {max(out_peak, in_peak):.4g} exceed the fp16 range (65504)"
+        elif clamps:
+            score, why = 1e5, clamps[0]
+        else:
+            loss = FP16_EPS * max(amplification, 1.0)
+            score = loss * (4.0 if accumulating else 1.0)
+            if amplification >= 8:
+                why = f"output {amplification:.3g}x smaller than its inputs: fp16 keeps ~{min(loss, 1.0):.2g} relative precision"
+            elif accumulating:
+                why = f"{node.op_type} accumulates (fp16 error grows with its length)"
+            else:
+                why = f"max |x| {out_peak:.3g}"
+        stats.append(NodeStat(node.name, node.op_type, out_peak, amplification, score - index * 1e-12, why))
+    # A cancellation is only as exact as its inputs: the nodes that make them rank right after it
+    # (`Sub(Add(x, 2000), 2000)` needs the Add in fp32 as much as the Sub).
+    by_name = {stat.node: stat for stat in stats}
+    producer = {out: node.name for node in model.graph.node for out in node.output}
+    for stat in sorted(stats, key=lambda s: -s.score):
+        if stat.amplification >= 8 and stat.score < 1e6:
+            node = next(n for n in model.graph.node if n.name == stat.node)
+            for name in node.input:
+                parent = by_name.get(producer.get(name, ""))
+                if parent is not None and parent.score < stat.score * 0.999:
+                    parent.score = stat.score * 0.999
+                    parent.why = f"feeds the cancellation in '{stat.node}' ({stat.why})"
+    stats.sort(key=lambda stat: -stat.score)
+    return stats

@@ -1,0 +1,72 @@
+"""Measure the metric figures behind the default thresholds (docs/precision.md).
+
+For each target (a recipe name/file, or a model with --kind), on onnxruntime CPU and the recipe's
+sample inputs: the fp16 variant's figures against fp32, and the same figures for the two breakages
+the thresholds must keep failing (all zeros, as JSEP's broken kernels return; and an output one
+element short along the last axis, as the negative-step Slice off-by-one gives).
+
+Usage: python scripts/measure_fp16_metrics.py gtcrn tests/data/ffc_block.onnx --kind image
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.assets.samples import make_feeds  # noqa: E402
+from pipeline.build import BuildOptions, _repair, load_build_recipe  # noqa: E402
+from pipeline.graph.model_io import load_model, model_bytes  # noqa: E402
+from pipeline.precision.fp16 import convert_with_keeps  # noqa: E402
+from pipeline.progress import Progress  # noqa: E402
+from pipeline.source import resolve_source  # noqa: E402
+from pipeline.verify.host import run_model  # noqa: E402
+from pipeline.verify.metrics import compare  # noqa: E402
+
+SHOWN = ("max_abs_of_range", "p999_abs_of_range", "rel_l2", "psnr_db", "snr_db", "seg_snr_db")
+
+
+def _line(label: str, metrics: dict) -> str:
+    if not metrics.get("shape_ok", True):
+        return f"    {label:<10} shape {metrics['shape']} vs {metrics['expected_shape']}"
+    return f"    {label:<10} " + "  ".join(f"{key} {metrics[key]:.4g}" for key in SHOWN if key in metrics)
+
+
+def measure(target: str, kind: str | None) -> None:
+    recipe = load_build_recipe(BuildOptions(target=target))
+    source = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, Progress.quiet())
+    model, _ = _repair(load_model(source), recipe)
+    feeds = make_feeds(model, recipe, None)
+    fp16 = convert_with_keeps(model, recipe.fp16_block_ops).model
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for name, variant in (("fp32", model), ("fp16", fp16)):
+            files[name] = Path(tmp) / f"{name}.onnx"
+            files[name].write_bytes(model_bytes(variant))
+        reference, actual = run_model(files["fp32"], feeds).outputs, run_model(files["fp16"], feeds).outputs
+    print(f"{target} ({source.name})")
+    for name, expected in reference.items():
+        spec = recipe.outputs.get(name)
+        output_kind = kind or (spec.kind if spec else "tensor")
+        print(f"  {name} [{output_kind}] {list(expected.shape)}")
+        print(_line("fp16", compare(expected, actual[name], output_kind)))
+        print(_line("zeros", compare(expected, np.zeros_like(expected), output_kind)))
+        print(_line("one short", compare(expected, expected[..., :-1], output_kind)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="+")
+    parser.add_argument("--kind", choices=("tensor", "image", "audio"), help="output kind for bare models")
+    args = parser.parse_args()
+    for target in args.targets:
+        measure(target, args.kind if target.endswith(".onnx") else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The command line itself: --version, -h everywhere with an example, and light imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+runner = CliRunner()
+COMMANDS = ["build", "recipes", "publish", "verify", "inspect", "diagnose", "serve"]
+HEAVY = ("onnx", "onnxruntime", "playwright")
+
+
+def test_version_comes_from_the_package_metadata():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"pack {metadata.version('pack')}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_short_help_with_an_example(command):
+    short, long = runner.invoke(app, [command, "-h"]), runner.invoke(app, [command, "--help"])
+    assert short.exit_code == 0 and short.output == long.output
+    assert "Example" in short.output and f"pack {command}" in short.output.split("Example", 1)[1]
+
+
+def test_top_level_short_help_lists_every_command():
+    result = runner.invoke(app, ["-h"])
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.output
+
+
+def test_help_recipes_and_publish_do_not_load_onnx_onnxruntime_or_playwright(tmp_path):
+    from tests.publish_helpers import write_package
+
+    package = write_package(tmp_path / "dist").root
+    script = f"""
+import json, sys
+from typer.testing import CliRunner
+from pipeline.cli import app
+runner = CliRunner(env={{"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_MAX_ATTEMPTS": "1"}})
+codes = [runner.invoke(app, args).exit_code for args in (["--help"], ["recipes"], ["publish", {str(package)!r}, "--bucket", "b", "--endpoint-url", "http://127.0.0.1:9", "--dry-run"])]
+print(json.dumps({{"codes": codes, "loaded": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["codes"] == [0, 0, 0]  # the bucket is unreachable: --dry-run prints the local plan
+    assert report["loaded"] == []
+
+
+def test_progress_draws_concurrent_bars_with_amounts_and_rates_and_is_silent_otherwise():
+    import io
+    import threading
+
+    from pipeline.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(enabled=True, stream=stream)
+    progress.note("step [one]")
+    with progress.task("upload a", total=4_000_000, unit="bytes") as first, progress.task("checks", total=3) as second:
+        workers = [threading.Thread(target=lambda: [first.advance(1_000_000) for _ in range(4)]), threading.Thread(target=lambda: [second.advance(1) for _ in range(3)])]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "step [one]"
+    upload = next(line for line in lines if line.startswith("upload a"))
+    checks = next(line for line in lines if line.startswith("checks"))
+    assert "100%" in upload and "4.0/4.0 MB" in upload and "/s" in upload
+    assert "100%" in checks and "3/3" in checks
+    for silent in (Progress.quiet(), Progress(stream=io.StringIO())):  # --json; not a terminal
+        with silent.task("x", total=2) as task:
+            task.advance(2)
+        silent.note("nothing")
+        assert silent.enabled is False
+    quiet_stream = io.StringIO()
+    not_a_terminal = Progress(stream=quiet_stream)
+    with not_a_terminal.task("x", total=1) as task:
+        task.advance(1)
+    assert quiet_stream.getvalue() == ""

@@ -1,0 +1,246 @@
+"""Threshold failures become a search for nodes to keep in fp32, and a lock makes the next build
+apply them without searching."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.graph.model_io import model_bytes
+from pipeline.lockfile import LockFile, lock_for
+from pipeline.precision.ranking import rank_nodes
+from pipeline.precision.search import search_keep_set
+from pipeline.recipe import Recipe
+from pipeline.verify.host import run_model
+from tests.build_helpers import save
+from tests.fp16_models import OVERFLOW_KEPT, overflow_model
+
+runner = CliRunner()
+
+
+def _oracle(needed: set[str]):
+    calls = []
+
+    def trial(keep):
+        calls.append(list(keep))
+        missing = needed - set(keep)
+        return not missing, f"missing {sorted(missing)}"
+
+    return trial, calls
+
+
+def test_search_finds_exactly_the_needed_nodes_in_few_trials():
+    ranked = [f"n{i}" for i in range(500)]
+    needed = {"n1", "n4", "n37"}
+    trial, calls = _oracle(needed)
+    result = search_keep_set(ranked, trial, max_trials=60, max_seconds=60)
+    assert result.passed and result.minimal and set(result.kept) == needed
+    assert result.trials == len(calls) <= 3 * 2 * 9 + 2  # ~2·m·log2(k), against 500 node-by-node
+    # Minimal: dropping any one kept node fails.
+    for node in result.kept:
+        assert not trial([n for n in result.kept if n != node])[0]
+
+
+def test_search_stops_at_its_budgets_and_says_so():
+    ranked = [f"n{i}" for i in range(100)]
+    trial, _ = _oracle({"n3", "n60", "n90"})
+    result = search_keep_set(ranked, trial, max_trials=4, max_seconds=60)
+    assert result.trials == 4 and not result.minimal and "trial budget (4)" in result.stopped
+    assert result.passed and {"n3", "n60", "n90"} <= set(result.kept)  # the best passing set so far
+    never, _ = _oracle({"absent"})
+    failed = search_keep_set(ranked, never, max_trials=10, max_seconds=60)
+    assert not failed.passed and failed.trials == 1 and "still misses" in failed.stopped
+
+
+def test_ranking_puts_the_overflow_and_the_clamped_constant_first():
+    ranked = rank_nodes(overflow_model(), {"x": np.linspace(-1, 1, 64, dtype=np.float32)[None]}, lambda path, feeds: run_model(path, feeds).outputs)
+    assert [stat.node for stat in ranked[:2]] == ["energy_sum", "pcm_scale"]
+    assert "65504" in ranked[0].why and "clamps to 10000" in ranked[1].why
+
+
+def test_lock_location_follows_the_contract(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert lock_for(Recipe(name="m", path=None), None).path is None
+    assert lock_for(Recipe(name="m", path=tmp_path / "x.toml"), None).path == tmp_path / "x.lock.json"
+    assert lock_for(Recipe(name="m", path=None), tmp_path / "l.json").path == tmp_path / "l.json"
+    lock = LockFile(tmp_path / "l.json")
+    lock.put("m", "fp16", {"b": 1, "a": [2]})
+    lock.put("m", "source", {"uri": "u"})
+    assert lock.get("m", "fp16") == {"a": [2], "b": 1} and lock.get("other", "fp16") is None
+    text = (tmp_path / "l.json").read_text()
+    assert json.loads(text)["schema"] == 1 and text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+    LockFile(None).put("m", "fp16", {"a": 1})  # no path: nothing written
+
+
+def _recipe(folder: Path, model_file: Path, search: bool = True) -> Path:
+    recipe = folder / "energy.toml"
+    recipe.write_text(
+        f'name = "energy"\nsource = {{ uri = "{model_file.name}" }}\n'
+        f'[inputs.x]\nrange = [-1.0, 1.0]\n[fp16]\nsearch = {"true" if search else "false"}\nsearch_trials = 20\nsearch_seconds = 300\n'
+    )
+    return recipe
+
+
+def _fp16_bytes(package: Path) -> bytes:
+    manifest = json.loads((package / "manifest.json").read_text())
+    return (package / manifest["variants"]["fp16"]["model"]).read_bytes()
+
+
+def _build(recipe: Path, out: Path):
+    return runner.invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(out)])
+
+
+def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_skips_the_search(tmp_path, monkeypatch):
+    model_file = save(overflow_model(), tmp_path / "energy.onnx")
+    plain = _build(_recipe(tmp_path, model_file, search=False), tmp_path / "plain")
+    assert plain.exit_code == 1
+    failed = [c for c in json.loads(plain.stdout)["checks"] if c["status"] == "failed"]
+    assert {c["output"] for c in failed} == {"pcm", "energy"} and all(c["variant"] == "fp16" for c in failed)
+    assert not (tmp_path / "energy.lock.json").exists()
+
+    recipe = _recipe(tmp_path, model_file)
+    first = _build(recipe, tmp_path / "a")
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    step = next(s for s in report["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]
+    assert sorted(k["node"] for k in step["kept"]) == OVERFLOW_KEPT
+    assert step["search"]["trials"] <= 10 and step["search"]["minimal"]
+    assert 0 < step["sizes"]["fp16_bytes"] < step["sizes"]["fp32_bytes"]
+    manifest = json.loads((tmp_path / "a" / "energy" / "manifest.json").read_text())
+    assert sorted(k["node"] for k in manifest["fp16"]["keptFp32"]) == OVERFLOW_KEPT
+    lock = json.loads((tmp_path / "energy.lock.json").read_text())
+    assert sorted(k["node"] for k in lock["energy"]["fp16"]["kept"]) == OVERFLOW_KEPT
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched although the lock holds the answer")
+
+    monkeypatch.setattr("pipeline.precision.kept.search_keep_set", no_search)
+    monkeypatch.setattr("pipeline.precision.kept.rank_nodes", no_search)
+    again = _build(recipe, tmp_path / "b")
+    assert again.exit_code == 0, again.output
+    assert _fp16_bytes(tmp_path / "b" / "energy") == _fp16_bytes(tmp_path / "a" / "energy")
+    lock_step = next(s for s in json.loads(again.stdout)["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]
+    assert lock_step["lock"].startswith("applied energy.lock.json")
+
+    # Another model under the same recipe: the lock no longer applies, and says so in one line.
+    save(overflow_model(seed=1), model_file)
+    monkeypatch.undo()
+    changed = _build(recipe, tmp_path / "c")
+    assert changed.exit_code == 0, changed.output
+    note = next(s for s in json.loads(changed.stdout)["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]["lock"]
+    assert "for another model" in note and "\n" not in note
+    new_sha = hashlib.sha256(model_bytes(overflow_model(seed=1))).hexdigest()
+    assert json.loads((tmp_path / "energy.lock.json").read_text())["energy"]["fp16"]["model_sha256"] != lock["energy"]["fp16"]["model_sha256"]
+    assert new_sha  # the lock now records the new model's hash (computed on the named graph)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("search_trials", "0", "fp16.search_trials"),
+    ("search_seconds", '"x"', "fp16.search_seconds"),
+    ("keep_nodes", "[1]", "fp16.keep_nodes"),
+    ("search", "3", "fp16.search"),
+])
+def test_fp16_recipe_keys_are_validated_with_the_key_named(tmp_path, key, value, message):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'name = "r"\nsource = {{ uri = "m.onnx" }}\n[fp16]\n{key} = {value}\n')
+    result = runner.invoke(app, ["build", str(recipe), "--no-browser"])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_nodes(tmp_path):
+    """The evaluator list is the seam for the WebGPU-kernel check: here a stand-in for fp16
+    kernels (which overflow where onnxruntime CPU computes in fp32) also requires `energy_sum` in
+    fp32, and the search keeps both nodes."""
+    import onnx
+
+    from pipeline.commands.summary import fp16_kept_lines
+    from pipeline.precision.kept import Evaluator, Fp16Context
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.checks import fp16_evaluators
+    from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS
+
+    model = overflow_model()
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32)}
+    reference_file = save(model, tmp_path / "ref.onnx")
+    recipe = Recipe(name="energy", path=tmp_path / "energy.toml")
+
+    def fp16_kernels(path):
+        graph = onnx.load(str(path)).graph
+        producers = {out: node for node in graph.node for out in node.output}
+        energy = next(node for node in graph.node if node.name == "energy_sum")
+        source = producers.get(energy.input[0])
+        in_fp32 = source is not None and source.op_type == "Cast" and source.attribute[0].i == onnx.TensorProto.FLOAT
+        return in_fp32, "passed" if in_fp32 else "energy: 1 Inf values that the reference does not have"
+
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    assert [e.name for e in evaluators] == ["host cpu"]  # no webgpu-kernels stage on this machine
+    evaluators.append(Evaluator("fp16-kernels stand-in", fp16_kernels))
+    lock = LockFile(tmp_path / "energy.lock.json")
+    context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, lock, Progress.quiet())
+    made = make_variants(model, recipe, "sha-of-test", context)
+    report, variants = {"steps": made.steps}, made.variants
+    fp16 = next(v for v in variants if v.name == "fp16")
+    assert sorted(k["node"] for k in fp16.kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS
+    lines = fp16_kept_lines(report)
+    assert lines[0].startswith("  fp16: 2 nodes kept in fp32; weights")
+    assert any("kept energy_sum (ReduceSumSquare): search: values up to" in line for line in lines)
+    assert any("trials" in line and "host cpu, fp16-kernels stand-in" in line and "minimal" in line for line in lines)
+
+
+def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_path):
+    """max_abs = 0 passes only with every Conv in fp32: an "fp16" model of fp32 size. The search
+    says so and fp16 keeps failing its host check."""
+    from tests.build_helpers import conv_model
+
+    save(conv_model(), tmp_path / "conv.onnx")
+    recipe = tmp_path / "strict.toml"
+    recipe.write_text('source.uri = "conv.onnx"\n[outputs.y.fp16]\nmax_abs = 0.0\n')
+    result = _build(recipe, tmp_path / "out")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    search = next(s for s in report["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]["search"]
+    assert "more than half of fp16's saving lost" in search["failed"]
+    assert not (tmp_path / "strict.lock.json").exists()
+
+
+def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model_file = save(overflow_model(), tmp_path / "energy.onnx")
+    args = ["build", str(model_file), "--no-browser", "--json", "--input", "x=1x64"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "a")]).exit_code == 0
+    assert not list(tmp_path.glob("*.json"))
+    lock = tmp_path / "locks" / "energy.json"
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--lock", str(lock)])
+    assert result.exit_code == 0, result.output
+    assert [k["node"] for k in json.loads(lock.read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
+
+
+def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path):
+    """Issue 11 must-have 5 with the real `webgpu-kernels` stage (onnxruntime's WebGPU EP on
+    lavapipe), where it is set up: fp16 kernels overflow in ReduceSumSquare, which the CPU EP
+    computes in fp32, so the search keeps `energy_sum` as well as the clamped constant."""
+    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    reason = webgpu_kernels.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from pipeline.precision.kept import Fp16Context
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.checks import fp16_evaluators
+    from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS
+
+    model = overflow_model()
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32)}
+    reference_file = save(model, tmp_path / "ref.onnx")
+    recipe = Recipe(name="energy", path=None)
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    assert [e.name for e in evaluators] == ["host cpu", "webgpu-kernels"]
+    context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(None), Progress.quiet())
+    made = make_variants(model, recipe, "sha-of-test", context)
+    report, variants = {"steps": made.steps}, made.variants
+    assert sorted(k["node"] for k in next(v for v in variants if v.name == "fp16").kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS

@@ -1,0 +1,55 @@
+"""A package built by `pack build`, published to the S3 test server, works from there in a browser:
+every request its demo page makes is answered, and the page runs the model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.verify.browser.chromium import launch_browser, new_watched_page
+from tests.build_helpers import conv_model, save
+from tests.publish_helpers import aws_env, new_bucket, run_json, s3_server  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.browser
+
+
+def test_published_demo_page_loads_every_file_from_the_bucket_and_runs(s3_server, aws_env, tmp_path):
+    model = save(conv_model(), tmp_path / "tiny-conv.onnx")
+    dist = tmp_path / "dist"
+    built = CliRunner().invoke(app, ["build", str(model), "--no-browser", "--out", str(dist)])
+    assert built.exit_code == 0, built.output
+    bucket = new_bucket(s3_server)
+    # public reads, as a bucket serving packages to browsers has them
+    s3_server.client().put_bucket_policy(Bucket=bucket, Policy=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{bucket}/*"}],
+    }))
+    summary = run_json(str(dist), "--bucket", bucket, "--endpoint-url", s3_server.url)
+    manifest = json.loads((dist / "tiny-conv" / "manifest.json").read_text())
+    assert summary["uploaded"] == len(manifest["files"]) + 1
+
+    page_url = f"{s3_server.url}/{bucket}/tiny-conv/index.html"
+    answers: dict[str, int] = {}
+    failed: list[str] = []
+    with launch_browser() as browser:
+        page, watch = new_watched_page(browser)
+        page.on("response", lambda response: answers.__setitem__(response.url, response.status))
+        page.on("requestfailed", lambda request: failed.append(f"{request.url}: {request.failure}"))
+        page.goto(page_url)
+        page.wait_for_function("window.packDemo", timeout=120_000)
+        demo = page.evaluate("window.packDemo")
+        page.context.close()
+
+    assert demo["ok"], (demo["error"], [line.text for line in watch.lines][-20:])
+    assert demo["ep"] in ("webgpu", "wasm") and demo["variant"] in manifest["variants"] and demo["ms"] > 0
+    assert failed == []
+    assert {url: status for url, status in answers.items() if status != 200} == {}
+    base = f"{s3_server.url}/{bucket}/tiny-conv/"
+    fetched = {url.removeprefix(base) for url in answers if url.startswith(base)}
+    # the page, its script, the loader, the manifest, the sample, a model and the runtime it picked
+    assert {"index.html", "demo.js", "loader.js", "manifest.json", manifest["sample"]["file"]} <= fetched
+    assert fetched <= set(manifest["files"]) | {"manifest.json"}
+    assert any(path.endswith(".onnx") for path in fetched) and any(path.endswith(".wasm") for path in fetched)
