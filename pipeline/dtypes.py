@@ -8,22 +8,23 @@ in-page side maps the same names to typed arrays (pipeline/verify/browser/page/r
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
-# name -> (ONNX element type, numpy dtype); the order is the order shown in error messages
+# name -> (ONNX element type, numpy dtype); the order is the order shown in error messages. The
+# element types are onnx.TensorProto's numbers (fixed by the ONNX spec), written out so that reading
+# a recipe does not import onnx.
 TYPES: dict[str, tuple[int, type]] = {
-    "float32": (TensorProto.FLOAT, np.float32),
-    "float16": (TensorProto.FLOAT16, np.float16),
-    "float64": (TensorProto.DOUBLE, np.float64),
-    "int64": (TensorProto.INT64, np.int64),
-    "int32": (TensorProto.INT32, np.int32),
-    "int16": (TensorProto.INT16, np.int16),
-    "int8": (TensorProto.INT8, np.int8),
-    "uint64": (TensorProto.UINT64, np.uint64),
-    "uint32": (TensorProto.UINT32, np.uint32),
-    "uint16": (TensorProto.UINT16, np.uint16),
-    "uint8": (TensorProto.UINT8, np.uint8),
-    "bool": (TensorProto.BOOL, np.bool_),
+    "float32": (1, np.float32),    # TensorProto.FLOAT
+    "float16": (10, np.float16),   # TensorProto.FLOAT16
+    "float64": (11, np.float64),   # TensorProto.DOUBLE
+    "int64": (7, np.int64),        # TensorProto.INT64
+    "int32": (6, np.int32),        # TensorProto.INT32
+    "int16": (5, np.int16),        # TensorProto.INT16
+    "int8": (3, np.int8),          # TensorProto.INT8
+    "uint64": (13, np.uint64),     # TensorProto.UINT64
+    "uint32": (12, np.uint32),     # TensorProto.UINT32
+    "uint16": (4, np.uint16),      # TensorProto.UINT16
+    "uint8": (2, np.uint8),        # TensorProto.UINT8
+    "bool": (9, np.bool_),         # TensorProto.BOOL
 }
 
 NUMPY_DTYPES: dict[str, type] = {name: numpy for name, (_, numpy) in TYPES.items()}
@@ -46,6 +47,8 @@ def onnx_type_name(elem_type: int) -> str:
     known = ONNX_TO_NAME.get(elem_type)
     if known:
         return known
+    from onnx import TensorProto
+
     try:
         return TensorProto.DataType.Name(elem_type).lower()
     except ValueError:
