@@ -180,8 +180,9 @@ def _verify_run(
         console = list(page.watch.lines)
         verbose = sum(1 for line in console if logs.is_verbose(line))
         # the profile pass costs a second session: where placement matters (webgpu) and on the runs a
-        # chain picks by default; a non-default wasm variant (wasm x fp16) is only checked and timed
-        wanted = profile and outcome.get("ok") and (planned.ep == "webgpu" or planned.default)
+        # chain picks by default; a non-default wasm variant (wasm x fp16) is only checked and timed.
+        # A run that failed gets it too (its placement says what ran where), unless its page hung.
+        wanted = profile and not stuck and (planned.ep == "webgpu" or planned.default)
         profiled = _profile_pass(page, options, watchdog_ms) if wanted else None
     finally:
         page.close()
