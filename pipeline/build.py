@@ -27,20 +27,21 @@ import onnx
 from pipeline.assets.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
-from pipeline.cache import make_staging_dir
+from pipeline.cache import staging_folder
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.loader.render import render_loader
-from pipeline.lockfile import lock_for
+from pipeline.loader.select import default_select
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.kept import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
+from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
-from pipeline.source import is_url, resolve_source
+from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
 from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table
 from pipeline.verify.host import run_model
@@ -50,7 +51,7 @@ from pipeline.verify.host import run_model
 class BuildOptions:
     target: str  # recipe name, recipe path, or model path
     source: str | None = None
-    source_sha256: str | None = None  # for --source; the recipe's sha256 belongs to its own source
+    source_sha256: str | None = None  # --sha256: the hash --source must have (else the recipe's or the lock's)
     inputs_npz: Path | None = None
     input_shapes: list[str] = field(default_factory=list)
     out_dir: Path = Path("dist")
@@ -97,10 +98,9 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
         recipe.source_sha256 = options.source_sha256
     else:
         raise PackError(f"'{options.target}': not a built-in recipe, a .toml recipe or an .onnx model; `pack recipes` lists the recipes")
-    if options.source:
-        recipe.source = options.source
-        recipe.source_sha256 = options.source_sha256
-    if not recipe.source:
+    if not recipe.source and not options.source:
+        if recipe.source_instructions:
+            raise PackError(f"{recipe.name}: {recipe.source_instructions}")
         where = recipe.path or options.target
         raise PackError(f"{where}: no source; set recipe key 'source.uri' or pass --source")
     for option in options.input_shapes:
@@ -108,6 +108,22 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
         spec = recipe.inputs.setdefault(name, InputSpec(name=name))
         spec.shape = shape
     return recipe
+
+
+def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
+    """The file this build uses (--source or the recipe's) and the published facts to check it by."""
+    return SourceRequest(
+        recipe_name=recipe.name,
+        rebuild=f"pack build {options.target}",
+        uri=options.source or recipe.source,
+        published_uri=recipe.source,
+        published_sha256=recipe.source_sha256,
+        published_size=recipe.source_size,
+        published_opset=recipe.source_opset,
+        published_inputs=tuple(recipe.inputs),
+        given_sha256=options.source_sha256,
+        base_dir=Path.cwd() if options.source else recipe.base_dir,
+    )
 
 
 def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
@@ -263,8 +279,10 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     timer = Timer()
     with timer.stage("fetch"):
         recipe = load_build_recipe(options)
-        sha256_origin = "--sha256" if options.source_sha256 else "recipe key 'source.sha256'"
-        source_path = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, progress, sha256_origin)
+        request = source_request(recipe, options)
+        fetched = fetch_source(request, lock_for(recipe, options.lock), progress)
+        recipe.source = request.uri
+        source_path = fetched.path
     with timer.stage("repair"):
         progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
@@ -276,14 +294,15 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
         context = _fp16_context(model, feeds, recipe, options, source_path, progress)
         made = make_variants(model, recipe, source_sha, context)
+        if recipe.source_precision and not options.source and made.precision != recipe.source_precision:
+            raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
 
     destination = options.out_dir / recipe.name
     try:
         options.out_dir.mkdir(parents=True, exist_ok=True)
-        staging = make_staging_dir(options.out_dir, prefix=f".{recipe.name}.build-")
     except OSError as error:
         raise PackError(f"--out {options.out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
-    try:
+    with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
         contents = start_package(recipe)
         with timer.stage("assets"):
             write_models(staging, contents, recipe, made.variants, made.reference, feeds, progress)
@@ -312,19 +331,21 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             "checks": checks,
             "steps": repair_steps + made.steps + browser.steps,
             "timings": timer.timings,
-            "source": {"uri": recipe.source, "file": source_path.name, "sha256": source_sha, "precision": made.precision, "precision_reason": made.precision_reason},
+            "source": {"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
+            "license": recipe.license,
             "variants_refused": made.refused,
         }
         if browser.report is not None:
             report["browser"] = browser.report
+        measurements = measurements_from(browser.report)
+        select, why = default_select(recipe.loader_select, [m["steadyMs"] for m in measurements])
+        contents.loader["select"] = select
+        report["loader"] = {"select": select, "why": why}
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
-        final = dict(thresholds=thresholds, verification=verification, measurements=measurements_from(browser.report), license=getattr(recipe, "license", None), fp16={"keptFp32": kept} if kept else None)
+        final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])
         write_manifest(staging, contents.manifest(**final))
         _finish(staging, destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return BuildResult(destination, report)

@@ -43,17 +43,28 @@ def folder_mode() -> int:
     return 0o777 & ~current_umask()
 
 
-def make_staging_dir(parent: Path, prefix: str) -> Path:
-    """A new, uniquely named folder in `parent` with the umask's mode (mkdtemp's is always 0700)."""
-    # Made with Ctrl-C/SIGTERM held, so a stop cannot fall between making the folder and setting
-    # its mode; the caller removes it on any later exception.
+@contextmanager
+def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
+    """A new, uniquely named folder in `parent` with the umask's mode (mkdtemp's is always 0700),
+    removed again if the block raises, Ctrl-C and SIGTERM included. What the block moves out of it
+    (a finished package renamed into place) stays."""
+    path: Path | None = None
+    # Made with Ctrl-C/SIGTERM held and the path bound before they are let through, so a stop
+    # cannot fall between making the folder and owning its clean-up.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        os.chmod(path, folder_mode())
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    return path
+        try:
+            path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            os.chmod(path, folder_mode())
+        except OSError as error:
+            raise PackError(f"{parent}: cannot create a folder there ({error.strerror or error}); give a writable output folder") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        yield path
+    except BaseException:
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def cache_root() -> Path:

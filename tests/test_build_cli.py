@@ -66,9 +66,11 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     on_disk = {p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()}
     listed = set(manifest["files"]) | {e["encodings"]["br"]["path"] for e in manifest["files"].values() if e["encodings"]}
     assert on_disk - listed == {"manifest.json"} and listed <= on_disk
-    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"):
+    modules = [path for path in manifest["files"] if path.startswith("loader/")]  # the loader's ES modules
+    assert "loader/load.js" in modules
+    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json", *modules):
         assert manifest["files"][name]["cache"] == "short"
-    assert all(entry["cache"] == "immutable" for path, entry in manifest["files"].items() if "/" in path or path.endswith((".onnx", ".bin")))
+    assert all(entry["cache"] == "immutable" for path, entry in manifest["files"].items() if path.startswith("ort/") or path.endswith((".onnx", ".bin")))
     assert set(manifest["runtime"]["bundles"]) == {"webgpu", "wasm"}
     for path, entry in manifest["files"].items():
         data = (package / path).read_bytes()
@@ -133,6 +135,8 @@ def test_json_output_is_the_report(conv_file, tmp_path):
     assert report["name"] == "tiny-conv" and report["passed"] is True and report["refused"] is None
     assert {"stage", "ep", "variant", "status", "metrics", "threshold"} <= set(report["checks"][0])
     assert any(step["name"] == "fp16_convert" and step["changed"] for step in report["steps"])
+    # report.json is published with the package: the build machine's folders stay out of it.
+    assert report["source"]["uri"] == conv_file.name and str(conv_file.parent) not in result.stdout
 
 
 def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
@@ -258,7 +262,8 @@ def test_source_option_overrides_the_recipe_with_its_own_sha256(conv_file, tmp_p
         url = f"http://127.0.0.1:{httpd.server_address[1]}/{conv_file.name}"
         sha = hashlib.sha256(conv_file.read_bytes()).hexdigest()
         missing_sha = build(str(recipe), "--source", url, "--no-browser", "--out", str(tmp_path / "d"))
-        assert missing_sha.exit_code == 2 and "needs its sha256" in missing_sha.output
+        # without --sha256 the file must be the recipe's published one (a mirror), and it is not
+        assert missing_sha.exit_code == 2 and f"pass --sha256 {sha}" in missing_sha.output
         result = build(str(recipe), "--source", url, "--sha256", sha, "--no-browser", "--out", str(tmp_path / "d"))
         assert result.exit_code == 0, result.output
         assert json.loads((tmp_path / "d" / "over" / "report.json").read_text())["source"]["uri"] == url

@@ -181,15 +181,17 @@ def test_url_target_with_sha256_builds_over_a_stray_file_with_umask_modes(conv_f
 
 
 def test_staging_folders_and_atomic_writes_follow_the_umask(tmp_path):
-    from pipeline.cache import atomic_copy, atomic_write, make_staging_dir
+    from pipeline.cache import atomic_copy, atomic_write, staging_folder
 
     previous = os.umask(0o022)
     try:
-        staging = make_staging_dir(tmp_path, ".x.build-")
+        with staging_folder(tmp_path, ".x.build-") as staging:
+            pass
         atomic_write(tmp_path / "a.bin", b"a")
         atomic_copy(tmp_path / "a.bin", tmp_path / "b.bin")
         os.umask(0o077)
-        private = make_staging_dir(tmp_path, ".y.build-")
+        with staging_folder(tmp_path, ".y.build-") as private:
+            pass
         atomic_write(tmp_path / "c.bin", b"c")
     finally:
         os.umask(previous)
@@ -236,4 +238,4 @@ def test_a_build_stopped_mid_way_leaves_no_staging_folder(tmp_path, stop, code):
     stdout, stderr = child.communicate(timeout=120)
     assert child.returncode == code, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(f"interrupted ({stop.name})"), stderr
-    assert list(out.iterdir()) == [], stderr
+    assert list(out.iterdir()) == [], (stderr, sorted(str(p) for p in out.rglob("*")))

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader_helpers import (
+from loader_helpers import (  # noqa: F401 (browser, pages: fixtures)
     LOAD_AND_RUN,
     TEST_PREFIX,
-    blank_pages_dir,
+    browser,
+    pages,
     decode_output,
     image_sample,
     make_package,
@@ -24,23 +25,12 @@ from loader_helpers import (
     reference,
 )
 from pipeline.runtime import resolve_runtime
-from pipeline.verify.browser.chromium import launch_browser, new_watched_page, probe_adapter
+from pipeline.verify.browser.chromium import new_watched_page, probe_adapter
 from pipeline.verify.browser.server import running_server
 
 pytestmark = pytest.mark.browser
 
 RUNTIME_PREFIX = "/__loader_runtime__/"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with launch_browser() as launched:
-        yield launched
-
-
-@pytest.fixture(scope="module")
-def pages(tmp_path_factory) -> Path:
-    return blank_pages_dir(tmp_path_factory.mktemp("pages"))
 
 
 @pytest.fixture(scope="module")
@@ -297,8 +287,12 @@ def test_ipados_desktop_mode_page_loads_the_wasm_bundle_without_threads(browser,
 def test_hung_run_hits_the_watchdog_and_falls_back(browser, server):
     page = blank_page(browser, server)
     try:
-        loaded = load_and_run(page, server.url, {"watchdogMs": 1500, "cache": False}, run=False)
-        assert loaded["ok"] and loaded["info"]["ep"] == "webgpu", loaded
+        # A first load starts onnxruntime's WebGPU device in this page (seconds on a loaded machine), so
+        # the short watchdog of the second one times the hung run below, not SwiftShader's start-up.
+        warm = load_and_run(page, server.url, {"cache": False, "prewarm": False}, run=False)
+        assert warm["ok"] and warm["info"]["ep"] == "webgpu", warm["info"]["fallbacks"]
+        loaded = load_and_run(page, server.url, {"watchdogMs": 1500, "cache": False, "prewarm": False}, run=False)
+        assert loaded["ok"] and loaded["info"]["ep"] == "webgpu", loaded["info"]["fallbacks"]
         result = page.evaluate(
             """async () => {
                  const model = window.__packModel;
@@ -483,16 +477,18 @@ def _with_verification_runs(image_package: Path, folder: Path, failed: set[tuple
     manifest = read_manifest(package)
     pairs = [("wasm", "wasm", "fp32"), ("webgpu", "wasm", "fp32"), ("webgpu", "webgpu", "fp16"), ("webgpu", "webgpu", "fp32")]
     statuses = {("webgpu", "webgpu", "fp16"): "not-verifiable"}
-    manifest["verification"] = {
-        "browser": True,
-        "passed": not failed,
-        "runs": [{"bundle": b, "ep": e, "variant": v, "status": "failed" if (b, e, v) in failed else statuses.get((b, e, v), "passed")} for b, e, v in pairs],
-    }
+
+    def entry(b, e, v):
+        if (b, e, v) in failed:
+            return {"stage": "browser", "bundle": b, "ep": e, "variant": v, "status": "failed", "detail": f"y: rel_l2 0.5 > 0.001 ({b} bundle)"}
+        return {"stage": "browser", "bundle": b, "ep": e, "variant": v, "status": statuses.get((b, e, v), "passed")}
+
+    manifest["verification"] = {"browser": True, "passed": not failed, "runs": [entry(*pair) for pair in pairs]}
     (package / "manifest.json").write_text(json.dumps(manifest))
     return package
 
 
-def test_pair_that_failed_verification_is_skipped_unless_forced(browser, image_package, pages, tmp_path):
+def test_pair_the_build_refused_is_skipped_and_a_forced_one_is_refused_naming_the_check(browser, image_package, pages, tmp_path):
     package = _with_verification_runs(image_package, tmp_path / "failed-webgpu", {("webgpu", "webgpu", "fp32")})
     bundles = read_manifest(package)["runtime"]["bundles"]
     with running_server(package, {TEST_PREFIX: pages}) as failed_server:
@@ -504,8 +500,14 @@ def test_pair_that_failed_verification_is_skipped_unless_forced(browser, image_p
             page.reload()
             forced_variant = load_and_run(page, failed_server.url, {"variant": {"webgpu": "fp32"}, "cache": False})
             page.reload()
-            # What the build's verification harness passes: one EP, a variant and a runtime key.
-            harness_like = load_and_run(page, failed_server.url, {"executionProviders": ["webgpu"], "variant": "fp32", "runtime": "webgpu", "cache": False}, run=False)
+            forced_pair = load_and_run(page, failed_server.url, {"executionProviders": ["webgpu"], "variant": "fp32", "cache": False}, run=False)
+            page.reload()
+            forced_runtime = load_and_run(page, failed_server.url, {"executionProviders": ["webgpu"], "runtime": "webgpu", "cache": False}, run=False)
+            page.reload()
+            # What the build's verification harness passes: one EP, a variant, a runtime key and allowRefused.
+            harness_like = load_and_run(
+                page, failed_server.url, {"executionProviders": ["webgpu"], "variant": "fp32", "runtime": "webgpu", "allowRefused": True, "cache": False}, run=False
+            )
             page.reload()
             picks = page.evaluate(
                 """async (base) => {
@@ -519,7 +521,7 @@ def test_pair_that_failed_verification_is_skipped_unless_forced(browser, image_p
                              pickVariant(manifest, 'webgpu', none),                      // no bundle: no skipping
                              pickVariant(manifest, 'webgpu', f16, undefined, 'webgpu'),   // not-verifiable is allowed
                              pickVariant(fp16Failed, 'webgpu', f16, undefined, 'webgpu'), // falls to the next variant
-                             pickVariant(manifest, 'webgpu', none, 'fp32', 'webgpu'),     // forced: never skipped
+                             pickVariant(manifest, 'webgpu', none, 'fp32', 'webgpu'),     // forced: refused all the same
                              verificationStatus(manifest, 'webgpu', 'webgpu', 'fp32'),
                              verificationStatus(manifest, 'webgpu', 'webgpu', 'fp16'),
                              verificationStatus(manifest, 'wasm', 'wasm', 'fp32'),
@@ -535,7 +537,8 @@ def test_pair_that_failed_verification_is_skipped_unless_forced(browser, image_p
     assert skipped["ok"], skipped
     info = skipped["infoAfterRun"]
     assert (info["ep"], info["variant"], info["bundle"], info["verified"]) == ("wasm", "fp32", "wasm", "passed")
-    expected_skip = {"ep": "webgpu", "variant": "fp32", "bundle": "webgpu", "reason": "failed browser verification at build time"}
+    refusing_run = {"stage": "browser", "bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "status": "failed", "detail": "y: rel_l2 0.5 > 0.001 (webgpu bundle)"}
+    expected_skip = {"ep": "webgpu", "variant": "fp32", "bundle": "webgpu", "reason": "failed its browser check at build time: y: rel_l2 0.5 > 0.001 (webgpu bundle)", "run": refusing_run, "forced": False}
     assert info["skipped"] == [expected_skip] and info["fallbacks"] == []
     assert [e for e in skipped["events"] if e["type"] == "skip"] == [{"type": "skip", **expected_skip}]
     assert [(e["ep"], e["variant"]) for e in skipped["events"] if e["type"] == "session"] == [("wasm", "fp32")]
@@ -543,16 +546,22 @@ def test_pair_that_failed_verification_is_skipped_unless_forced(browser, image_p
     assert "/" + bundles["webgpu"]["module"] not in served and "/" + bundles["wasm"]["module"] in served
     np.testing.assert_allclose(decode_output(skipped["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
 
-    # A forced variant (or runtime) still runs the pair, and says what the build recorded.
+    # A forced variant the build refused is never run: the EP is skipped (the chain goes on) ...
     assert forced_variant["ok"], forced_variant
     forced = forced_variant["infoAfterRun"]
-    assert (forced["ep"], forced["variant"], forced["bundle"], forced["verified"]) == ("webgpu", "fp32", "webgpu", "failed")
-    assert forced["skipped"] == [] and not [e for e in forced_variant["events"] if e["type"] == "skip"]
-    np.testing.assert_allclose(decode_output(forced_variant["outputs"]["y"]), reference("image", image_sample()), atol=1e-5)
+    assert (forced["ep"], forced["variant"], forced["verified"]) == ("wasm", "fp32", "passed")
+    assert forced["skipped"] == [{**expected_skip, "forced": True}]
+    assert ("webgpu", "fp32") not in [(e["ep"], e["variant"]) for e in forced_variant["events"] if e["type"] == "session"]
+    # ... and when nothing is left, load() says which check failed, whatever the app forced.
+    for refused in (forced_pair, forced_runtime):
+        assert not refused["ok"] and refused["name"] == "PackRefusedError", refused
+        assert "webgpu/fp32 on the webgpu bundle: failed its browser check at build time: y: rel_l2 0.5 > 0.001" in refused["message"]
+        assert not [e for e in refused["events"] if e["type"] == "session"]
+    # Verification itself re-runs it, and the loader says what the build recorded.
     assert harness_like["ok"], harness_like
     assert (harness_like["info"]["ep"], harness_like["info"]["variant"], harness_like["info"]["verified"]) == ("webgpu", "fp32", "failed")
 
-    assert picks == [None, "fp32", "fp16", "fp32", "fp32", "failed", "not-verifiable", "passed", "unverified", "unverified"]
+    assert picks == [None, "fp32", "fp16", "fp32", None, "failed", "not-verifiable", "passed", "unverified", "unverified"]
 
 
 def test_skipping_keeps_the_bundle_whose_pair_passed_and_fails_clearly_when_nothing_is_left(browser, image_package, pages, tmp_path):
@@ -574,7 +583,7 @@ def test_skipping_keeps_the_bundle_whose_pair_passed_and_fails_clearly_when_noth
     assert kept["ok"], kept
     assert (kept["info"]["ep"], kept["info"]["bundle"], kept["info"]["verified"]) == ("wasm", "webgpu", "passed")
     assert [(s["ep"], s["variant"], s["bundle"]) for s in kept["info"]["skipped"]] == [("webgpu", "fp32", "webgpu")]
-    assert not nothing["ok"] and nothing["name"] == "PackLoadError"
+    assert not nothing["ok"] and nothing["name"] == "PackRefusedError"
     assert "no execution provider can run here" in nothing["message"]
-    assert "webgpu/fp32: failed browser verification at build time" in nothing["message"]
-    assert "wasm/fp32: failed browser verification at build time" in nothing["message"]
+    assert "webgpu/fp32 on the webgpu bundle: failed its browser check at build time: y: rel_l2 0.5 > 0.001" in nothing["message"]
+    assert "wasm/fp32 on the webgpu bundle: failed its browser check at build time" in nothing["message"]

@@ -59,16 +59,31 @@ def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
     assert statuses.pop(("webgpu", "webgpu", "fp16")) == "not-verifiable"
     assert set(statuses.values()) == {"passed"}, runs
     assert code == 0 and manifest["verification"]["browser"] is True and manifest["verification"]["passed"] is True
+    # A tiny model's sample run is cheap: the build makes the measured choice the loader's default.
+    assert manifest["loader"]["select"] == "measured" and "cheap" in report["loader"]["why"]
 
-    # The shipped loader lands on webgpu/fp32 and says the build verified that pair.
+    # The shipped loader says the build verified the pair it runs.
     package = tmp_path / "dist" / model.stem
     with running_server(package, {TEST_PREFIX: blank_pages_dir(tmp_path / "pages")}) as server, launch_browser() as browser:
         page = browser.new_context().new_page()
         page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
-        loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False}, "run": False})
+        loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False, "select": "chain"}, "run": False})
+        measured = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False, "storage": None}, "run": False})
     assert loaded["ok"], loaded
     info = loaded["info"]
-    assert (info["ep"], info["variant"], info["bundle"], info["verified"], info["skipped"]) == ("webgpu", "fp32", "webgpu", "passed", [])
+    # select: 'chain' follows the build's measurements on this adapter class: the faster of the
+    # chain's pairs (on SwiftShader that is wasm) runs first, and the build verified it.
+    priors = {(m["ep"], m["variant"]): m["steadyMs"] for m in manifest["measurements"] if m["bundle"] == "webgpu" and m["steadyMs"]}
+    assert set(priors) == {("webgpu", "fp32"), ("wasm", "fp32")}, manifest["measurements"]
+    assert (info["ep"], info["variant"]) == min(priors, key=priors.get)
+    assert (info["bundle"], info["verified"], info["skipped"]) == ("webgpu", "passed", [])
+    assert [c["priorMs"] for c in info["selection"]["candidates"]] == sorted(priors.values())
+    # The package's default: trials among the pairs the build verified, the choice among them.
+    assert measured["ok"], measured
+    selection = measured["info"]["selection"]
+    assert selection["mode"] == "measured" and selection["fromCache"] is False
+    assert {(c["ep"], c["variant"]) for c in selection["candidates"]} == {("webgpu", "fp32"), ("wasm", "fp32")}
+    assert measured["info"]["verified"] == "passed"
 
 
 def test_no_browser_build_records_no_runs(tmp_path):
@@ -80,3 +95,5 @@ def test_no_browser_build_records_no_runs(tmp_path):
     browser = [r for r in verification["runs"] if r["stage"] == "browser"]
     assert browser and all(r["status"] == "skipped" and r["detail"] == "--no-browser" for r in browser)
     assert manifest["measurements"] == []
+    # No browser timing: the loader keeps the platform chain.
+    assert manifest["loader"]["select"] == "chain"

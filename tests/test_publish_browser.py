@@ -50,6 +50,8 @@ def test_published_demo_page_loads_every_file_from_the_bucket_and_runs(s3_server
     base = f"{s3_server.url}/{bucket}/tiny-conv/"
     fetched = {url.removeprefix(base) for url in answers if url.startswith(base)}
     # the page, its script, the loader, the manifest, the sample, a model and the runtime it picked
-    assert {"index.html", "demo.js", "loader.js", "manifest.json", manifest["sample"]["file"]} <= fetched
+    assert {"index.html", "demo.js", "loader.js", "loader/load.js", "manifest.json", manifest["sample"]["file"]} <= fetched
+    # the page compared its run with the build's fp32 reference shipped in the sample file
+    assert demo["comparison"]["passed"] is True and demo["comparison"]["text"].startswith("matches the build's fp32 reference: y: "), demo["comparison"]
     assert fetched <= set(manifest["files"]) | {"manifest.json"}
     assert any(path.endswith(".onnx") for path in fetched) and any(path.endswith(".wasm") for path in fetched)

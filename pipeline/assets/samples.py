@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from pipeline.assets.patterns import generate
 from pipeline.dtypes import ONNX_TO_NAME
 from pipeline.errors import PackError, warn
 from pipeline.recipe import InputSpec, Recipe
@@ -125,6 +126,10 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
             where = f"inputs.{info.name}.file"
         else:
             shape = _resolve_shape(info, spec, "recipe input")
+            if spec and spec.pattern:
+                # Seeded by the recipe alone, so inputs that describe one signal stay consistent.
+                feeds[info.name] = generate(spec, shape, dtype, recipe.seed)
+                continue
             if spec and spec.value is not None:
                 array = np.full(shape, spec.value)
             elif np.dtype(dtype).kind == "f":

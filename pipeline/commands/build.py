@@ -32,7 +32,7 @@ def build(
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip the headless-browser checks (recorded as skipped).")] = False,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
-    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (fp16 nodes kept in fp32, ...); default: <recipe>.lock.json beside a recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
+    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 
@@ -65,17 +65,47 @@ def build(
 def recipes(
     json_output: Annotated[bool, typer.Option("--json", help="Machine-readable list.")] = False,
 ) -> None:
-    """List the built-in recipes, one line each."""
+    """List the built-in recipes, one line each: what they ship, the source's size, licence and URL."""
     from pipeline.recipe import builtin_recipes, load_recipe_file
 
     with cli_errors():
-        rows = []
-        for path in builtin_recipes():
-            recipe = load_recipe_file(path)
-            rows.append({"name": recipe.name, "source": recipe.source, "variants": recipe.variants, "description": recipe.description})
+        rows = sorted((_recipe_row(load_recipe_file(path)) for path in builtin_recipes()), key=lambda row: row["name"])
     if json_output:
         print_json(rows)
         return
-    width = max((len(r["name"]) for r in rows), default=0)
-    for row in rows:
-        typer.echo(f"{row['name']:<{width}}  {'+'.join(row['variants']):<9}  {row['description'] or row['source']}")
+    columns = [
+        [row["name"] for row in rows],
+        [row["ships"] for row in rows],
+        [_size_text(row["size"]) for row in rows],
+        [row["license"] or "licence unstated" for row in rows],
+    ]
+    widths = [max(len(cell) for cell in column) for column in columns]
+    for index, row in enumerate(rows):
+        cells = [column[index].ljust(width) for column, width in zip(columns, widths)]
+        source = row["source"] or "no public file: export it yourself, then --source PATH"
+        typer.echo("  ".join(cells + [source]))
+
+
+def _recipe_row(recipe) -> dict:
+    from pipeline.lockfile import lock_for
+    from pipeline.source import LOCK_SECTION
+
+    pinned = lock_for(recipe, None).get(recipe.name, LOCK_SECTION) if recipe.source else None
+    pinned = pinned if pinned and pinned.get("uri") == recipe.source else None
+    return {
+        "name": recipe.name,
+        "description": recipe.description,
+        "ships": recipe.ships(),
+        "variants": recipe.variants,
+        "source": recipe.source,
+        "sha256": recipe.source_sha256 or (pinned or {}).get("sha256"),
+        "sha256From": "recipe" if recipe.source_sha256 else ("lock" if pinned else None),
+        "size": recipe.source_size or (pinned or {}).get("size"),
+        "license": recipe.license,
+    }
+
+
+def _size_text(size: int | None) -> str:
+    if not size:
+        return "size ?"
+    return f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"

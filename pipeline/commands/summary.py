@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -44,6 +45,62 @@ def browser_lines(browser: dict) -> list[str]:
     return lines
 
 
+# The chain's first choice is called out when an alternative is at least this much faster.
+SLOWER_CHAIN_RATIO = 1.5
+
+
+def _adapter_name(adapter: dict | None) -> str:
+    if not adapter:
+        return "no WebGPU adapter"
+    parts = [adapter.get("vendor"), adapter.get("architecture") or adapter.get("description")]
+    return " ".join(part for part in parts if part) or "an unnamed adapter"
+
+
+def chain_speed_lines(manifest: dict) -> list[str]:
+    """Per adapter class in manifest `measurements`: when the desktop chain's first choice is measured
+    slower than an alternative, one line naming both and the ratio (the loader's `select` fixes it)."""
+    measurements = [m for m in manifest.get("measurements") or [] if isinstance(m.get("steadyMs"), (int, float)) and m["steadyMs"] > 0]
+    chain = (manifest.get("executionProviders") or {}).get("desktop") or ["webgpu", "wasm"]
+    variant_for = manifest.get("variantFor") or {}
+    select = (manifest.get("loader") or {}).get("select", "chain")
+    classes: dict[str, list[dict]] = {}
+    machine = lambda m: (m.get("source"), m.get("browser"))  # noqa: E731
+    for m in measurements:
+        if m.get("adapter"):
+            key = json.dumps([str(m["adapter"].get(k) or "").lower() for k in ("vendor", "architecture", "description")])
+            classes.setdefault(key, []).append(m)
+    # wasm runs record no adapter: they join the classes the same machine measured (or stand alone).
+    for m in measurements:
+        if not m.get("adapter"):
+            joined = [entries for entries in classes.values() if any(machine(e) == machine(m) and e.get("adapter") for e in entries)]
+            for entries in joined or [classes.setdefault("null", [])]:
+                entries.append(m)
+    lines = []
+    for entries in classes.values():
+        best: dict[tuple[str, str], float] = {}
+        for m in entries:
+            pair = (m["ep"], m["variant"])
+            best[pair] = min(best.get(pair, float("inf")), float(m["steadyMs"]))
+        first_ep = next((ep for ep in chain if any(p[0] == ep for p in best)), None)
+        if first_ep is None:
+            continue
+        # The variant the chain runs first on this EP: the recipe's order, among those measured here.
+        order = variant_for.get(first_ep) or sorted(v for e, v in best if e == first_ep)
+        first_variant = next((v for v in order if (first_ep, v) in best), None)
+        if first_variant is None:
+            continue
+        configured = best[(first_ep, first_variant)]
+        (fast_ep, fast_variant), fastest = min(best.items(), key=lambda item: item[1])
+        if fastest * SLOWER_CHAIN_RATIO <= configured:
+            fix = "the loader's measured choice picks it on such devices" if select == "measured" else "set [loader] select = \"measured\" (or reorder execution_providers) to use it"
+            lines.append(
+                f"  speed: {fast_ep}/{fast_variant} {configured / fastest:.1f}× faster than {first_ep}/{first_variant} "
+                f"(the chain's first choice) on {_adapter_name(next((e['adapter'] for e in entries if e.get('adapter')), None))}: "
+                f"{fastest:.1f} vs {configured:.1f} ms; {fix}"
+            )
+    return lines
+
+
 def fp16_kept_lines(report: dict) -> list[str]:
     """The fp16 nodes kept in fp32 (name, op, why), their size cost and the search's figures."""
     step = next((s for s in report.get("steps", []) if s["name"] == "fp16_keep_fp32"), None)
@@ -72,6 +129,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
     source = report.get("source", {})
     if source:
         echo(f"  source {source.get('uri')} ({source.get('precision', '?')}: {source.get('precision_reason', '')})")
+    if "license" in report:
+        echo(f"  license {report['license'] or 'not stated by the recipe'}")
     for step in report.get("steps", []):
         if (step.get("changed") or step.get("refused")) and step["name"] != "fp16_keep_fp32":
             what = step.get("refused") or "; ".join(r.get("what") or r.get("warning") or str(r) for r in step.get("records", [])[:3])
@@ -88,6 +147,18 @@ def print_summary(report: dict, package_dir: Path) -> None:
     if report.get("browser"):
         for line in browser_lines(report["browser"]):
             echo(line)
+    manifest_path = Path(package_dir) / "manifest.json"
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = {}
+        for line in chain_speed_lines(manifest):
+            echo(line)
+        select = (manifest.get("loader") or {}).get("select")
+        if select:
+            why = (report.get("loader") or {}).get("why")
+            echo(f"loader: select {select}" + (f" ({why})" if why else ""))
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in report.get("timings", {}).items())
     echo(f"timings: {timings}")
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])

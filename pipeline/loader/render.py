@@ -1,15 +1,19 @@
-"""Render web_template/ into a package: loader.js, loader.d.ts, index.html and demo.js.
+"""Write the browser files into a package: loader.js and its ES modules (loader/*.js) and demo.js,
+copied as they are, and loader.d.ts and index.html, rendered from templates.
 
-The loader itself is generic (it reads manifest.json beside itself at load time); the manifest
-only names the package in comments and gives the d.ts its input/output/variant names and the
-demo page its headings. Output bytes depend on nothing but the manifest, so a rebuild is
-byte-identical.
+The loader is generic (it reads manifest.json beside itself at load time): only the types (input,
+output, variant names) and the demo page (headings) are rendered from the manifest. The files are
+package data (`pipeline.web_template`, the repo's web_template/ folder) read with
+importlib.resources, so an installed wheel renders them too. Output bytes depend on nothing but
+the manifest, so a rebuild is byte-identical.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -18,32 +22,50 @@ import jinja2
 from pipeline.assets.manifest import validate
 from pipeline.errors import PackError
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "web_template"
-
-# output name -> template name; order is the order of the returned list
+WEB_TEMPLATE = "pipeline.web_template"
+# Copied as they are: the entry module, the demo script, and every module of loader/.
+STATIC_FILES = ("loader.js", "demo.js")
+MODULE_DIR = "loader"
+# output name -> template name
 TEMPLATES: dict[str, str] = {
-    "loader.js": "loader.js.j2",
     "loader.d.ts": "loader.d.ts.j2",
     "index.html": "index.html.j2",
-    "demo.js": "demo.js.j2",
 }
 
 _LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029]+")
 
 
+def web_template() -> Traversable:
+    """The browser files shipped with pack (web_template/ in the repo)."""
+    return resources.files(WEB_TEMPLATE)
+
+
+def static_files() -> dict[str, Traversable]:
+    """Package path -> source of every browser file copied verbatim, in a stable order."""
+    root = web_template()
+    found = {name: root / name for name in STATIC_FILES}
+    modules = root / MODULE_DIR
+    for module in sorted(modules.iterdir(), key=lambda item: item.name):
+        if module.name.endswith(".js"):
+            found[f"{MODULE_DIR}/{module.name}"] = module
+    return found
+
+
 def render_loader(package_dir: Path, manifest: dict) -> list[str]:
-    """Write the loader files into `package_dir`; returns their names (package paths)."""
+    """Write the loader files into `package_dir`; returns their package paths (for manifest "files")."""
     package_dir = Path(package_dir)
     if not package_dir.is_dir():
         raise PackError(f"{package_dir}: not a directory; build the package files before rendering the loader")
     context = template_context(manifest)
     environment = _environment()
-    written = []
+    outputs: dict[str, bytes] = {path: source.read_bytes() for path, source in static_files().items()}
     for output, template_name in TEMPLATES.items():
-        text = environment.get_template(template_name).render(context)
-        (package_dir / output).write_bytes(text.encode("utf-8"))
-        written.append(output)
-    return written
+        outputs[output] = environment.get_template(template_name).render(context).encode("utf-8")
+    for path, data in outputs.items():
+        target = package_dir / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return list(outputs)
 
 
 def template_context(manifest: dict) -> dict[str, Any]:
@@ -65,7 +87,7 @@ def template_context(manifest: dict) -> dict[str, Any]:
 
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        loader=jinja2.FunctionLoader(lambda name: (web_template() / name).read_text(encoding="utf-8")),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,

@@ -1,7 +1,15 @@
-"""https downloads: streamed with a progress bar, resumable, cached by sha256 and checked."""
+"""https downloads: streamed with a progress bar, resumable, cached by sha256 and checked.
+
+TLS is always verified, against the system's CAs plus, when `PACK_CA_BUNDLE` names a PEM file,
+that file's CAs (a company proxy that re-signs TLS, or a test server); `SSL_CERT_FILE` replaces
+the system's CAs as OpenSSL defines it.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,28 +20,55 @@ from pipeline.progress import Progress
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
+CA_BUNDLE_ENV = "PACK_CA_BUNDLE"
+
+
+class SourceUnreachable(PackError):
+    """The server could not be reached or refused the file: the caller adds how to get it otherwise."""
+
+    def __init__(self, url: str, reason: str):
+        super().__init__(f"source {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+def tls_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    extra = os.environ.get(CA_BUNDLE_ENV)
+    if extra:
+        try:
+            context.load_verify_locations(cafile=extra)
+        except (OSError, ssl.SSLError) as error:
+            raise PackError(f"{CA_BUNDLE_ENV}={extra}: cannot load it as PEM CA certificates ({error}); fix or unset it") from None
+    return context
 
 
 def download(url: str, sha256: str | None, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
-    """The cached file for `url`; a partial download left by an earlier run is resumed."""
-    if not sha256:
-        raise PackError(f"source {url}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256)")
-    target = cache_dir("downloads") / sha256
-    if target.exists():
-        return target
-    partial = target.with_suffix(".part")
+    """The cached file for `url`; a partial download left by an earlier run is resumed. Without
+    `sha256` (a source pinned on first download) the file is fetched and cached by the hash it has:
+    the caller pins that and checks it ever after."""
+    if sha256:
+        target = cache_dir("downloads") / sha256
+        if target.exists():
+            return target
+        partial = target.with_suffix(".part")
+    else:
+        target = None
+        partial = cache_dir("downloads") / f"unpinned-{hashlib.sha256(url.encode()).hexdigest()[:24]}.part"
     offset = partial.stat().st_size if partial.exists() else 0
     request = urllib.request.Request(url, headers={"User-Agent": "pack", **({"Range": f"bytes={offset}-"} if offset else {})})
     try:
-        response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
+        response = urllib.request.urlopen(request, timeout=TIMEOUT_S, context=tls_context() if url.startswith("https://") else None)
     except urllib.error.HTTPError as error:
         if error.code == 416 and offset:  # the partial file is already complete
             response = None
         else:
-            raise PackError(f"source {url}: HTTP {error.code} {error.reason}; check the URL") from None
+            raise SourceUnreachable(url, f"HTTP {error.code} {error.reason}") from None
     except (urllib.error.URLError, TimeoutError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise PackError(f"source {url}: cannot connect ({reason}); check the URL and the network, then run again to resume") from None
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise SourceUnreachable(url, f"the server's TLS certificate is not trusted ({reason.verify_message}); if a proxy re-signs TLS, give its CA certificate with {CA_BUNDLE_ENV}=FILE.pem") from None
+        raise SourceUnreachable(url, f"cannot connect ({reason})") from None
     if response is not None:
         with response:
             resumed = offset and response.status == 206
@@ -52,8 +87,17 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
             if total is not None and partial.stat().st_size < total:
                 raise PackError(f"source {url}: download cut off at {partial.stat().st_size} of {total} bytes; run again to resume")
     actual = file_sha256(partial)
-    if actual != sha256:
+    if sha256 and actual != sha256:
         partial.unlink()
-        raise PackError(f"source {url}: sha256 is {actual}, {sha256_origin} expects {sha256}; fix {sha256_origin} or the URL")
+        raise DownloadMismatch(url, actual, sha256, sha256_origin)
+    target = target or cache_dir("downloads") / actual
     partial.rename(target)
     return target
+
+
+class DownloadMismatch(PackError):
+    """The downloaded bytes are not the expected ones; the caller says which pin they broke."""
+
+    def __init__(self, url: str, actual: str, expected: str, origin: str):
+        super().__init__(f"source {url}: sha256 is {actual}, {origin} expects {expected}; fix {origin} or the URL")
+        self.url, self.actual, self.expected = url, actual, expected

@@ -36,7 +36,9 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
         metrics["shape"] = list(actual.shape)
         metrics["expected_shape"] = list(reference.shape)
         return metrics
-    if reference.dtype.kind in "biu" or reference.dtype == np.bool_:
+    # Integer tensors (ids, indices, flags) must match exactly; an integer image or waveform is a
+    # quantized measurement, where a rounding step of difference is error, judged like floats.
+    if (reference.dtype.kind in "biu" or reference.dtype == np.bool_) and kind == "tensor":
         mismatches = int(np.count_nonzero(reference != actual))
         metrics.update(mismatches=mismatches, max_abs=float(np.max(np.abs(reference.astype(np.float64) - actual.astype(np.float64)), initial=0.0)))
         return metrics

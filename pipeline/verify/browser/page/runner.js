@@ -110,6 +110,7 @@ async function runPackage(options) {
       executionProviders: [options.ep],
       variant: options.variant,
       select: 'chain', // one forced (EP, variant): no measured trials
+      allowRefused: true, // verification re-runs pairs an earlier build refused
       runtime: options.runtime, // a shipped bundle key, or {module, wasm} URLs (another runtime)
       watchdogMs: options.watchdogMs,
       prewarm: false,

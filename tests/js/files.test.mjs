@@ -1,0 +1,105 @@
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { afterEach, test } from 'node:test';
+
+import { PackIntegrityError, PackLoadError } from '../../web_template/loader/errors.js';
+import { CACHE_KEY_PREFIX, Files, ProgressTracker, checkManifest, sha256Hex } from '../../web_template/loader/files.js';
+
+const realFetch = globalThis.fetch;
+afterEach(() => {
+  globalThis.fetch = realFetch;
+});
+
+const digest = (bytes) => createHash('sha256').update(bytes).digest('hex');
+
+function serve(files) {
+  const requests = [];
+  globalThis.fetch = async (url) => {
+    requests.push(url);
+    const path = new URL(url).pathname.slice(1);
+    if (!(path in files)) return new Response('missing', { status: 404, statusText: 'Not Found' });
+    return new Response(files[path]);
+  };
+  return requests;
+}
+
+function fakeCache() {
+  const entries = new Map();
+  return {
+    entries,
+    match: async (key) => (entries.has(key) ? new Response(entries.get(key)) : undefined),
+    put: async (key, response) => entries.set(key, new Uint8Array(await response.arrayBuffer())),
+    delete: async (key) => entries.delete(key),
+  };
+}
+
+function setup(files, listed, cache = null) {
+  const manifest = { files: Object.fromEntries(Object.entries(listed).map(([path, bytes]) => [path, { sha256: digest(bytes), size: bytes.length }])) };
+  const events = [];
+  const progress = [];
+  const tracker = new ProgressTracker((p) => progress.push(p));
+  const store = new Files({ baseUrl: new URL('https://cdn.test/pkg/'), manifest, cache, progress: tracker, emit: (e) => events.push(e), signal: null });
+  return { store, events, progress, tracker, requests: serve(files) };
+}
+
+test('sha256Hex is the hex sha256', async () => {
+  assert.equal(await sha256Hex(new TextEncoder().encode('abc')), digest('abc'));
+});
+
+test('a file is downloaded, checked, counted against the manifest size and cached by hash', async () => {
+  const bytes = new Uint8Array([1, 2, 3, 4, 5]);
+  const cache = fakeCache();
+  const { store, events, progress, requests } = setup({ 'pkg/m.onnx': bytes }, { 'm.onnx': bytes }, cache);
+  store.plan('m.onnx');
+  assert.deepEqual(Array.from(await store.get('m.onnx')), [1, 2, 3, 4, 5]);
+  assert.deepEqual(progress.at(-1), { file: 'm.onnx', loaded: 5, total: 5, fileLoaded: 5, fileTotal: 5 });
+  assert.deepEqual(events.map((e) => e.type), ['download']);
+  assert.ok(cache.entries.has(CACHE_KEY_PREFIX + digest(bytes)));
+  // The second time it comes from the cache, checked again, without a request.
+  assert.deepEqual(Array.from(await store.get('m.onnx')), [1, 2, 3, 4, 5]);
+  assert.equal(requests.length, 1);
+  assert.equal(events.at(-1).type, 'cache-hit');
+});
+
+test('a corrupt cached copy is dropped and downloaded again', async () => {
+  const bytes = new Uint8Array([9, 9, 9]);
+  const cache = fakeCache();
+  cache.entries.set(CACHE_KEY_PREFIX + digest(bytes), new Uint8Array([9, 9, 8]));
+  const { store, events, requests } = setup({ 'pkg/m.onnx': bytes }, { 'm.onnx': bytes }, cache);
+  assert.deepEqual(Array.from(await store.get('m.onnx')), [9, 9, 9]);
+  assert.equal(requests.length, 1);
+  assert.match(events[0].message, /cached copy of m.onnx is corrupt/);
+});
+
+test('changed bytes, a longer file and a missing file are clear errors', async () => {
+  const listed = new Uint8Array([1, 2, 3]);
+  const changed = setup({ 'pkg/m.onnx': new Uint8Array([1, 2, 4]) }, { 'm.onnx': listed });
+  await assert.rejects(changed.store.get('m.onnx'), (e) => e instanceof PackIntegrityError && /m.onnx: sha256 mismatch .*re-publish/.test(e.message) && e.file === 'm.onnx');
+  const longer = setup({ 'pkg/m.onnx': new Uint8Array([1, 2, 3, 4]) }, { 'm.onnx': listed });
+  await assert.rejects(longer.store.get('m.onnx'), /more than the 3 bytes manifest.json lists/);
+  const shorter = setup({ 'pkg/m.onnx': new Uint8Array([1, 2]) }, { 'm.onnx': listed });
+  await assert.rejects(shorter.store.get('m.onnx'), /2 bytes downloaded, manifest.json lists 3/);
+  const missing = setup({}, { 'm.onnx': listed });
+  await assert.rejects(missing.store.get('m.onnx'), (e) => !(e instanceof PackIntegrityError) && /HTTP 404 Not Found .*is the whole package published/.test(e.message));
+  assert.throws(() => missing.store.entry('other.onnx'), /"files" has no sha256\/size entry for "other.onnx"/);
+});
+
+test('progress sums every planned file once; a throwing listener is logged, not thrown', (t) => {
+  const logged = t.mock.method(console, 'error', () => {});
+  const seen = [];
+  const tracker = new ProgressTracker((p) => seen.push(p.total));
+  tracker.plan('a', 10);
+  tracker.plan('a', 10);
+  tracker.plan('b', 5);
+  tracker.advance('a', 4, 4, 10);
+  assert.deepEqual(seen, [15]);
+  assert.doesNotThrow(() => new ProgressTracker(() => { throw new Error('app bug'); }).advance('a', 1, 1, 1));
+  assert.equal(logged.mock.callCount(), 1);
+});
+
+test('checkManifest reads schema 2 and names what is missing', () => {
+  const ok = { schema: 2, files: {}, variants: {}, runtime: {} };
+  assert.equal(checkManifest(ok), ok);
+  assert.throws(() => checkManifest({ ...ok, schema: 1 }), (e) => e instanceof PackLoadError && /schema 1, this loader reads schema 2; rebuild the package/.test(e.message));
+  assert.throws(() => checkManifest({ schema: 2, files: {}, runtime: {} }), /has no "variants"/);
+});

@@ -1,0 +1,104 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { PackIntegrityError, WatchdogError } from '../../web_template/loader/errors.js';
+import { Runner, epSpec, lock, withWatchdog } from '../../web_template/loader/runner.js';
+import { threadCount } from '../../web_template/loader/runtime.js';
+import { fakeOrt, manifest } from './helpers.mjs';
+
+test('withWatchdog: the promise when it settles in time, a WatchdogError naming the step otherwise', async () => {
+  assert.equal(await withWatchdog(Promise.resolve(7), 50, 'x'), 7);
+  await assert.rejects(withWatchdog(new Promise(() => {}), 20, 'webgpu/fp32 run'), (e) => e instanceof WatchdogError && e.message === 'webgpu/fp32 run took longer than 20 ms (watchdog)');
+  await assert.rejects(withWatchdog(Promise.reject(new Error('own')), 50, 'x'), /own/);
+  assert.equal(await withWatchdog(Promise.resolve(1), 0, 'no limit'), 1);
+});
+
+test('lock runs tasks one after another; a failed one does not stop the next', async () => {
+  const queue = lock();
+  const order = [];
+  const slow = queue(async () => { await new Promise((r) => setTimeout(r, 20)); order.push('slow'); throw new Error('x'); });
+  const fast = queue(async () => order.push('fast'));
+  await assert.rejects(slow);
+  await fast;
+  assert.deepEqual(order, ['slow', 'fast']);
+});
+
+test('epSpec passes the webgpu layout option', () => {
+  assert.deepEqual(epSpec(manifest({ epOptions: { webgpu: { preferredLayout: 'NCHW' } } }), 'webgpu'), { name: 'webgpu', preferredLayout: 'NCHW' });
+  assert.equal(epSpec(manifest(), 'wasm'), 'wasm');
+});
+
+function runner(behaviours, attempts, extra = {}) {
+  const log = [];
+  const events = [];
+  const ort = fakeOrt(behaviours, log);
+  const files = { get: async (path) => new TextEncoder().encode(path.includes('fp16') ? 'fp16' : 'fp32') };
+  const r = new Runner({
+    ort, manifest: manifest(), files, attempts, fallbacks: [], skipped: [], options: { watchdogMs: 1000, ...extra }, emit: (e) => events.push(e),
+    bundle: 'webgpu', platform: 'desktop', chain: ['webgpu', 'wasm'], threads: 1, selection: null,
+  });
+  return { r, log, events };
+}
+
+test('Runner falls back on a failed creation or pre-warm, once per failure, and says why', async (t) => {
+  t.mock.method(console, 'warn', () => {});
+  const { r, events } = runner({ 'webgpu/fp16': { createError: 'requires f16' }, 'webgpu/fp32': { runError: 'device lost' } }, [
+    { ep: 'webgpu', variant: 'fp16' }, { ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' },
+  ]);
+  const current = await r.openNext({ prewarm: true, signal: null });
+  assert.deepEqual([current.ep, current.variant], ['wasm', 'fp32']);
+  assert.deepEqual(r.fallbacks.map((f) => [f.ep, f.variant, f.phase, f.error]), [['webgpu', 'fp16', 'create', 'requires f16'], ['webgpu', 'fp32', 'prewarm', 'device lost']]);
+  assert.deepEqual(r.fallbacks[1].inputShapes, { x: [1, 4] });
+  assert.deepEqual(events.filter((e) => e.type === 'fallback').map((e) => e.to), [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
+  const info = r.info();
+  assert.equal(info.ep, 'wasm');
+  assert.equal(info.verified, 'unverified');
+});
+
+test('Runner.run re-runs on the next provider after a run failure; bad feeds never fall back', async (t) => {
+  t.mock.method(console, 'warn', () => {});
+  const { r } = runner({ 'webgpu/fp32': { runError: 'hung' } }, [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
+  await r.openNext({ prewarm: false, signal: null });
+  const outputs = await r.run({ x: { data: Float32Array.from([1, 2, 3, 4]), dims: [1, 4], type: 'float32' } });
+  assert.deepEqual(Array.from(outputs.y.data), [1, 2, 3, 4]);
+  assert.equal(r.info().ep, 'wasm');
+  await assert.rejects(r.run({}), TypeError);
+  assert.equal(r.fallbacks.length, 1);
+});
+
+test('Runner: an integrity error stops at once; nothing left is a PackLoadError listing each failure', async (t) => {
+  t.mock.method(console, 'warn', () => {});
+  const { r } = runner({}, [{ ep: 'webgpu', variant: 'fp32' }]);
+  r.files.get = async () => { throw new PackIntegrityError('m: sha256 mismatch'); };
+  await assert.rejects(r.openNext({ prewarm: false, signal: null }), PackIntegrityError);
+  const empty = runner({ 'wasm/fp32': { createError: 'no wasm' } }, [{ ep: 'wasm', variant: 'fp32' }]);
+  await assert.rejects(empty.r.openNext({ prewarm: false, signal: null }), /no execution provider worked \(wasm\/fp32: no wasm\)/);
+});
+
+test('Runner.adopt makes a trial session current, with the rest as fallbacks', () => {
+  const { r } = runner({}, [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
+  const session = { release() {} };
+  r.adopt({ ep: 'wasm', variant: 'fp32', session });
+  assert.deepEqual(r.attempts, [{ ep: 'wasm', variant: 'fp32' }, { ep: 'webgpu', variant: 'fp32' }]);
+  assert.equal(r.next, 1);
+  assert.equal(r.current.session, session);
+});
+
+test('threadCount: explicit, isolated (up to 4), never on Apple mobile, 1 without isolation', () => {
+  const warnings = [];
+  assert.equal(threadCount({ isolated: true, platform: 'desktop', cores: 16 }), 4);
+  assert.equal(threadCount({ isolated: true, platform: 'desktop', cores: 2 }), 2);
+  assert.equal(threadCount({ isolated: true, platform: 'apple-mobile', cores: 8 }), 1);
+  assert.equal(threadCount({ isolated: false, platform: 'desktop', cores: 8 }), 1);
+  assert.equal(threadCount({ numThreads: 3, isolated: false }, (e) => warnings.push(e)), 1);
+  assert.match(warnings[0].message, /needs a cross-origin isolated page/);
+  assert.equal(threadCount({ numThreads: 2.7, isolated: true }), 2);
+  assert.throws(() => threadCount({ numThreads: 0 }), /numThreads must be a number >= 1/);
+});
+
+test('withFirst: the chosen pair, then the fallbacks in order, each once', async () => {
+  const { withFirst } = await import('../../web_template/loader/load.js');
+  const wasm = { ep: 'wasm', variant: 'fp32' };
+  const webgpu = { ep: 'webgpu', variant: 'fp32' };
+  assert.deepEqual(withFirst(wasm, [webgpu, wasm, webgpu]), [wasm, webgpu]);
+});

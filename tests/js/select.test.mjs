@@ -1,0 +1,127 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import {
+  browserKey, decisionKey, describeResults, packageHash, readDecision, runTrials, selectMode, trialPlan, trustedWithoutCheck, writeDecision,
+} from '../../web_template/loader/select.js';
+import { fakeOrt, manifest, memoryStorage, Tensor } from './helpers.mjs';
+
+test('selectMode: the option, else manifest.loader.select, else chain; anything else is an error', () => {
+  assert.equal(selectMode(undefined, manifest()), 'chain');
+  assert.equal(selectMode(undefined, manifest({ loader: { select: 'measured' } })), 'measured');
+  assert.equal(selectMode('chain', manifest({ loader: { select: 'measured' } })), 'chain');
+  assert.throws(() => selectMode('fastest', manifest()), /select must be one of measured, chain/);
+});
+
+test('packageHash changes with any file of the package, not with the order of the entries', async () => {
+  const m = manifest();
+  const hash = await packageHash(m);
+  assert.match(hash, /^[0-9a-f]{64}$/);
+  const reordered = manifest({ files: Object.fromEntries(Object.entries(m.files).reverse()) });
+  assert.equal(await packageHash(reordered), hash);
+  const changed = manifest({ files: { ...m.files, 'loader.js': { sha256: 'c'.repeat(64), size: 1 } } });
+  assert.notEqual(await packageHash(changed), hash);
+});
+
+test('browserKey: the UA-CH brand when there is one, else parsed from the user agent', () => {
+  assert.equal(browserKey({ userAgentData: { brands: [{ brand: 'Not)A;Brand', version: '99' }, { brand: 'Chromium', version: '131' }, { brand: 'Google Chrome', version: '131' }] } }), 'Google Chrome/131');
+  assert.equal(browserKey({ userAgentData: { brands: [{ brand: 'Chromium', version: '150' }, { brand: 'Not=A?Brand', version: '24' }] } }), 'Chromium/150');
+  assert.equal(browserKey({ userAgent: 'Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0' }), 'Firefox/133');
+  assert.equal(browserKey({ userAgent: 'Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.1 Safari/605.1.15' }), 'Safari/18.1');
+  assert.equal(browserKey({ userAgent: 'Mozilla/5.0 (Windows NT 10.0) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36 Edg/131.0.0.0' }), 'Microsoft Edge/131');
+});
+
+test('a stored decision is reused only for the same package, adapter and browser, and a choice still allowed', () => {
+  const storage = memoryStorage();
+  const candidates = [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }];
+  const key = decisionKey({ packageHash: 'p1', adapter: { vendor: 'Google', architecture: 'SwiftShader' }, browser: 'Chromium/150' });
+  assert.deepEqual(key, { package: 'p1', adapter: { vendor: 'google', architecture: 'swiftshader', description: '' }, browser: 'Chromium/150' });
+  assert.equal(readDecision(storage, 'https://x/pkg/', key, candidates), null);
+  assert.ok(writeDecision(storage, 'https://x/pkg/', { key, choice: { ep: 'wasm', variant: 'fp32' }, ranking: [] }));
+  assert.deepEqual(readDecision(storage, 'https://x/pkg/', key, candidates).choice, { ep: 'wasm', variant: 'fp32' });
+  assert.equal(readDecision(storage, 'https://x/other/', key, candidates), null);
+  for (const changed of [{ packageHash: 'p2' }, { adapter: { vendor: 'nvidia', architecture: 'hopper' } }, { browser: 'Chromium/151' }]) {
+    const other = decisionKey({ packageHash: 'p1', adapter: { vendor: 'Google', architecture: 'SwiftShader' }, browser: 'Chromium/150', ...changed });
+    assert.equal(readDecision(storage, 'https://x/pkg/', other, candidates), null, JSON.stringify(changed));
+  }
+  assert.equal(readDecision(storage, 'https://x/pkg/', key, [{ ep: 'webgpu', variant: 'fp32' }]), null);
+  storage.setItem('pack-select-v1:https://x/pkg/', '{not json');
+  assert.equal(readDecision(storage, 'https://x/pkg/', key, candidates), null);
+  assert.equal(readDecision(null, 'https://x/pkg/', key, candidates), null);
+  assert.equal(writeDecision({ setItem() { throw new Error('quota'); } }, 's', {}), false);
+});
+
+test('trialPlan: the chain choice first, then by prior; far slower candidates skipped with the figure', () => {
+  const candidates = [{ ep: 'webgpu', variant: 'fp16' }, { ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }];
+  const priors = new Map([['webgpu/fp16', 125], ['webgpu/fp32', 45], ['wasm/fp32', 200]]);
+  const { order, skipped } = trialPlan(candidates, priors, { ep: 'webgpu', variant: 'fp16' });
+  assert.deepEqual(order.map((c) => `${c.ep}/${c.variant}`), ['webgpu/fp16', 'webgpu/fp32']);
+  assert.deepEqual(skipped.map((c) => [c.ep, c.variant, c.result, c.priorMs]), [['wasm', 'fp32', 'skipped', 200]]);
+  assert.match(skipped[0].detail, /4\.4× slower than the best/);
+  assert.deepEqual(trialPlan(candidates, new Map(), null).order.map((c) => c.variant), ['fp16', 'fp32', 'fp32']);
+});
+
+test('trustedWithoutCheck: checkable on the device, or verified in a browser by the build', () => {
+  const m = manifest({ thresholds: { webgpu: { fp32: { y: {} } } } });
+  const candidates = [{ ep: 'webgpu', variant: 'fp32', status: 'unverified' }, { ep: 'wasm', variant: 'fp32', status: 'passed' }, { ep: 'webgpu', variant: 'fp16', status: 'not-verifiable' }];
+  assert.deepEqual(trustedWithoutCheck(m, { y: {} }, candidates).map((c) => `${c.ep}/${c.variant}`), ['webgpu/fp32', 'wasm/fp32']);
+  assert.deepEqual(trustedWithoutCheck(m, null, candidates).map((c) => `${c.ep}/${c.variant}`), ['wasm/fp32']);
+});
+
+function trialSetup(behaviours, extra = {}) {
+  const log = [];
+  const bounds = { y: { rel_l2: 1e-3, max_abs_of_range: 1e-3 } };
+  const m = manifest({ thresholds: { webgpu: { fp16: bounds, fp32: bounds }, wasm: { fp32: bounds } } });
+  const x = new Tensor('float32', Float32Array.from([1, 2, 3, 4]), [1, 4]);
+  return {
+    log,
+    args: {
+      ort: fakeOrt(behaviours, log), manifest: m,
+      candidates: [{ ep: 'webgpu', variant: 'fp16' }, { ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }],
+      priors: new Map(), first: { ep: 'webgpu', variant: 'fp16' },
+      modelBytes: async (variant) => new TextEncoder().encode(variant), feeds: { x },
+      reference: { y: { type: 'float32', data: Float32Array.from([1, 2, 3, 4]), dims: [1, 4] } },
+      watchdogMs: 5000, budgetMs: 5000, sessionOptions: {}, emit: () => {}, signal: null, ...extra,
+    },
+  };
+}
+
+test('runTrials keeps the fastest candidate whose outputs match, drops a corrupted one, records failures', async () => {
+  const { args, log } = trialSetup({
+    'webgpu/fp16': { scale: 0 }, // all zeros: the fp16-without-f16 failure the notes describe
+    'webgpu/fp32': { delayMs: 15 },
+    'wasm/fp32': { delayMs: 1 },
+  });
+  const events = [];
+  const { results, winner } = await runTrials({ ...args, emit: (e) => events.push(e) });
+  assert.deepEqual([winner.ep, winner.variant], ['wasm', 'fp32']);
+  assert.equal(winner.session.released, false);
+  const rows = describeResults(results);
+  assert.deepEqual(rows.map((r) => [r.ep, r.variant, r.result]), [['webgpu', 'fp16', 'mismatch'], ['webgpu', 'fp32', 'ok'], ['wasm', 'fp32', 'ok']]);
+  assert.match(rows[0].detail, /outputs disagree with the build's fp32 reference: y: rel_l2 1 > 0\.001/);
+  assert.ok(rows[1].steadyMs > rows[2].steadyMs, JSON.stringify(rows));
+  assert.equal(rows[2].runs, 3);
+  // Every session but the winner's is released.
+  assert.deepEqual(log.filter(([what]) => what === 'release').map(([, ep, v]) => `${ep}/${v}`).sort(), ['webgpu/fp16', 'webgpu/fp32']);
+  assert.deepEqual(events.filter((e) => e.type === 'trial' && e.phase === 'start').map((e) => `${e.ep}/${e.variant}`), ['webgpu/fp16', 'webgpu/fp32', 'wasm/fp32']);
+});
+
+test('runTrials: creation failures are recorded; the budget stops later candidates once one is good', async () => {
+  const failing = trialSetup({ 'webgpu/fp16': { createError: 'requires f16' }, 'webgpu/fp32': { runError: 'lost device' } });
+  const { results, winner } = await runTrials(failing.args);
+  assert.deepEqual([winner.ep, winner.variant], ['wasm', 'fp32']);
+  assert.deepEqual(describeResults(results).map((r) => [r.result, r.detail]), [['failed', 'requires f16'], ['failed', 'lost device'], ['ok', undefined]]);
+
+  // A slow first candidate: one checked and one timed run, then the next gets its turn ...
+  const slow = trialSetup({ 'webgpu/fp16': { delayMs: 60 } }, { budgetMs: 150 });
+  const shared = describeResults((await runTrials(slow.args)).results);
+  assert.deepEqual(shared.map((r) => [r.result, r.runs]), [['ok', 1], ['ok', 3], ['ok', 3]]);
+  // ... unless four times the budget is gone: then the rest are not started.
+  const slower = trialSetup({ 'webgpu/fp16': { delayMs: 50 } }, { budgetMs: 20 });
+  const budget = describeResults((await runTrials(slower.args)).results);
+  assert.deepEqual(budget.map((r) => r.result), ['ok', 'budget', 'budget']);
+  assert.match(budget[1].detail, /ms of trial runs spent, over four times the 20 ms budget/);
+
+  const none = trialSetup({ 'webgpu/fp16': { scale: 2 }, 'webgpu/fp32': { scale: 2 }, 'wasm/fp32': { scale: 2 } });
+  assert.equal((await runTrials(none.args)).winner, null);
+});

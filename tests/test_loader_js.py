@@ -1,0 +1,66 @@
+"""The loader's ES modules under node's own test runner (tests/js), and its output comparison
+(web_template/loader/compare.js) against pipeline/verify/metrics.py on the same arrays."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.verify.metrics import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+JS_TESTS = ROOT / "tests" / "js"
+COMPARE_JS = ROOT / "web_template" / "loader" / "compare.js"
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js (node --test)")
+
+
+def test_node_test_suite_passes():
+    files = sorted(str(path) for path in JS_TESTS.glob("*.test.mjs"))
+    assert files, f"no *.test.mjs in {JS_TESTS}"
+    result = subprocess.run(["node", "--test", "--test-reporter=tap", *files], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    failing = [line for line in result.stdout.splitlines() if line.lstrip().startswith("not ok")]
+    assert result.returncode == 0 and not failing, "\n".join([*failing, result.stdout[-4000:], result.stderr[-2000:]])
+    passed = int(next(line.split()[-1] for line in result.stdout.splitlines() if line.startswith("# pass")))
+    assert passed >= 40, result.stdout[-2000:]
+
+
+def _js_metrics(cases: list[dict]) -> list[dict]:
+    script = (
+        f"import {{ compareTensor }} from {json.dumps(COMPARE_JS.as_uri())};\n"
+        "import { readFileSync } from 'node:fs';\n"
+        "const cases = JSON.parse(readFileSync(0, 'utf8'));\n"
+        "const tensor = (t) => ({ type: t.type, dims: t.dims, data: Float32Array.from(t.data.map((v) => v === null ? NaN : v)) });\n"
+        "console.log(JSON.stringify(cases.map((c) => compareTensor(tensor(c.reference), tensor(c.actual), c.kind))));\n"
+    )
+    result = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps(cases), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_compare_js_matches_the_python_metrics():
+    rng = np.random.default_rng(0)
+    cases = []
+    for kind in ("tensor", "image", "audio"):
+        reference = rng.standard_normal(700).astype(np.float32)  # audio: 2 full segments of 256 and a tail
+        for scale in (0.0, 1e-4, 1e-2, 0.5):
+            actual = (reference + scale * rng.standard_normal(700)).astype(np.float32)
+            cases.append((kind, reference, actual))
+    with_nan = cases[0][2].copy()
+    with_nan[5] = np.nan
+    cases.append(("tensor", cases[0][1], with_nan))
+    encode = lambda a: {"type": "float32", "dims": list(a.shape), "data": [None if np.isnan(v) else float(v) for v in a]}  # noqa: E731
+    js = _js_metrics([{"kind": k, "reference": encode(r), "actual": encode(a)} for k, r, a in cases])
+    for (kind, reference, actual), got in zip(cases, js):
+        expected = compare(reference, actual, kind)
+        assert set(got) == set(expected), (kind, got, expected)
+        for key, value in expected.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-3 if key.endswith("_db") else 1e-12), (kind, key)
+            else:
+                assert got[key] == value, (kind, key)

@@ -1,0 +1,178 @@
+// Output comparison with the build's fp32 reference, the same figures as pipeline/verify/metrics.py:
+// max_abs, max_abs_of_range, rel_l2, psnr_db and p999_abs_of_range (images), snr_db and seg_snr_db
+// (audio), nan/inf, shape_ok; thresholds are upper bounds except the dB figures (lower bounds).
+
+import { numbers } from './tensors.js';
+
+export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db', 'seg_snr_db']);
+const SEGMENT = 256; // samples per segment of the segmental SNR
+const SEG_SNR_RANGE = [-10, 35]; // per-segment clamp: silence cannot dominate the mean
+const INTEGER_TYPES = ['int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64', 'bool'];
+
+// JSON has no infinity: an exact match is reported as a large finite figure.
+const finiteDb = (value) => (value === Infinity ? 999 : Math.round(value * 1000) / 1000);
+
+const sameDims = (a, b) => a.length === b.length && a.every((d, i) => Number(d) === Number(b[i]));
+
+/** Error figures of `actual` against `reference` ({ data, dims, type } each). */
+export function compareTensor(reference, actual, kind = 'tensor') {
+  const metrics = { shape_ok: sameDims(Array.from(reference.dims), Array.from(actual.dims)) };
+  if (!metrics.shape_ok) {
+    metrics.shape = Array.from(actual.dims, Number);
+    metrics.expected_shape = Array.from(reference.dims, Number);
+    return metrics;
+  }
+  const ref = numbers(reference);
+  const act = numbers(actual);
+  // Integer tensors (ids, flags) must match exactly; an integer image or waveform is judged like floats.
+  if (INTEGER_TYPES.includes(reference.type) && kind === 'tensor') {
+    let mismatches = 0;
+    let maxAbs = 0;
+    for (let i = 0; i < ref.length; i++) {
+      const d = Math.abs(Number(ref[i]) - Number(act[i]));
+      if (d !== 0) mismatches++;
+      if (d > maxAbs) maxAbs = d;
+    }
+    return Object.assign(metrics, { mismatches, max_abs: maxAbs });
+  }
+  let nan = 0;
+  let inf = 0;
+  let maxAbs = 0;
+  let min = Infinity;
+  let max = -Infinity;
+  let refSquares = 0;
+  let errSquares = 0;
+  const diffs = new Float64Array(ref.length);
+  const refs = new Float64Array(ref.length);
+  for (let i = 0; i < ref.length; i++) {
+    const r = ref[i];
+    const a = act[i];
+    if (Number.isNaN(a) && !Number.isNaN(r)) nan++;
+    const aInf = a === Infinity || a === -Infinity;
+    const rInf = r === Infinity || r === -Infinity;
+    if (aInf && !rInf) inf++;
+    const rf = Number.isFinite(r) ? r : 0;
+    const d = Number.isFinite(r) && Number.isFinite(a) ? a - r : 0;
+    diffs[i] = d;
+    refs[i] = rf;
+    if (Math.abs(d) > maxAbs) maxAbs = Math.abs(d);
+    if (rf < min) min = rf;
+    if (rf > max) max = rf;
+    refSquares += rf * rf;
+    errSquares += d * d;
+  }
+  const range = ref.length ? max - min : 0;
+  const refNorm = Math.sqrt(refSquares);
+  const errNorm = Math.sqrt(errSquares);
+  Object.assign(metrics, { nan, inf, max_abs: maxAbs });
+  metrics.max_abs_of_range = range > 0 ? maxAbs / range : maxAbs === 0 ? 0 : Infinity;
+  metrics.rel_l2 = refNorm > 0 ? errNorm / refNorm : errNorm === 0 ? 0 : Infinity;
+  if (kind === 'image') {
+    const mse = errNorm ** 2 / Math.max(ref.length, 1);
+    const peak = range > 0 ? range : 1;
+    metrics.psnr_db = finiteDb(mse === 0 ? Infinity : 10 * Math.log10(peak ** 2 / mse));
+    metrics.p999_abs_of_range = percentile(diffs.map(Math.abs), 99.9) / peak;
+  } else if (kind === 'audio') {
+    metrics.snr_db = finiteDb(errNorm === 0 ? Infinity : 20 * Math.log10(Math.max(refNorm, 1e-30) / errNorm));
+    const dims = Array.from(reference.dims, Number);
+    metrics.seg_snr_db = segmentalSnr(refs, diffs, dims.length ? dims[dims.length - 1] : 1);
+  }
+  for (const key of ['max_abs_of_range', 'rel_l2']) if (metrics[key] === Infinity) metrics[key] = 1e9;
+  return metrics;
+}
+
+/** numpy's default (linear) percentile. */
+function percentile(values, q) {
+  if (values.length === 0) return 0;
+  const sorted = Float64Array.from(values).sort();
+  const index = (q / 100) * (sorted.length - 1);
+  const low = Math.floor(index);
+  const high = Math.ceil(index);
+  return sorted[low] + (sorted[high] - sorted[low]) * (index - low);
+}
+
+/** Mean per-segment SNR along the last axis (rows of `row` samples), each clamped; silent segments skipped. */
+function segmentalSnr(ref, diff, row) {
+  const [low, high] = SEG_SNR_RANGE;
+  const figures = [];
+  for (let start = 0; start < ref.length; start += row) {
+    for (let s = start; s < start + row; s += SEGMENT) {
+      let signal = 0;
+      let noise = 0;
+      for (let i = s; i < Math.min(s + SEGMENT, start + row); i++) {
+        signal += ref[i] * ref[i];
+        noise += diff[i] * diff[i];
+      }
+      if (signal === 0 && noise === 0) continue;
+      const db = noise === 0 ? high : signal === 0 ? low : 10 * Math.log10(signal / noise);
+      figures.push(Math.min(Math.max(db, low), high));
+    }
+  }
+  if (figures.length === 0) return high;
+  return Math.round((figures.reduce((a, b) => a + b, 0) / figures.length) * 1000) / 1000;
+}
+
+const g = (value) => Number(Number(value).toPrecision(3)).toString();
+
+/** { passed, reason }: a wrong shape or new NaN/Inf fails whatever the thresholds say. */
+export function judge(metrics, threshold = {}) {
+  if (!metrics.shape_ok) return { passed: false, reason: `shape [${metrics.shape}] != expected [${metrics.expected_shape}]` };
+  if (metrics.nan || metrics.inf) {
+    return { passed: false, reason: `${metrics.nan || 0} NaN and ${metrics.inf || 0} Inf values that the reference does not have` };
+  }
+  if (metrics.mismatches) return { passed: false, reason: `${metrics.mismatches} elements differ` };
+  for (const [key, bound] of Object.entries(threshold)) {
+    if (!(key in metrics)) continue;
+    const value = metrics[key];
+    if (LOWER_BOUNDS.includes(key) ? value < bound : value > bound) {
+      return { passed: false, reason: `${key} ${g(value)} ${LOWER_BOUNDS.includes(key) ? '<' : '>'} ${g(bound)}` };
+    }
+  }
+  return { passed: true, reason: null };
+}
+
+/** "rel_l2 2e-07 ≤ 0.001, psnr_db 999 ≥ 60": each thresholded figure next to its bound. */
+export function formatMetrics(metrics, threshold = {}) {
+  const parts = [];
+  for (const [key, bound] of Object.entries(threshold)) {
+    if (key in metrics) parts.push(`${key} ${g(metrics[key])} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
+  }
+  if (!metrics.shape_ok) parts.push(`shape [${metrics.shape}] vs [${metrics.expected_shape}]`);
+  return parts.join(', ');
+}
+
+/** The bounds the build checked for (ep, variant): manifest.thresholds[ep][variant] ({ output: bounds }), or null. */
+export function thresholdsFor(manifest, ep, variant) {
+  const byEp = manifest && manifest.thresholds && manifest.thresholds[ep];
+  const bounds = byEp && byEp[variant];
+  return bounds && typeof bounds === 'object' ? bounds : null;
+}
+
+/**
+ * Every output of a run against the reference: { passed, outputs: { name: { metrics, threshold,
+ * passed, reason } }, text }. `thresholds` ({ output: bounds }) may be null: then figures only, and
+ * `passed` is null (nothing to judge by). An output missing from the run fails.
+ */
+export function compareOutputs(manifest, reference, actual, thresholds) {
+  const kinds = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.kind || 'tensor']));
+  const outputs = {};
+  let passed = thresholds ? true : null;
+  const texts = [];
+  for (const [name, expected] of Object.entries(reference)) {
+    const threshold = (thresholds && thresholds[name]) || {};
+    if (!actual[name]) {
+      outputs[name] = { metrics: null, threshold, passed: false, reason: `output "${name}" is missing` };
+      passed = false;
+      texts.push(`${name}: missing`);
+      continue;
+    }
+    const metrics = compareTensor(expected, actual[name], kinds[name]);
+    const verdict = judge(metrics, threshold);
+    const judged = thresholds ? verdict.passed : verdict.passed ? null : false;
+    if (judged === false) passed = false;
+    outputs[name] = { metrics, threshold, passed: judged, reason: verdict.reason };
+    const shown = thresholds ? formatMetrics(metrics, threshold) : formatMetrics(metrics, { rel_l2: Infinity, max_abs_of_range: Infinity }).replace(/ ≤ Infinity/g, '');
+    texts.push(`${name}: ${verdict.reason && !verdict.passed ? verdict.reason : shown}`);
+  }
+  return { passed, outputs, text: texts.join('; ') };
+}

@@ -1,0 +1,286 @@
+// What runs where: platform → EP chain, variant per EP, the bundle rule, the refusal rule and the
+// build's measurements as priors. Pure functions of the manifest and the device's facts.
+
+import { PackLoadError, PackRefusedError } from './errors.js';
+
+export const KNOWN_EPS = Object.freeze(['webgpu', 'wasm']);
+export const DEFAULT_CHAINS = Object.freeze({
+  desktop: ['webgpu', 'wasm'],
+  // iOS has had memory blow-ups with the asyncify (webgpu) build: wasm only.
+  'apple-mobile': ['wasm'],
+  android: ['webgpu', 'wasm'],
+});
+// manifest.verification.runs statuses a browser run may have; no entry is 'unverified'.
+const RECORDED_STATUSES = ['passed', 'not-verifiable', 'failed'];
+// A candidate whose build-time time on this adapter class is this many times the best is not tried.
+export const FAR_SLOWER = 4;
+
+/** 'apple-mobile' for iPhone, iPad and iPadOS in desktop mode; 'android'; else 'desktop'. */
+export function detectPlatform({ userAgent = '', platform = '', maxTouchPoints = 0 } = {}) {
+  if (/\b(iPhone|iPad|iPod)\b/.test(userAgent)) return 'apple-mobile';
+  // iPadOS 13+ "desktop website" mode reports a Mac; only a touch screen tells it apart
+  // (no Mac has one).
+  const saysMac = /\bMacintosh\b/.test(userAgent) || platform === 'MacIntel';
+  if (saysMac && Number(maxTouchPoints) > 1) return 'apple-mobile';
+  if (/\bAndroid\b/.test(userAgent)) return 'android';
+  return 'desktop';
+}
+
+/** The EP chain for a platform: manifest.executionProviders, else the built-in default. */
+export function chainFor(manifest, platform) {
+  const chains = (manifest && manifest.executionProviders) || {};
+  const chain = chains[platform] || DEFAULT_CHAINS[platform] || chains.desktop || DEFAULT_CHAINS.desktop;
+  return [...chain];
+}
+
+/** A chain the app passed: a non-empty list of known EPs, duplicates dropped. */
+export function normalizeChain(chain) {
+  if (!Array.isArray(chain) || chain.length === 0) {
+    throw new PackLoadError(`executionProviders must be a non-empty array of ${KNOWN_EPS.join(', ')}`);
+  }
+  for (const ep of chain) {
+    if (!KNOWN_EPS.includes(ep)) throw new PackLoadError(`execution provider "${ep}" is not supported; use ${KNOWN_EPS.join(', ')}`);
+  }
+  return [...new Set(chain)];
+}
+
+/** Bundle key for an effective chain: 'webgpu' if it contains webgpu, else 'wasm'. */
+export function bundleFor(manifest, chain) {
+  const bundles = (manifest.runtime && manifest.runtime.bundles) || {};
+  const wanted = chain.includes('webgpu') ? 'webgpu' : 'wasm';
+  if (bundles[wanted]) return wanted;
+  // The webgpu build also runs the wasm EP; the reverse is not true.
+  if (wanted === 'wasm' && bundles.webgpu) return 'webgpu';
+  throw new PackLoadError(
+    `manifest.json runtime.bundles has no "${wanted}" bundle, which the chain [${chain.join(', ')}] needs; ` +
+      `rebuild the package with that chain in the recipe or pass executionProviders`,
+  );
+}
+
+const matches = (pattern, value) => pattern === '*' || pattern === value;
+
+function runsOf(manifest) {
+  const runs = manifest && manifest.verification && manifest.verification.runs;
+  return Array.isArray(runs) ? runs.filter((run) => run && typeof run === 'object') : [];
+}
+
+/**
+ * The refusal rule: the manifest.verification.runs entry that refuses (bundle, ep, variant), i.e.
+ * any run with status 'failed' matching it ('*' matches anything), or null.
+ */
+export function refusingRun(manifest, bundle, ep, variant) {
+  return (
+    runsOf(manifest).find(
+      (run) => run.status === 'failed' && matches(run.bundle, bundle) && matches(run.ep, ep) && matches(run.variant, variant),
+    ) || null
+  );
+}
+
+export function isRefused(manifest, bundle, ep, variant) {
+  return refusingRun(manifest, bundle, ep, variant) !== null;
+}
+
+/** "failed its browser check at build time: rel_l2 0.47 > 0.03" for a refusing run. */
+export function refusalReason(run) {
+  const stage = run.stage || 'browser';
+  return `failed its ${stage} check at build time${run.detail ? `: ${run.detail}` : ''}`;
+}
+
+/**
+ * What the build recorded for (bundle, ep, variant): 'failed' when refused (any stage), else the
+ * status of its browser run ('passed', 'not-verifiable'), else 'unverified' (no entry: built with
+ * --no-browser, an older build, or a custom runtime).
+ */
+export function verificationStatus(manifest, bundle, ep, variant) {
+  if (isRefused(manifest, bundle, ep, variant)) return 'failed';
+  const run = runsOf(manifest).find(
+    (r) =>
+      (r.stage || 'browser') === 'browser' &&
+      matches(r.bundle, bundle) &&
+      matches(r.ep, ep) &&
+      matches(r.variant, variant) &&
+      RECORDED_STATUSES.includes(r.status),
+  );
+  return run ? run.status : 'unverified';
+}
+
+function fitsAdapter(manifest, ep, variant, features) {
+  const spec = (manifest.variants || {})[variant];
+  if (!spec) return false;
+  return ep !== 'webgpu' || (spec.requires || []).every((feature) => features.has(feature));
+}
+
+function defaultOrder(manifest) {
+  return ['fp32', ...Object.keys(manifest.variants || {}).sort()];
+}
+
+/** The recipe's variant order for an EP, fastest first where `priors` (ep/variant → ms) know. */
+function variantOrder(manifest, ep, priors) {
+  const order = [...new Set((manifest.variantFor && manifest.variantFor[ep]) || defaultOrder(manifest))];
+  if (!priors) return order;
+  const time = (variant) => priors.get(`${ep}/${variant}`) ?? Infinity;
+  return order.map((variant, i) => [variant, i]).sort((a, b) => time(a[0]) - time(b[0]) || a[1] - b[1]).map(([v]) => v);
+}
+
+/**
+ * The variant an EP runs and the refused variants passed over on the way: { variant, skipped:
+ * [{ variant, run }] }. `forced`: a variant name or a per-EP map ({ webgpu: 'fp16' }).
+ * Without `bundle` nothing is refused; with it, a refused variant is passed over (a forced one
+ * too: it is reported, never run) unless `allowRefused` (the build's own verification re-runs).
+ */
+export function chooseVariant(manifest, ep, { features = new Set(), forced, bundle, allowRefused = false, priors = null } = {}) {
+  const variants = manifest.variants || {};
+  const refusal = (name) => (bundle && !allowRefused ? refusingRun(manifest, bundle, ep, name) : null);
+  const wanted = typeof forced === 'string' ? forced : forced ? forced[ep] : undefined;
+  if (wanted) {
+    if (!variants[wanted]) {
+      throw new PackLoadError(
+        `variant "${wanted}" is not in manifest.json "variants" (${Object.keys(variants).join(', ')}); pass one of those`,
+      );
+    }
+    const run = refusal(wanted);
+    return run ? { variant: null, skipped: [{ variant: wanted, run, forced: true }] } : { variant: wanted, skipped: [] };
+  }
+  const skipped = [];
+  const fits = (name) => {
+    if (!fitsAdapter(manifest, ep, name, features)) return false;
+    const run = refusal(name);
+    if (run) {
+      if (!skipped.some((s) => s.variant === name)) skipped.push({ variant: name, run });
+      return false;
+    }
+    return true;
+  };
+  const preferred = variantOrder(manifest, ep, priors).find(fits);
+  if (preferred) return { variant: preferred, skipped };
+  // The recipe's order was passed over for refusals: the next EP, not an unchecked variant.
+  if (skipped.length > 0) return { variant: null, skipped };
+  // Nothing in the recipe's order fits this adapter: any variant that needs no feature will do.
+  return { variant: defaultOrder(manifest).find(fits) || null, skipped };
+}
+
+/**
+ * The variant an EP should run (see chooseVariant): webgpu: the first of variantFor.webgpu whose
+ * `requires` the adapter has; wasm: the first of variantFor.wasm. With `bundle`, refused variants
+ * are passed over. null when none fits.
+ */
+export function pickVariant(manifest, ep, features = new Set(), forced = undefined, bundle = undefined) {
+  return chooseVariant(manifest, ep, { features, forced, bundle }).variant;
+}
+
+function attemptsOn(manifest, chain, bundle, choice) {
+  const attempts = [];
+  const skipped = [];
+  const unfit = [];
+  for (const ep of chain) {
+    const { variant, skipped: passed } = chooseVariant(manifest, ep, { ...choice, bundle });
+    for (const s of passed) skipped.push({ ep, variant: s.variant, bundle, reason: refusalReason(s.run), run: s.run, forced: Boolean(s.forced) });
+    if (variant) attempts.push({ ep, variant });
+    else if (passed.length === 0) unfit.push(ep);
+  }
+  return { attempts, skipped, unfit };
+}
+
+/**
+ * The one plan of a load: { bundle, attempts: [{ ep, variant }], skipped, unfit } for the EPs of
+ * `chain` that can run (webgpu only with an adapter). The bundle is the chain's; when refusals
+ * leave only EPs of the other bundle (webgpu refused: wasm alone), that bundle is taken, as
+ * without an adapter, unless its own refusals would cost an EP the first bundle allowed.
+ * `bundle` fixes it (a runtime the app chose); `priors` order variants and attempts by time.
+ */
+export function planAttempts(manifest, { chain, features = new Set(), forced, bundle = null, allowRefused = false, priors = null }) {
+  const choice = { features, forced, allowRefused, priors };
+  const first = bundle || bundleFor(manifest, chain);
+  let plan = { bundle: first, ...attemptsOn(manifest, chain, first, choice) };
+  const kept = plan.attempts.map((a) => a.ep);
+  if (!bundle && kept.length > 0) {
+    const narrowed = bundleFor(manifest, kept);
+    if (narrowed !== first) {
+      const again = attemptsOn(manifest, kept, narrowed, choice);
+      if (again.attempts.length === kept.length) {
+        const skipped = [...plan.skipped.filter((s) => !kept.includes(s.ep)), ...again.skipped];
+        skipped.sort((a, b) => chain.indexOf(a.ep) - chain.indexOf(b.ep));
+        plan = { bundle: narrowed, attempts: again.attempts, skipped, unfit: plan.unfit };
+      }
+    }
+  }
+  if (priors) plan.attempts = orderByPriors(plan.attempts, priors);
+  return plan;
+}
+
+/** Attempts ordered by their prior time (stable; unmeasured ones after the measured ones). */
+export function orderByPriors(attempts, priors) {
+  const time = (a) => priors.get(`${a.ep}/${a.variant}`) ?? Infinity;
+  return attempts.map((a, i) => [a, i]).sort((x, y) => time(x[0]) - time(y[0]) || x[1] - y[1]).map(([a]) => a);
+}
+
+/**
+ * Every (ep, variant) a measured choice may try on `bundle`: the variants of variantFor[ep] that
+ * the adapter can run and the build did not refuse, in chain order. `status` is what the build
+ * recorded for the pair.
+ */
+export function candidatesFor(manifest, { chain, features = new Set(), bundle }) {
+  const candidates = [];
+  for (const ep of chain) {
+    for (const variant of variantOrder(manifest, ep, null)) {
+      if (!fitsAdapter(manifest, ep, variant, features) || isRefused(manifest, bundle, ep, variant)) continue;
+      candidates.push({ ep, variant, status: verificationStatus(manifest, bundle, ep, variant) });
+    }
+  }
+  return candidates;
+}
+
+const lower = (value) => String(value || '').trim().toLowerCase();
+
+/** The adapter facts a measurement or a decision is keyed by; null without an adapter. */
+export function adapterKey(info) {
+  if (!info) return null;
+  return { vendor: lower(info.vendor), architecture: lower(info.architecture), description: lower(info.description) };
+}
+
+/** Same adapter class: vendor and architecture (description when both lack an architecture). */
+export function sameAdapterClass(a, b) {
+  const x = adapterKey(a);
+  const y = adapterKey(b);
+  if (!x || !y) return !x && !y;
+  if (x.vendor !== y.vendor) return false;
+  if (x.architecture || y.architecture) return x.architecture === y.architecture;
+  return x.description === y.description;
+}
+
+/**
+ * Build-time steady times (ms) on this adapter class: Map 'ep/variant' → the best steadyMs
+ * among manifest.measurements with a matching adapter (and bundle, when one matches), plus the
+ * wasm runs of the same machine. Empty when none match: priors never come from another class of
+ * device.
+ */
+export function priorsFor(manifest, adapter, bundle) {
+  const usable = (Array.isArray(manifest.measurements) ? manifest.measurements : []).filter(
+    (m) => m && typeof m.steadyMs === 'number' && Number.isFinite(m.steadyMs) && m.ep && m.variant,
+  );
+  // wasm runs record no adapter (adapter: null); they belong to the class of the webgpu runs that
+  // the same source measured in the same browser (one machine), so the two EPs can be compared.
+  const run = (m) => `${m.source}|${m.browser}`;
+  const sameMachine = new Set(usable.filter((m) => m.adapter && sameAdapterClass(m.adapter, adapter)).map(run));
+  const measured = usable.filter((m) => sameAdapterClass(m.adapter, adapter) || (!m.adapter && adapter && sameMachine.has(run(m))));
+  const best = new Map(); // 'ep/variant' -> { rank, ms }; rank 0: measured on this bundle
+  for (const m of measured) {
+    const key = `${m.ep}/${m.variant}`;
+    const rank = m.bundle === bundle ? 0 : 1;
+    const seen = best.get(key);
+    if (!seen || rank < seen.rank || (rank === seen.rank && m.steadyMs < seen.ms)) best.set(key, { rank, ms: m.steadyMs });
+  }
+  const priors = new Map([...best].map(([key, { ms }]) => [key, ms]));
+  return priors;
+}
+
+/** The candidates the priors say are more than FAR_SLOWER × the best measured one. */
+export function farSlower(candidates, priors, ratio = FAR_SLOWER) {
+  const times = candidates.map((c) => priors.get(`${c.ep}/${c.variant}`)).filter((t) => t !== undefined);
+  if (times.length < 2) return [];
+  const best = Math.min(...times);
+  return candidates.filter((c) => {
+    const t = priors.get(`${c.ep}/${c.variant}`);
+    return t !== undefined && t > ratio * Math.max(best, 1e-3);
+  });
+}

@@ -1,0 +1,170 @@
+// Sessions: creation, runs and releases on one queue per page, each under the watchdog, and the
+// fallback to the next attempt of the plan when a provider fails.
+
+import { PackIntegrityError, PackLoadError, WatchdogError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
+import { verificationStatus } from './policy.js';
+import { declaredShapes, dummyFeeds, prepareFeeds, shapesOf } from './tensors.js';
+
+export const DEFAULT_WATCHDOG_MS = 60000;
+// A session whose run hung may never release; do not wait for it longer than this.
+const RELEASE_GRACE_MS = 2000;
+
+/** `promise`, or a WatchdogError naming `what` after `ms` (no limit when ms is not a positive number). */
+export function withWatchdog(promise, ms, what) {
+  if (!(ms > 0) || !Number.isFinite(ms)) return promise;
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new WatchdogError(`${what} took longer than ${ms} ms (watchdog)`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/** A queue: tasks run one after another, a failed one does not stop the next. */
+export function lock() {
+  let tail = Promise.resolve();
+  return (task) => {
+    const result = tail.then(task);
+    tail = result.catch(() => {});
+    return result;
+  };
+}
+
+// onnxruntime-web keeps one wasm instance per build: sessions are created, run and released one
+// at a time, across every model this page loads.
+export const serial = lock();
+
+export async function releaseQuietly(session) {
+  if (!session) return;
+  // Not through the queue: a hung run holds it until its watchdog fires, and release must not wait on it.
+  await Promise.race([Promise.resolve().then(() => session.release()).catch(() => {}), sleep(RELEASE_GRACE_MS)]);
+}
+
+export function epSpec(manifest, ep) {
+  const options = (manifest.epOptions && manifest.epOptions[ep]) || {};
+  if (ep === 'webgpu' && options.preferredLayout) return { name: 'webgpu', preferredLayout: options.preferredLayout };
+  return ep;
+}
+
+/** Session creation for one (ep, variant) under 3 × the watchdog; resolves to { session, createMs }. */
+export async function createSession({ ort, manifest, bytes, ep, variant, sessionOptions, watchdogMs }) {
+  const options = { ...(sessionOptions || {}), executionProviders: [epSpec(manifest, ep)] };
+  const started = performance.now();
+  const session = await serial(() =>
+    withWatchdog(ort.InferenceSession.create(bytes, options), 3 * watchdogMs, `${ep}/${variant} session creation`),
+  );
+  return { session, createMs: performance.now() - started };
+}
+
+/** One run under the watchdog, through the page's queue. */
+export function runSession(session, tensors, watchdogMs, what) {
+  return serial(() => withWatchdog(session.run(tensors), watchdogMs, what));
+}
+
+export class Runner {
+  constructor({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection }) {
+    Object.assign(this, { ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection });
+    this.next = 0;
+    this.current = null; // { ep, variant, session }
+    this.watchdogMs = options.watchdogMs ?? (manifest.loader && manifest.loader.watchdogMs) ?? DEFAULT_WATCHDOG_MS;
+    this.prewarm = options.prewarm ?? (manifest.loader && manifest.loader.prewarm) ?? true;
+  }
+
+  modelBytes(variant, signal) {
+    return this.files.get(this.manifest.variants[variant].model, signal);
+  }
+
+  /** A session opened elsewhere (the measured choice's trial) becomes the current one. */
+  adopt(current) {
+    const index = this.attempts.findIndex((a) => a.ep === current.ep && a.variant === current.variant);
+    if (index >= 0) this.attempts.splice(index, 1);
+    this.attempts.unshift({ ep: current.ep, variant: current.variant });
+    this.next = 1;
+    this.current = current;
+  }
+
+  /** Opens the next attempt that works; throws PackLoadError when none is left. */
+  async openNext({ prewarm, signal, firstModel }) {
+    while (this.next < this.attempts.length) {
+      const { ep, variant } = this.attempts[this.next++];
+      const modelPath = this.manifest.variants[variant].model;
+      let session = null;
+      let inputShapes = null;
+      try {
+        throwIfAborted(signal);
+        const bytes = firstModel && firstModel.path === modelPath ? await firstModel.bytes : await this.modelBytes(variant, signal);
+        throwIfAborted(signal);
+        const created = await createSession({
+          ort: this.ort, manifest: this.manifest, bytes, ep, variant, sessionOptions: this.options.sessionOptions, watchdogMs: this.watchdogMs,
+        });
+        session = created.session;
+        this.emit({ type: 'session', ep, variant, ms: created.createMs });
+        throwIfAborted(signal);
+        if (prewarm) {
+          const feeds = dummyFeeds(this.ort, this.manifest);
+          inputShapes = shapesOf(feeds);
+          const warmStart = performance.now();
+          await runSession(session, feeds, this.watchdogMs, `${ep}/${variant} pre-warm run`);
+          this.emit({ type: 'prewarm', ep, variant, ms: performance.now() - warmStart });
+        }
+        this.current = { ep, variant, session };
+        return this.current;
+      } catch (error) {
+        if (error instanceof PackIntegrityError || isAbort(error, signal)) {
+          await releaseQuietly(session);
+          throw error;
+        }
+        await this.fail({ ep, variant, session }, error, session ? (prewarm ? 'prewarm' : 'create') : 'create', inputShapes);
+      }
+    }
+    const tried = this.fallbacks.map((f) => `${f.ep}${f.variant ? '/' + f.variant : ''}: ${f.error}`).join('; ');
+    throw new PackLoadError(`no execution provider worked (${tried || 'empty chain'})`, { fallbacks: [...this.fallbacks] });
+  }
+
+  /** Records a failure once (console + event), releases the session. */
+  async fail({ ep, variant, session }, error, phase, inputShapes) {
+    const outputShapes = declaredShapes(this.manifest.outputs);
+    // Before any run the declared input shapes are the best there is.
+    inputShapes = inputShapes || declaredShapes(this.manifest.inputs);
+    const failure = { ep, variant, phase, error: messageOf(error), inputShapes, outputShapes };
+    this.fallbacks.push(failure);
+    const upcoming = this.attempts[this.next];
+    const next = upcoming ? `falling back to ${upcoming.ep}/${upcoming.variant}` : 'no provider left';
+    console.warn(
+      `[pack] ${ep}/${variant} failed during ${phase}: ${failure.error}; ` +
+        `input shapes ${JSON.stringify(inputShapes)}; output shapes ${JSON.stringify(outputShapes)}; ${next}`,
+    );
+    this.emit({ type: 'error', ...failure });
+    this.emit({ type: 'fallback', from: { ep, variant }, to: upcoming ? { ...upcoming } : null, error: failure.error });
+    if (this.current && this.current.session === session) this.current = null;
+    await releaseQuietly(session);
+  }
+
+  async run(feeds) {
+    const tensors = prepareFeeds(this.ort, this.manifest, feeds);
+    for (;;) {
+      const current = this.current || (await this.openNext({ prewarm: false, signal: null }));
+      const { ep, variant, session } = current;
+      try {
+        return await runSession(session, tensors, this.watchdogMs, `${ep}/${variant} run`);
+      } catch (error) {
+        await this.fail(current, error, 'run', shapesOf(tensors));
+      }
+    }
+  }
+
+  info() {
+    const { ep = null, variant = null } = this.current || {};
+    return {
+      ep,
+      variant,
+      bundle: this.bundle,
+      platform: this.platform,
+      chain: [...this.chain],
+      threads: this.threads,
+      verified: this.current ? verificationStatus(this.manifest, this.bundle, ep, variant) : null,
+      fallbacks: this.fallbacks.map((f) => ({ ...f })),
+      skipped: this.skipped.map((s) => ({ ...s, run: s.run ? { ...s.run } : s.run })),
+      selection: this.selection ? JSON.parse(JSON.stringify(this.selection)) : null,
+    };
+  }
+}

@@ -1,0 +1,129 @@
+// The package's own onnxruntime-web build, imported from sha256-checked bytes; the WebGPU adapter
+// probe; the thread count.
+
+import { PackLoadError, messageOf, sleep, throwIfAborted } from './errors.js';
+
+// requestAdapter() has returned null on a first call in a fresh browser on real GPUs.
+const ADAPTER_ATTEMPTS = 4;
+const ADAPTER_RETRY_MS = 150;
+const MAX_THREADS = 4;
+
+// One ort module per build per page: its wasm instance and env are global to it.
+const runtimes = new Map();
+
+async function importVerifiedModule(bytes, url, emit) {
+  // A blob: URL keeps the bytes that were checked as the bytes that run. It is never revoked:
+  // the wasm threads start their workers from it (import.meta.url).
+  const blobUrl = URL.createObjectURL(new Blob([bytes], { type: 'text/javascript' }));
+  try {
+    return await import(/* webpackIgnore: true */ /* @vite-ignore */ blobUrl);
+  } catch (error) {
+    URL.revokeObjectURL(blobUrl);
+    emit({
+      type: 'warning',
+      message: `importing the runtime from a blob: URL failed (${messageOf(error)}; a Content-Security-Policy without blob:?); importing ${url} directly`,
+    });
+    return await import(/* webpackIgnore: true */ /* @vite-ignore */ url);
+  }
+}
+
+function configureOrt(ort, { threads, wasmUrl, wasmBytes, adapter }) {
+  ort.env.wasm.numThreads = threads;
+  ort.env.wasm.proxy = false;
+  // Never a third-party CDN: the .wasm is the package's own (given as verified bytes when we have them).
+  ort.env.wasm.wasmPaths = { wasm: wasmUrl };
+  if (wasmBytes) ort.env.wasm.wasmBinary = wasmBytes;
+  if (adapter && ort.env.webgpu) ort.env.webgpu.adapter = adapter;
+}
+
+/** The shipped bundle key whose module and wasm URLs are `override`'s, else null. */
+export function shippedBundleAt(manifest, baseUrl, override) {
+  const at = (path) => new URL(path, baseUrl).href;
+  for (const [key, bundle] of Object.entries(manifest.runtime.bundles || {})) {
+    if (at(bundle.module) === at(String(override.module)) && at(bundle.wasm) === at(String(override.wasm))) return key;
+  }
+  return null;
+}
+
+/** The ort module for a bundle key (or an override), downloading its files when needed. */
+export function loadRuntime({ files, manifest, bundleKey, override, threads, adapter, emit }) {
+  if (override) {
+    const moduleUrl = new URL(override.module, files.baseUrl).href;
+    const wasmUrl = new URL(override.wasm, files.baseUrl).href;
+    const key = `url:${moduleUrl}`;
+    if (!runtimes.has(key)) {
+      runtimes.set(
+        key,
+        import(/* webpackIgnore: true */ /* @vite-ignore */ moduleUrl).then((ort) => {
+          configureOrt(ort, { threads, wasmUrl, adapter });
+          return ort;
+        }),
+      );
+    }
+    return { planned: [], ort: () => runtimes.get(key) };
+  }
+  const bundle = manifest.runtime.bundles[bundleKey];
+  if (!bundle || !bundle.module || !bundle.wasm) {
+    throw new PackLoadError(`manifest.json runtime.bundles.${bundleKey} needs "module" and "wasm"; rebuild the package`);
+  }
+  const key = `sha256:${files.entry(bundle.module).sha256}`;
+  const planned = runtimes.has(key) ? [] : [bundle.module, bundle.wasm];
+  planned.forEach((path) => files.plan(path));
+  const ort = () => {
+    if (!runtimes.has(key)) {
+      const promise = (async () => {
+        const [moduleBytes, wasmBytes] = await Promise.all([files.get(bundle.module), files.get(bundle.wasm)]);
+        const ort = await importVerifiedModule(moduleBytes, files.url(bundle.module), emit);
+        configureOrt(ort, { threads, wasmUrl: files.url(bundle.wasm), wasmBytes, adapter });
+        return ort;
+      })();
+      runtimes.set(key, promise);
+      promise.catch(() => runtimes.delete(key));
+    }
+    return runtimes.get(key);
+  };
+  return { planned, ort };
+}
+
+/** { vendor, architecture, description } of a GPUAdapter (adapter.info, or the older requestAdapterInfo()). */
+export async function adapterInfo(adapter) {
+  if (!adapter) return null;
+  let info = adapter.info;
+  if (!info && typeof adapter.requestAdapterInfo === 'function') info = await adapter.requestAdapterInfo().catch(() => null);
+  info = info || {};
+  return { vendor: info.vendor || '', architecture: info.architecture || '', description: info.description || '' };
+}
+
+export async function probeWebGpu(signal) {
+  const gpu = globalThis.navigator && navigator.gpu;
+  if (!gpu) return { adapter: null, attempts: 0, reason: 'WebGPU is unavailable: navigator.gpu is undefined in this browser' };
+  let lastError = null;
+  for (let attempt = 1; attempt <= ADAPTER_ATTEMPTS; attempt++) {
+    throwIfAborted(signal);
+    try {
+      const adapter = await gpu.requestAdapter();
+      if (adapter) return { adapter, attempts: attempt, reason: null };
+    } catch (error) {
+      lastError = error;
+    }
+    if (attempt < ADAPTER_ATTEMPTS) await sleep(ADAPTER_RETRY_MS * attempt);
+  }
+  const why = lastError ? `threw ${messageOf(lastError)}` : 'returned null';
+  return { adapter: null, attempts: ADAPTER_ATTEMPTS, reason: `WebGPU is unavailable: requestAdapter() ${why} ${ADAPTER_ATTEMPTS} times` };
+}
+
+/** Threads for the wasm EP; `emit` hears why a requested count was lowered. */
+export function threadCount({ numThreads, isolated, platform, cores }, emit = () => {}) {
+  if (numThreads !== undefined) {
+    if (!(Number(numThreads) >= 1)) throw new PackLoadError(`numThreads must be a number >= 1, got ${numThreads}`);
+    if (numThreads > 1 && !isolated) {
+      emit({ type: 'warning', message: 'numThreads > 1 needs a cross-origin isolated page (COOP/COEP); using 1' });
+      return 1;
+    }
+    return Math.max(1, Math.floor(numThreads));
+  }
+  // iOS has hung with threads under cross-origin isolation. Elsewhere set it explicitly:
+  // onnxruntime-web's own default is 1 thread on 2 cores even when isolated.
+  if (!isolated || platform === 'apple-mobile') return 1;
+  return Math.max(1, Math.min(cores || 1, MAX_THREADS));
+}

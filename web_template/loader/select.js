@@ -1,0 +1,237 @@
+// The measured choice: on the first load on a device, each candidate (EP, variant) runs the sample
+// input a few times within a time budget; a candidate whose outputs disagree with the build's fp32
+// reference (beyond manifest.thresholds[ep][variant]) is dropped, the fastest is kept. The decision
+// is stored per (package content hash, adapter, browser) and reused without trials.
+
+import { PackLoadError, isAbort, messageOf, throwIfAborted } from './errors.js';
+import { sha256Hex } from './files.js';
+import { compareOutputs, thresholdsFor } from './compare.js';
+import { adapterKey, farSlower, FAR_SLOWER } from './policy.js';
+import { createSession, releaseQuietly, runSession } from './runner.js';
+
+export const SELECT_MODES = Object.freeze(['measured', 'chain']);
+export const DEFAULT_SELECT_BUDGET_MS = 4000;
+// Timed runs per candidate after the first (which is compared with the reference, not timed).
+export const TRIAL_RUNS = 3;
+const STORAGE_PREFIX = 'pack-select-v1:';
+
+/** 'measured' or 'chain': the app's option, else manifest.loader.select, else 'chain'. */
+export function selectMode(option, manifest) {
+  const mode = option ?? (manifest.loader && manifest.loader.select) ?? 'chain';
+  if (!SELECT_MODES.includes(mode)) throw new PackLoadError(`select must be one of ${SELECT_MODES.join(', ')}, got ${JSON.stringify(mode)}`);
+  return mode;
+}
+
+/** sha256 over the sorted "path sha256" lines of manifest.files: changes with any file of the package. */
+export async function packageHash(manifest) {
+  const lines = Object.keys(manifest.files || {})
+    .sort()
+    .map((path) => `${path} ${manifest.files[path].sha256}\n`)
+    .join('');
+  return sha256Hex(new TextEncoder().encode(lines));
+}
+
+/** "Chromium/131", "Firefox/133", "Safari/18.1": the browser brand and major version a decision holds for. */
+export function browserKey({ userAgent = '', userAgentData = null } = {}) {
+  const brands = (userAgentData && userAgentData.brands) || [];
+  const real = brands.filter((b) => b && b.brand && !/not.?a.?brand/i.test(b.brand));
+  const named = real.find((b) => !/^Chromium$/i.test(b.brand)) || real[0];
+  if (named) return `${named.brand}/${named.version}`;
+  const patterns = [
+    [/\bEdg\/(\d+)/, 'Microsoft Edge'],
+    [/\bFirefox\/(\d+)/, 'Firefox'],
+    [/\bCriOS\/(\d+)/, 'Chrome iOS'],
+    [/\bChrome\/(\d+)/, 'Chromium'],
+    [/\bVersion\/(\d+(?:\.\d+)?).*Safari\//, 'Safari'],
+  ];
+  for (const [pattern, brand] of patterns) {
+    const match = userAgent.match(pattern);
+    if (match) return `${brand}/${match[1]}`;
+  }
+  return userAgent || 'unknown';
+}
+
+/** The key a stored decision is valid for. */
+export function decisionKey({ packageHash: hash, adapter, browser }) {
+  return { package: hash, adapter: adapterKey(adapter), browser };
+}
+
+const sameKey = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+
+/** localStorage when it works (it throws in some private modes and sandboxed frames), else null. */
+export function defaultStorage() {
+  try {
+    const storage = globalThis.localStorage;
+    if (!storage) return null;
+    const probe = `${STORAGE_PREFIX}probe`;
+    storage.setItem(probe, '1');
+    storage.removeItem(probe);
+    return storage;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The stored decision for this package URL when its key equals `key` and its choice is still one
+ * of `candidates`; else null (a changed package, adapter or browser invalidates it).
+ */
+export function readDecision(storage, slot, key, candidates) {
+  if (!storage) return null;
+  let stored;
+  try {
+    stored = JSON.parse(storage.getItem(STORAGE_PREFIX + slot) || 'null');
+  } catch {
+    return null;
+  }
+  if (!stored || !sameKey(stored.key, key) || !stored.choice) return null;
+  const { ep, variant } = stored.choice;
+  if (!candidates.some((c) => c.ep === ep && c.variant === variant)) return null;
+  return stored;
+}
+
+export function writeDecision(storage, slot, decision) {
+  if (!storage) return false;
+  try {
+    storage.setItem(STORAGE_PREFIX + slot, JSON.stringify(decision));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const median = (values) => {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted.length ? sorted[Math.floor(sorted.length / 2)] : null;
+};
+
+/**
+ * The order trials run in, and the candidates skipped before any trial: the plan's first choice
+ * first, then by prior time; candidates the priors put more than FAR_SLOWER × the best are skipped.
+ */
+export function trialPlan(candidates, priors, first) {
+  const slow = new Set(farSlower(candidates, priors).map((c) => `${c.ep}/${c.variant}`));
+  const best = Math.min(...candidates.map((c) => priors.get(`${c.ep}/${c.variant}`) ?? Infinity));
+  const skipped = [];
+  const kept = [];
+  candidates.forEach((c, index) => {
+    const key = `${c.ep}/${c.variant}`;
+    if (slow.has(key)) {
+      const ratio = priors.get(key) / best;
+      skipped.push({ ...c, result: 'skipped', priorMs: priors.get(key), detail: `measured ${ratio.toFixed(1)}× slower than the best on this adapter class at build time (> ${FAR_SLOWER}×)` });
+    } else {
+      kept.push({ ...c, index, priorMs: priors.get(key) ?? null });
+    }
+  });
+  const rank = (c) => (first && c.ep === first.ep && c.variant === first.variant ? -1 : c.priorMs ?? Infinity);
+  kept.sort((a, b) => rank(a) - rank(b) || a.index - b.index);
+  return { order: kept.map(({ index, ...c }) => c), skipped };
+}
+
+/** Whether a candidate can be judged on this device: it needs the reference and the build's bounds. */
+export function checkable(manifest, reference, candidate) {
+  return Boolean(reference && thresholdsFor(manifest, candidate.ep, candidate.variant));
+}
+
+/**
+ * Run the trials. Resolves to { results, winner } where winner = { ep, variant, session } (its
+ * session kept open) or null, and results lists every candidate with its figures: result 'ok',
+ * 'mismatch' (outputs disagree with the reference), 'failed' (creation or run threw), 'skipped'
+ * (priors) or 'budget' (four times the budget was spent before its turn).
+ */
+export async function runTrials({ ort, manifest, candidates, priors, first, modelBytes, feeds, reference, watchdogMs, budgetMs, sessionOptions, emit, signal }) {
+  const { order, skipped } = trialPlan(candidates, priors, first);
+  const results = [...skipped];
+  const started = performance.now();
+  // The budget bounds the time spent running the sample; downloads and session creation are not
+  // counted (paid once per device, and the chosen session is kept). Every candidate gets its checked
+  // first run and one timed run; further timed runs stop at its equal share of the budget, and no
+  // candidate starts once four times the budget is spent (a pathologically slow first candidate).
+  const share = budgetMs / Math.max(order.length, 1);
+  let spent = 0;
+  const timed = async (task) => {
+    const t = performance.now();
+    try {
+      return await task();
+    } finally {
+      spent += performance.now() - t;
+    }
+  };
+  let best = null; // { ep, variant, session, steadyMs }
+  for (const candidate of order) {
+    throwIfAborted(signal);
+    const { ep, variant } = candidate;
+    if (best && spent > 4 * budgetMs) {
+      results.push({ ...candidate, result: 'budget', detail: `${Math.round(spent)} ms of trial runs spent, over four times the ${budgetMs} ms budget` });
+      continue;
+    }
+    emit({ type: 'trial', phase: 'start', ep, variant });
+    const row = { ...candidate, createMs: null, firstMs: null, steadyMs: null, runs: 0 };
+    let session = null;
+    try {
+      const bytes = await modelBytes(variant, signal);
+      const created = await createSession({ ort, manifest, bytes, ep, variant, sessionOptions, watchdogMs });
+      session = created.session;
+      row.createMs = created.createMs;
+      const spentBefore = spent;
+      let t = performance.now();
+      const outputs = await timed(() => runSession(session, feeds, watchdogMs, `${ep}/${variant} trial run`));
+      row.firstMs = performance.now() - t;
+      if (checkable(manifest, reference, candidate)) {
+        const comparison = compareOutputs(manifest, reference, outputs, thresholdsFor(manifest, ep, variant));
+        row.comparison = comparison.text;
+        if (!comparison.passed) {
+          Object.assign(row, { result: 'mismatch', detail: `outputs disagree with the build's fp32 reference: ${comparison.text}` });
+        }
+      }
+      if (!row.result) {
+        const times = [];
+        while (times.length < TRIAL_RUNS && (times.length === 0 || spent - spentBefore < share)) {
+          t = performance.now();
+          await timed(() => runSession(session, feeds, watchdogMs, `${ep}/${variant} trial run`));
+          times.push(performance.now() - t);
+        }
+        Object.assign(row, { result: 'ok', runs: times.length, steadyMs: median(times) });
+      }
+    } catch (error) {
+      if (isAbort(error, signal)) {
+        await releaseQuietly(session);
+        if (best) await releaseQuietly(best.session);
+        throw error;
+      }
+      Object.assign(row, { result: 'failed', detail: messageOf(error) });
+    }
+    results.push(row);
+    emit({ type: 'trial', phase: 'done', ...row });
+    if (row.result === 'ok' && (!best || row.steadyMs < best.steadyMs)) {
+      if (best) await releaseQuietly(best.session);
+      best = { ep, variant, session, steadyMs: row.steadyMs };
+    } else {
+      await releaseQuietly(session);
+    }
+  }
+  const trialMs = performance.now() - started;
+  return { results, winner: best && { ep: best.ep, variant: best.variant, session: best.session }, trialMs, runMs: spent };
+}
+
+/** Results as info.selection.candidates: numbers rounded to 0.01 ms, in trial order. */
+export function describeResults(results) {
+  const round = (v) => (typeof v === 'number' ? Math.round(v * 100) / 100 : v ?? null);
+  return results.map((r) => ({
+    ep: r.ep,
+    variant: r.variant,
+    result: r.result,
+    createMs: round(r.createMs),
+    firstMs: round(r.firstMs),
+    steadyMs: round(r.steadyMs),
+    priorMs: round(r.priorMs),
+    runs: r.runs || 0,
+    ...(r.comparison ? { comparison: r.comparison } : {}),
+    ...(r.detail ? { detail: r.detail } : {}),
+  }));
+}
+
+/** Candidates that may be chosen without a check on this device: the build verified them in a browser. */
+export function trustedWithoutCheck(manifest, reference, candidates) {
+  return candidates.filter((c) => checkable(manifest, reference, c) || c.status === 'passed');
+}
