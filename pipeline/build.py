@@ -42,7 +42,7 @@ from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, pa
 from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
-from pipeline.verify.browser.package import plan_runs
+from pipeline.verify.browser.plan import plan_runs
 from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
 from pipeline.verify.host import run_model
 

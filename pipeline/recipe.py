@@ -14,19 +14,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pipeline.dtypes import TYPES
 from pipeline.errors import PackError
+from pipeline.runtime import DEFAULT_VERSION as DEFAULT_RUNTIME
+from pipeline.runtime import is_exact_version, local_runtime
 from pipeline.verify.metrics import OUTPUT_KINDS
 
 # Built-in recipes: package data (the repo's recipes/ folder, installed as pipeline.recipes), read
 # through importlib.resources so a wheel lists them too; always a plain folder on disk.
 RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
-DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")
+DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
 VARIANTS = ("fp16", "fp32")
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
-DEFAULT_RUNTIME = "1.30.0"
 THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Generated sample inputs that look like real data (pipeline/assets/patterns.py makes them), and the
@@ -84,6 +86,7 @@ class Recipe:
     repairs: list[str] = field(default_factory=list)
     seed: int = 0
     runtime_version: str = DEFAULT_RUNTIME
+    runtime_path: Path | None = None  # a local onnxruntime-web build ([runtime] path), instead of npm
     chains: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CHAINS.items()})
     watchdog_ms: int = 60000
     prewarm: bool = True
@@ -295,12 +298,20 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     seed = r.typed(verify, "verify", "seed", int, "an integer")
     recipe.seed = 0 if seed is None else seed
 
-    runtime = r.table(data.get("runtime", {}), "runtime", ("version",))
+    runtime = r.table(data.get("runtime", {}), "runtime", ("version", "path"))
     version = r.typed(runtime, "runtime", "version", str, "an onnxruntime-web version like '1.30.0'")
+    local = r.typed(runtime, "runtime", "path", str, "the folder of a local onnxruntime-web build (its package.json and dist/)")
+    if version is not None and local is not None:
+        raise PackError(f"{r.file}: keys 'runtime.version' and 'runtime.path' both set; keep one (a path's version comes from its package.json)")
     if version is not None:
-        if not re.fullmatch(r"\d+\.\d+\.\d+(-[\w.]+)?", version):
-            r.fail("runtime.version", "an exact version like '1.30.0'", version)
+        if not is_exact_version(version):
+            r.fail("runtime.version", "an exact version like '1.30.0' or a dev build like '1.31.0-dev.20260914-8d85527a0'", version)
         recipe.runtime_version = version
+    if local is not None:
+        path = Path(local).expanduser()
+        path = path if path.is_absolute() else recipe.base_dir / path
+        recipe.runtime_version = local_runtime(path, f"{r.file}: key 'runtime.path'").version
+        recipe.runtime_path = path
 
     chains = r.table(data.get("execution_providers", {}), "execution_providers", PLATFORMS)
     for platform in chains:

@@ -1,7 +1,10 @@
-"""onnxruntime-web at a pinned version: installed with npm into a cache keyed by version.
+"""onnxruntime-web at a pinned version, installed with npm into a cache keyed by version, or a
+local build (a folder with its package.json, e.g. onnxruntime's js/web after `npm run build`).
 
-The file names of each entry point are read from the installed package (package.json "exports"
-and the strings inside the bundle), never hard-coded: they have changed between releases.
+A version is exact: a release (`1.30.0`) or a published dev build (`1.31.0-dev.20260914-8d85527a0`,
+see `npm view onnxruntime-web versions --json`). The file names of each entry point are read from
+the package (package.json "exports" and the strings inside the bundle), never hard-coded: they have
+changed between releases.
 """
 
 from __future__ import annotations
@@ -54,8 +57,24 @@ class Bundle:
 @dataclass(frozen=True)
 class Runtime:
     version: str
-    root: Path  # the installed package folder
+    root: Path  # the installed package folder, or the local build's folder
     bundles: dict[str, Bundle]
+    local: bool = False  # a local build (`[runtime] path`, `--runtime DIR`), not from npm
+
+    @property
+    def label(self) -> str:
+        """How reports and tables name it: the version, marked when it is a local build."""
+        return f"{self.version} (local)" if self.local else self.version
+
+
+def is_exact_version(version: str) -> bool:
+    """A release or a published dev build; npm's ranges and tags are not (the cache is keyed by it)."""
+    return bool(_EXACT_VERSION.match(version))
+
+
+def recipe_runtime(version: str, path: Path | None, progress: Progress | None = None) -> Runtime:
+    """The runtime a recipe ships: its local build (`[runtime] path`) or the npm version."""
+    return local_runtime(path) if path is not None else resolve_runtime(version, progress)
 
 
 def max_ir_version(version: str) -> tuple[int, str | None]:
@@ -102,6 +121,39 @@ def resolve_runtime(version: str = DEFAULT_VERSION, progress: Progress | None = 
     return read_runtime(target, version)
 
 
+def local_runtime(path: Path, key: str = "runtime.path") -> Runtime:
+    """A local onnxruntime-web build at `path`: its package.json names the version and the entry
+    points, as for an installed one. Errors name `key` (the recipe key or CLI option)."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise PackError(f"{key} {str(path)!r}: no such directory; point at an onnxruntime-web package folder (js/web of a build, with package.json and dist/)")
+    package_json = root / "package.json"
+    try:
+        manifest = json.loads(package_json.read_text())
+    except FileNotFoundError:
+        raise PackError(f"{key} {str(path)!r}: no package.json there; point at the onnxruntime-web package folder (js/web of a build)") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise PackError(f"{key} {str(path)!r}: package.json unreadable ({error})") from None
+    if manifest.get("name") != PACKAGE:
+        raise PackError(f"{key} {str(path)!r}: package.json names {manifest.get('name')!r}, not {PACKAGE!r}; point at onnxruntime-web's package folder")
+    version = manifest.get("version")
+    if not isinstance(version, str) or not _EXACT_VERSION.match(version):
+        raise PackError(f"{key} {str(path)!r}: package.json has no exact version ({version!r})")
+    hint = f"build it (`npm run build` in onnxruntime's js/web) or fix {key}"
+    bundles = {name: _read_bundle(root, manifest, name, subpath, hint) for name, subpath in ENTRY_SUBPATHS.items()}
+    return Runtime(version=version, root=root.resolve(), bundles=bundles, local=True)
+
+
+def runtime_from_option(value: str, key: str = "--runtime", progress: Progress | None = None) -> Runtime:
+    """`--runtime VALUE`: an exact npm version (installed on first use), or a local build's folder
+    (a value with a path separator, or an existing directory)."""
+    if os.sep in value or "/" in value or Path(value).is_dir():
+        return local_runtime(Path(value), key)
+    if not _EXACT_VERSION.match(value):
+        raise PackError(f"{key} {value!r}: neither an exact onnxruntime-web version (like {DEFAULT_VERSION!r} or a dev build from `npm view {PACKAGE} versions --json`) nor a folder")
+    return resolve_runtime(value, progress)
+
+
 def read_runtime(root: Path, version: str) -> Runtime:
     """Read the entry points of an installed package folder."""
     package_json = root / "package.json"
@@ -113,11 +165,12 @@ def read_runtime(root: Path, version: str) -> Runtime:
         raise PackError(
             f"{package_json}: version {manifest.get('version')!r}, expected {version!r}; delete {root} to reinstall"
         )
-    bundles = {key: _read_bundle(root, manifest, key, subpath) for key, subpath in ENTRY_SUBPATHS.items()}
+    hint = f"delete {root} to reinstall"
+    bundles = {key: _read_bundle(root, manifest, key, subpath, hint) for key, subpath in ENTRY_SUBPATHS.items()}
     return Runtime(version=version, root=root, bundles=bundles)
 
 
-def _read_bundle(root: Path, manifest: dict, key: str, subpath: str) -> Bundle:
+def _read_bundle(root: Path, manifest: dict, key: str, subpath: str, hint: str) -> Bundle:
     entry = PACKAGE if subpath == "." else f"{PACKAGE}/{subpath[2:]}"
     exports = manifest.get("exports") or {}
     condition = (exports.get(subpath) or {}).get("import") if isinstance(exports, dict) else None
@@ -129,7 +182,7 @@ def _read_bundle(root: Path, manifest: dict, key: str, subpath: str) -> Bundle:
         )
     module = (root / relative).resolve()
     if not module.is_file():
-        raise PackError(f"{module}: missing from the installed {PACKAGE}; delete {root} to reinstall")
+        raise PackError(f"{module}: missing from {PACKAGE} in {root}; {hint}")
     return Bundle(key=key, entry=entry, module=module, wasm=_wasm_of(module))
 
 

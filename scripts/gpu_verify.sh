@@ -36,6 +36,16 @@
 # or, for the demo, instead of 3 and 4 (calls 1 and 2 as above):
 #   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/fonts"]           timeout_s 240
 #      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh demo
+# or, for the architecture exports and the per-EP benchmark (docs/gpu.md), prepared here with
+#   bash scripts/gpu_verify.sh bench-prepare DIST [ROOT]   (ROOT: the checkout the device tool sends, which
+#   is the session's checkout, not a helper's worktree; the code travels in ROOT/.gpu-web/src)
+# calls 1 and 2 as above (without .gpu-web/pkg), then:
+#   3. carry [".gpu-payload/tool", ".gpu-payload/p3", ".whl"]           timeout_s 180
+#      bash .gpu-payload/tool/setup.sh && bash scripts/gpu_verify.sh stash
+#   4. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
+#      bash .gpu-web/src/scripts/gpu_verify.sh bench-verify
+#   5. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
+#      bash .gpu-web/src/scripts/gpu_verify.sh bench-run
 # then give_back. The JSON reports come back under the call's files (verify.json, build.json, ...).
 #
 # pack's CLI module imports every command (publish needs boto3), so this drives the command functions
@@ -217,5 +227,85 @@ EOF
   echo "demo: exit $rc in $(( $(date +%s) - t )) s"; tail -c 6000 "$OUT/demo.out"
   exit $rc
   ;;
-*) echo "usage: gpu_verify.sh prepare|stash|verify|build|demo" >&2; exit 2 ;;
+bench-prepare)
+  # here: DIST holds packages built with `pack build ... --out DIST` (--no-browser is fine: the device
+  # re-verifies them). Packs this checkout's code and the packages (raw files that have a .br copy
+  # left out) into ROOT/.gpu-web/src and ROOT/.gpu-web/pkgs, and the wheels into ROOT/.whl.
+  set -e
+  DIST=$(cd "${2:?usage: gpu_verify.sh bench-prepare DIST [ROOT]}" && pwd)
+  DEST=$(cd "${3:-.}" && pwd)
+  rm -rf "$DEST/.gpu-web/src" "$DEST/.gpu-web/pkgs"
+  mkdir -p "$DEST/.gpu-web/src" "$DEST/.gpu-web/pkgs" "$DEST/.whl"
+  git ls-files pipeline scripts web_template recipes pyproject.toml | tar -cf - -T - | tar -C "$DEST/.gpu-web/src" -xf -
+  # a package tar over 30 MiB is split in two pieces, pkgs/big1/ and pkgs/big2/, carried by two calls;
+  # the others go to pkgs/small/ (pkgs/<name>.parts lists a split package's pieces)
+  mkdir -p "$DEST/.gpu-web/pkgs/small" "$DEST/.gpu-web/pkgs/big1" "$DEST/.gpu-web/pkgs/big2"
+  for pkg in "$DIST"/*/; do
+    name=$(basename "$pkg")
+    (cd "$DIST" && tar -cf "$DEST/.gpu-web/pkgs/$name.tar" \
+       $(find "$name" -type f ! -name '*.br' -exec sh -c '[ -f "$1.br" ] || echo "$1"' _ {} \;) $(find "$name" -name '*.br'))
+    if [ "$(stat -c %s "$DEST/.gpu-web/pkgs/$name.tar")" -gt $((30 * 1024 * 1024)) ]; then
+      (cd "$DEST/.gpu-web/pkgs" && split -n 2 -d "$name.tar" "$name.tar." && mv "$name.tar.00" big1/ && mv "$name.tar.01" big2/ \
+         && printf '%s\n' "$name.tar.00" "$name.tar.01" > "small/$name.parts" && rm "$name.tar")
+    else
+      mv "$DEST/.gpu-web/pkgs/$name.tar" "$DEST/.gpu-web/pkgs/small/"
+    fi
+  done
+  [ -n "$(ls "$DEST"/.whl/playwright-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DEST/.whl" \
+    playwright==1.65.2 greenlet==3.5.6 brotli==1.2.1 onnxconverter-common==1.16.0
+  du -sh "$DEST/.gpu-web/src" "$DEST"/.gpu-web/pkgs/* "$DEST/.whl"
+  ;;
+bench-verify|bench-run)
+  # on the device, after `stash` (wheels): the packages of .gpu-web/pkgs restored into $STASH/bench,
+  # this checkout's code from .gpu-web/src. bench-verify: `pack verify --gpu --json` per package
+  # (verify-<name>.json); bench-run: scripts/bench_ep.py --gpu over all of them (bench.json).
+  device_env
+  export PYTHONPATH=$STASH/site:$PWD/.gpu-web/src
+  mkdir -p "$STASH/bench" "$STASH/pkgs"
+  cp .gpu-web/pkgs/*/* "$STASH/pkgs/" 2>/dev/null
+  for parts in "$STASH"/pkgs/*.parts; do   # a split package: joined once all its pieces have come
+    [ -f "$parts" ] || continue
+    name=$(basename "$parts" .parts); complete=1
+    while read -r piece; do [ -f "$STASH/pkgs/$piece" ] || complete=0; done < "$parts"
+    [ $complete = 1 ] && [ ! -f "$STASH/pkgs/$name.tar" ] && (cd "$STASH/pkgs" && cat $(cat "$name.parts") > "$name.tar")
+  done
+  for tarball in "$STASH"/pkgs/*.tar; do
+    [ -f "$tarball" ] || continue
+    name=$(basename "$tarball" .tar)
+    [ -f "$STASH/bench/$name/manifest.json" ] && continue
+    tar -C "$STASH/bench" -xf "$tarball" && python3 - "$STASH/bench/$name" <<'EOF' || exit 1
+import sys, pathlib, brotli
+for br in pathlib.Path(sys.argv[1]).rglob('*.br'):
+    raw = br.with_suffix('')
+    if not raw.exists():
+        raw.write_bytes(brotli.decompress(br.read_bytes()))
+EOF
+  done
+  ls "$STASH/bench"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  rc=0
+  if [ "$MODE" = bench-verify ]; then
+    for pkg in "$STASH"/bench/*/; do
+      name=$(basename "$pkg"); t=$(date +%s)
+      [ -f "$STASH/verified-$name" ] && continue
+      touch "$STASH/verified-$name"
+      timeout "${PACK_GPU_VERIFY_S:-170}" python3 -P -c 'import typer; from pipeline.commands.verify import verify; typer.run(verify)' \
+        "$pkg" --gpu --json >"$OUT/verify-$name.json" 2>"$OUT/verify-$name.err"
+      code=$?; [ $code -gt 1 ] && rc=$code
+      echo "== pack verify $name --gpu: exit $code in $(( $(date +%s) - t )) s"; tail -c 600 "$OUT/verify-$name.err"
+      print_report "$OUT/verify-$name.json"
+    done
+  else
+    t=$(date +%s)
+    timeout "${PACK_GPU_BENCH_S:-540}" python3 .gpu-web/src/scripts/bench_ep.py "$STASH"/bench/*/ --gpu \
+      --pages "${PACK_BENCH_PAGES:-3}" --steady "${PACK_BENCH_STEADY:-10}" --json "$OUT/bench.json" 2>"$OUT/bench.err"
+    rc=$?
+    echo "bench_ep.py --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 2000 "$OUT/bench.err"
+  fi
+  exit $rc
+  ;;
+*) echo "usage: gpu_verify.sh prepare|stash|verify|build|demo|bench-prepare|bench-verify|bench-run" >&2; exit 2 ;;
 esac
+

@@ -69,5 +69,7 @@ def test_pack_verify_reruns_the_checks_on_the_built_package(built) -> None:
         ("webgpu", "fp32", "webgpu"): "passed",
         ("wasm", "fp32", "webgpu"): "passed",
         ("wasm", "fp32", "wasm"): "passed",
+        ("wasm", "fp16", "webgpu"): "passed",  # every variant on every EP
+        ("wasm", "fp16", "wasm"): "passed",
     }
     assert document["browser"]["eps"]["webgpu/fp32"]["steady_run_ms"] > 0

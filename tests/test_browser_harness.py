@@ -63,6 +63,9 @@ def test_negative_step_slice_gives_31_elements_on_the_webgpu_build_and_wasm(brow
         assert run["crossOriginIsolated"] is True
         assert run["timings_ms"]["session_create_ms"] > 0 and run["timings_ms"]["steady_runs"] >= 1
         assert run["info"]["ep"] == run["ep"]  # the loader ran the EP it was asked for
+        # times come from production settings; verbose logs and the profiler only in the labelled pass
+        assert run["timed_pass"]["verbose_log_lines"] == 0
+        assert run["profile_pass"]["ok"] is True and "not production" in run["profile_pass"]["settings"]
     assert result.report["adapter"]["available"] and "shader-f16" not in result.report["adapter"]["features"]
     assert not result.failed
 
@@ -87,17 +90,21 @@ def test_fp16_without_shader_f16_is_not_verifiable_on_the_native_build(browser, 
     assert "requires shader-f16" in fp16[0]["detail"] and "requires f16 but the device does not support it" in fp16[0]["detail"]
     assert [c["status"] for c in runs[("webgpu", "webgpu", "fp32")]] == ["passed"]
     assert [c["status"] for c in runs[("webgpu", "wasm", "fp32")]] == ["passed"]
+    # every variant an EP can be asked for runs: wasm x fp16 too, though no chain picks it by default
+    assert [c["status"] for c in runs[("webgpu", "wasm", "fp16")]] == ["passed"]
+    wasm_fp16 = next(r for r in result.report["runs"] if (r["ep"], r["variant"]) == ("wasm", "fp16"))
+    assert wasm_fp16["default"] is False and wasm_fp16["info"]["variant"] == "fp16"
     assert not result.failed
 
 
 def test_root_build_silent_zeros_for_fp16_are_caught(browser, fp16_package) -> None:
     package, reference = fp16_package
     result = verify_in_browser(package, reference, thresholds_for(package), browser=browser, bundle="root")
-    fp16 = [c for c in result.checks if c["variant"] == "fp16"]
+    fp16 = [c for c in result.checks if c["variant"] == "fp16" and c["ep"] == "webgpu"]
     assert [c["status"] for c in fp16] == ["failed"]
     assert "'f16' type used without 'f16' extension enabled" in fp16[0]["detail"]
     assert fp16[0]["metrics"]["rel_l2"] == pytest.approx(1.0)  # all zeros
-    run = next(r for r in result.report["runs"] if r["variant"] == "fp16")
+    run = next(r for r in result.report["runs"] if r["variant"] == "fp16" and r["ep"] == "webgpu")
     assert any(s.startswith("WebGPU GPUValidationError") for s in run["signals"])
 
 

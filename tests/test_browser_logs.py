@@ -80,3 +80,21 @@ def test_gpu_error_seen_only_on_the_console_still_counts() -> None:
 def test_missing_feature_errors_are_recognised() -> None:
     assert names_missing_feature("shader_helper.cc:416 GenerateSourceCode Program Cast requires f16 but the device does not support it.")
     assert not names_missing_feature("Can't create a session. ERROR_CODE: 1, ERROR_MESSAGE: Unsupported model IR version: 14")
+
+
+def test_plan_runs_every_variant_on_every_ep_of_each_shipped_bundle() -> None:
+    from pipeline.verify.browser.plan import plan_runs
+
+    manifest = {
+        "variants": {"fp16": {}, "fp32": {}},
+        "variantFor": {"webgpu": ["fp16", "fp32"], "wasm": ["fp32"]},
+        "runtime": {"bundles": {"webgpu": {}, "wasm": {}}},
+        "executionProviders": {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"]},
+    }
+    runs = [(r.bundle, r.ep, r.variant, r.default) for r in plan_runs(manifest)]
+    assert runs == [
+        ("webgpu", "webgpu", "fp16", True), ("webgpu", "webgpu", "fp32", True),
+        ("webgpu", "wasm", "fp32", True), ("webgpu", "wasm", "fp16", False),
+        ("wasm", "wasm", "fp32", True), ("wasm", "wasm", "fp16", False),
+    ]
+

@@ -88,3 +88,62 @@ def test_cached_folder_of_another_version_is_refused(tmp_path: Path) -> None:
     root = _fake_package(tmp_path / "pkg", "runtime-{name}.wasm", ["runtime-gpu.wasm", "runtime-cpu.wasm", "runtime-all.wasm"])
     with pytest.raises(PackError, match=r"version '9\.9\.9', expected '1\.30\.0'.*delete"):
         read_runtime(root, "1.30.0")
+
+
+def _local_build(tmp_path: Path, version: str = "1.30.0") -> Path:
+    """A folder laid out like onnxruntime's js/web after a build: package.json and dist/ (links
+    into the npm copy, so no 100 MB copy)."""
+    installed = resolve_runtime(version)
+    local = tmp_path / "ort-local"
+    (local / "dist").mkdir(parents=True)
+    shutil.copy(installed.root / "package.json", local / "package.json")
+    for bundle in installed.bundles.values():
+        for path in (bundle.module, bundle.wasm):
+            target = local / "dist" / path.name
+            if not target.exists():
+                target.symlink_to(path)
+    return local
+
+
+def test_a_local_build_is_read_from_its_package_json(tmp_path: Path) -> None:
+    from pipeline.runtime import local_runtime, runtime_from_option
+
+    local = _local_build(tmp_path)
+    runtime = local_runtime(local)
+    assert runtime.local and runtime.version == "1.30.0" and runtime.label == "1.30.0 (local)"
+    assert set(runtime.bundles) == {"webgpu", "wasm", "root"}
+    assert runtime_from_option(str(local)).root == runtime.root
+    with pytest.raises(PackError, match=r"--runtime '.*nowhere': no such directory"):
+        runtime_from_option(str(tmp_path / "nowhere"))
+    (local / "dist" / runtime.bundles["wasm"].module.name).unlink()
+    with pytest.raises(PackError, match=r"ort.wasm.bundle.min.mjs: missing from onnxruntime-web in .*; build it"):
+        local_runtime(local)
+
+
+def test_a_local_build_must_be_onnxruntime_web(tmp_path: Path) -> None:
+    from pipeline.runtime import local_runtime
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PackError, match=r"runtime.path '.*empty': no package.json there"):
+        local_runtime(tmp_path / "empty")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "package.json").write_text(json.dumps({"name": "left-pad", "version": "1.0.0"}))
+    with pytest.raises(PackError, match=r"names 'left-pad', not 'onnxruntime-web'"):
+        local_runtime(tmp_path / "other")
+
+
+def test_recipe_runtime_takes_a_dev_version_or_a_path_never_both(tmp_path: Path) -> None:
+    from pipeline.recipe import parse_recipe
+
+    file = tmp_path / "r.toml"
+    dev = parse_recipe({"name": "r", "runtime": {"version": "1.31.0-dev.20260914-8d85527a0"}}, file)
+    assert dev.runtime_version == "1.31.0-dev.20260914-8d85527a0" and dev.runtime_path is None
+    _local_build(tmp_path)
+    local = parse_recipe({"name": "r", "runtime": {"path": "ort-local"}}, file)  # relative to the recipe
+    assert local.runtime_path == tmp_path / "ort-local" and local.runtime_version == "1.30.0"
+    with pytest.raises(PackError, match=r"r.toml: keys 'runtime.version' and 'runtime.path' both set"):
+        parse_recipe({"name": "r", "runtime": {"version": "1.30.0", "path": "ort-local"}}, file)
+    with pytest.raises(PackError, match=r"r.toml: key 'runtime.path' '.*missing': no such directory"):
+        parse_recipe({"name": "r", "runtime": {"path": "missing"}}, file)
+    with pytest.raises(PackError, match=r"r.toml: key 'runtime.version': expected an exact version"):
+        parse_recipe({"name": "r", "runtime": {"version": "^1.30"}}, file)

@@ -59,6 +59,33 @@ def test_verify_an_unknown_bundle_is_bad_input(slice_package: Path) -> None:
 
 
 @pytest.mark.browser
+def test_verify_two_runtimes_side_by_side(slice_package: Path, tmp_path: Path) -> None:
+    from test_browser_runtime import _local_build
+
+    local = _local_build(tmp_path)
+    result = runner.invoke(app, ["verify", str(slice_package), "--runtime", "1.30.0", "--runtime", str(local)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    # one line per check per runtime, then the speed table with a column per runtime
+    assert sum("[1.30.0        ]  ok   browser webgpu/fp32" in line for line in lines) == 1
+    assert sum("[1.30.0 (local)]  ok   browser wasm/fp32" in line for line in lines) == 1
+    header = next(index for index, line in enumerate(lines) if line.startswith("speed (ms, production settings"))
+    assert lines[header + 1].split()[:4] == ["run", "1.30.0", "1.30.0", "(local)"]
+    assert [line.split()[0] for line in lines[header + 2: header + 4]] == ["webgpu/fp32", "wasm/fp32"]
+    assert lines[-1] == "1.30.0: PASSED (2 passed, 0 failed, 0 not verifiable); 1.30.0 (local): PASSED (2 passed, 0 failed, 0 not verifiable)"
+    document = json.loads(runner.invoke(app, ["verify", str(slice_package), "--runtime", str(local), "--json"]).stdout)
+    assert [r["runtime"] for r in document["runtimes"]] == ["1.30.0 (local)"]
+    assert document["runtimes"][0]["browser"]["runtime"] == {"version": "1.30.0", "shipped": False, "packageRuntime": "1.30.0", "path": str(local.resolve())}
+
+
+def test_verify_refuses_a_bad_or_repeated_runtime(slice_package: Path) -> None:
+    result = runner.invoke(app, ["verify", str(slice_package), "--runtime", "latest"])
+    assert result.exit_code == 2
+    assert "--runtime 'latest': neither an exact onnxruntime-web version" in result.output
+    result = runner.invoke(app, ["verify", str(slice_package), "--runtime", "1.30.0", "--runtime", "1.30.0"])
+    assert result.exit_code == 2 and "--runtime: the same runtime twice" in result.output
+
+
 def test_verify_checks_against_the_bounds_in_the_manifest(slice_package: Path, tmp_path: Path) -> None:
     import shutil
 

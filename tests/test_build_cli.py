@@ -41,7 +41,10 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     kernel_runs = [(r["bundle"], r["ep"], r["variant"], r["status"]) for r in verification["runs"] if r["stage"] == "webgpu-kernels"]
     assert kernel_runs in [[("*", "webgpu", v, status) for v in ("fp16", "fp32")] for status in ("passed", "skipped")]
     assert [r for r in verification["runs"] if r["stage"] != "webgpu-kernels"] == [
+        # every variant on every EP of each bundle: wasm x fp16 too
+        {"stage": "browser", "bundle": "wasm", "ep": "wasm", "variant": "fp16", "status": "skipped", "detail": "--no-browser"},
         {"stage": "browser", "bundle": "wasm", "ep": "wasm", "variant": "fp32", "status": "skipped", "detail": "--no-browser"},
+        {"stage": "browser", "bundle": "webgpu", "ep": "wasm", "variant": "fp16", "status": "skipped", "detail": "--no-browser"},
         {"stage": "browser", "bundle": "webgpu", "ep": "wasm", "variant": "fp32", "status": "skipped", "detail": "--no-browser"},
         {"stage": "browser", "bundle": "webgpu", "ep": "webgpu", "variant": "fp16", "status": "skipped", "detail": "--no-browser"},
         {"stage": "browser", "bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "status": "skipped", "detail": "--no-browser"},
@@ -159,7 +162,9 @@ def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
     assert refused(manifest, "webgpu", "webgpu", "fp16") == host_fp16
     assert refused(manifest, "wasm", "wasm", "fp16") == host_fp16
     assert refused(manifest, "webgpu", "webgpu", "fp32") is None
-    assert [(r["bundle"], r["ep"], r["variant"]) for r in report["refused"]] == [("webgpu", "webgpu", "fp16")]
+    # a host failure refuses the variant on every pair the package lists, wasm x fp16 too
+    assert [(r["bundle"], r["ep"], r["variant"]) for r in report["refused"]] == [
+        ("webgpu", "webgpu", "fp16"), ("webgpu", "wasm", "fp16"), ("wasm", "wasm", "fp16")]
     assert "fp16 on webgpu [webgpu bundle] refused (the loader will not pick it): host fp16 (any bundle, any EP): failed: y: max_abs" in result.output
 
 

@@ -10,10 +10,9 @@ import onnx
 import pytest
 
 from graph_helpers import FFC_FLIP_MODEL, FFC_MODEL, decoder_head_model, neg_slice_model, random_inputs, run_host
-from pipeline.graph.browser_runner import BrowserModelRunner
-from pipeline.graph.diagnose import diagnose, random_feeds
-from pipeline.graph.inspect import measure_cpu_fallback
 from pipeline.graph import registry
+from pipeline.verify.browser.models import BrowserModelRunner, measure_cpu_fallback
+from pipeline.verify.diagnose import diagnose, random_feeds
 from pipeline.runtime import resolve_runtime
 
 pytestmark = pytest.mark.browser

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from graph_helpers import decoder_head_model, random_inputs, run_host
-from pipeline.graph.diagnose import _bisect, _typed_values, agrees, exposed_prefix, host_values, human_lines, random_feeds
+from pipeline.verify.diagnose import _bisect, _typed_values, agrees, exposed_prefix, host_values, human_lines, random_feeds
 
 
 def test_host_values_hold_every_intermediate_and_the_outputs():

@@ -15,7 +15,8 @@ from graph_helpers import (
     shape_if_model,
 )
 from pipeline.graph import registry
-from pipeline.graph.hazards import detect_hazards, fp16_readiness, preferred_layout
+from pipeline.graph.hazards import detect_hazards, preferred_layout
+from pipeline.precision.readiness import fp16_readiness
 from pipeline.graph.registry import auto_repairs
 
 

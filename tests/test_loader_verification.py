@@ -47,7 +47,9 @@ def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
     assert all(m["source"] == "build" and m["firstMs"] > 0 and m["browser"].startswith("Chromium") for m in manifest["measurements"])
     assert all((m["adapter"] is None) == (m["ep"] == "wasm") for m in manifest["measurements"])
     assert [(r["bundle"], r["ep"], r["variant"]) for r in runs] == [
+        ("wasm", "wasm", "fp16"),  # every variant on every EP: wasm x fp16 too
         ("wasm", "wasm", "fp32"),
+        ("webgpu", "wasm", "fp16"),
         ("webgpu", "wasm", "fp32"),
         ("webgpu", "webgpu", "fp16"),
         ("webgpu", "webgpu", "fp32"),
@@ -71,7 +73,9 @@ def test_browser_build_records_every_run_and_the_loader_reports_it(tmp_path):
     info = loaded["info"]
     # select: 'chain' follows the build's measurements on this adapter class: the faster of the
     # chain's pairs (on SwiftShader that is wasm) runs first, and the build verified it.
-    priors = {(m["ep"], m["variant"]): m["steadyMs"] for m in manifest["measurements"] if m["bundle"] == "webgpu" and m["steadyMs"]}
+    # (the chain's pairs: variantFor; wasm x fp16 is measured too but no chain picks it by default)
+    priors = {(m["ep"], m["variant"]): m["steadyMs"] for m in manifest["measurements"]
+              if m["bundle"] == "webgpu" and m["steadyMs"] and m["variant"] in manifest["variantFor"][m["ep"]]}
     assert set(priors) == {("webgpu", "fp32"), ("wasm", "fp32")}, manifest["measurements"]
     assert (info["ep"], info["variant"]) == min(priors, key=priors.get)
     assert (info["bundle"], info["verified"], info["skipped"]) == ("webgpu", "passed", [])

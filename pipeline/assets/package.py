@@ -22,7 +22,7 @@ from pipeline.graph.model_io import model_bytes
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
-from pipeline.runtime import resolve_runtime
+from pipeline.runtime import recipe_runtime
 
 
 def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, recipe: Recipe, outputs: bool) -> list[dict]:
@@ -143,7 +143,7 @@ def write_sample(staging: Path, contents: PackageContents, recipe: Recipe, refer
 
 def write_runtime(staging: Path, contents: PackageContents, recipe: Recipe, progress: Progress) -> None:
     """The onnxruntime-web bundles the platform chains need (one per distinct chain bundle)."""
-    runtime = resolve_runtime(recipe.runtime_version, progress)
+    runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
     bundles = {}
     for key in sorted({chain_bundle(chain) for chain in recipe.chains.values()}):
         bundle = runtime.bundles[key]

@@ -11,14 +11,11 @@ import onnx
 from onnx import TensorProto
 
 from pipeline.assets.patterns import generate
+from pipeline.dtypes import ONNX_TO_NAME
 from pipeline.errors import PackError, warn
 from pipeline.recipe import InputSpec, Recipe
 
-ONNX_TO_NUMPY = {
-    TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.INT64: "int64",
-    TensorProto.INT32: "int32", TensorProto.INT8: "int8", TensorProto.UINT8: "uint8", TensorProto.BOOL: "bool",
-    TensorProto.DOUBLE: "float64",
-}
+ONNX_TO_NUMPY = ONNX_TO_NAME  # the one dtype table (pipeline/dtypes.py)
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

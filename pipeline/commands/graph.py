@@ -20,26 +20,30 @@ EPS = ("webgpu", "wasm")
 def inspect(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL.onnx", help="The ONNX model to inspect.")],
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip measuring CPU fallback in headless Chromium.")] = False,
-    runtime_version: Annotated[str, typer.Option("--runtime", help="onnxruntime-web version to measure with.")] = DEFAULT_VERSION,
+    runtime_version: Annotated[str, typer.Option("--runtime", help="onnxruntime-web to measure with: an exact npm version (dev builds too) or a local build's folder.")] = DEFAULT_VERSION,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the inspection as JSON; no progress output.")] = False,
 ) -> None:
     """Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback."""
-    from pipeline.graph.inspect import human_lines, inspect_model, measure_cpu_fallback
+    from pipeline.graph.inspect import human_lines, inspect_model, repaired
+    from pipeline.precision.readiness import fp16_readiness
     from pipeline.graph.model_io import load_model
 
     with cli_errors():
         progress = progress_for(json_output)
         model = load_model(model_path)
         document = inspect_model(model_path, model)
+        document["fp16"] = fp16_readiness(model, document["hazards"])
         document["cpu_fallback"] = None
         if not no_browser:
-            from pipeline.graph.browser_runner import BrowserModelRunner
-            from pipeline.runtime import resolve_runtime
+            from pipeline.runtime import runtime_from_option
+            from pipeline.verify.browser.models import BrowserModelRunner, measure_cpu_fallback
 
+            runtime = runtime_from_option(runtime_version, "--runtime", progress)
             progress.note("Measuring node placement in headless Chromium (webgpu bundle)")
-            with BrowserModelRunner(resolve_runtime(runtime_version, progress), gpu=gpu) as runner:
-                document["cpu_fallback"] = measure_cpu_fallback(model, runner)
+            fixed, _ = repaired(model)  # as `pack build` would ship it
+            with BrowserModelRunner(runtime, gpu=gpu) as runner:
+                document["cpu_fallback"] = measure_cpu_fallback(fixed, runner, "repaired model" if fixed is not model else "model as is")
     if json_output:
         print_json(document)
     else:
@@ -79,7 +83,7 @@ def diagnose(
     inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Inputs as .npz, keys = input names (default: seeded random).")] = None,
     dim: Annotated[Optional[list[str]], typer.Option("--dim", help="NAME=SIZE for a symbolic input dimension (repeatable; default 1).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")] = 0,
-    runtime_version: Annotated[str, typer.Option("--runtime", help="onnxruntime-web version to run.")] = DEFAULT_VERSION,
+    runtime_version: Annotated[str, typer.Option("--runtime", help="onnxruntime-web to run: an exact npm version (dev builds too) or a local build's folder.")] = DEFAULT_VERSION,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON; no progress output.")] = False,
 ) -> None:
@@ -87,11 +91,11 @@ def diagnose(
 
     Exit code 0 when every run agrees with onnxruntime on the host, 1 when some run parts.
     """
-    from pipeline.graph.browser_runner import BrowserModelRunner
-    from pipeline.graph.diagnose import diagnose as run_diagnosis
-    from pipeline.graph.diagnose import human_lines, random_feeds
+    from pipeline.runtime import runtime_from_option
+    from pipeline.verify.browser.models import BrowserModelRunner
+    from pipeline.verify.diagnose import diagnose as run_diagnosis
+    from pipeline.verify.diagnose import human_lines, random_feeds
     from pipeline.graph.model_io import load_model
-    from pipeline.runtime import resolve_runtime
 
     with cli_errors():
         bundles = bundle or list(BUNDLES)
@@ -107,7 +111,7 @@ def diagnose(
         model = load_model(model_path)
         feeds = _load_inputs(inputs, model) if inputs else random_feeds(model, dims, seed)
         combos = tuple((b, e) for b in bundles for e in eps)
-        with BrowserModelRunner(resolve_runtime(runtime_version, progress), gpu=gpu) as runner:
+        with BrowserModelRunner(runtime_from_option(runtime_version, "--runtime", progress), gpu=gpu) as runner:
             document = run_diagnosis(model, feeds, runner, combos, progress)
         document["model"] = model_path.name
     if json_output:

@@ -3,7 +3,8 @@
 The reference is recomputed on the host from the package itself (its fp32 variant on onnxruntime
 CPU, fed the package's sample), and each check keeps the threshold the build recorded in the
 manifest's `thresholds` (recipe overrides included). The package is not
-modified: the result goes to stdout.
+modified: the result goes to stdout. `--runtime A --runtime B` runs the same package on other
+onnxruntime-web builds (npm versions, dev builds, local builds) and prints them side by side.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import typer
 from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
 from pipeline.commands.summary import MARKS, browser_lines, check_line, webgpu_kernel_lines
 from pipeline.errors import PackError
-from pipeline.verify.browser.harness import NUMPY_DTYPES, BrowserResult, verify_in_browser
-from pipeline.verify.browser.package import load_manifest
+from pipeline.dtypes import NUMPY_DTYPES
+from pipeline.runtime import runtime_from_option
+from pipeline.verify.browser.chromium import launch_browser
+from pipeline.verify.browser.harness import BrowserResult, verify_in_browser
+from pipeline.verify.browser.plan import load_manifest
 from pipeline.verify.checks import webgpu_kernel_checks
 from pipeline.verify.host import reference_outputs
 from pipeline.verify.thresholds import threshold_for
@@ -33,6 +37,7 @@ def verify(
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter (verifies fp16 on WebGPU where the GPU has shader-f16).")] = False,
     bundle: Annotated[Optional[str], typer.Option("--bundle", help="Diagnostic: run every check on this bundle of the installed onnxruntime-web instead of the shipped one (webgpu, wasm, or root = the JSEP build pack never ships).")] = None,
     watchdog_ms: Annotated[Optional[int], typer.Option("--watchdog-ms", min=1000, help="Per-stage time limit in the browser; default: the manifest's loader.watchdogMs.")] = None,
+    runtime: Annotated[Optional[list[str]], typer.Option("--runtime", help="Run on this onnxruntime-web instead of the shipped one: an exact npm version (dev builds too) or a local build's folder. Repeat to compare runtimes side by side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print checks and browser facts as JSON; no progress output.")] = False,
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
@@ -40,22 +45,45 @@ def verify(
         require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
+        runtimes = [runtime_from_option(value, "--runtime", progress) for value in runtime or []]
+        labels = [rt.label for rt in runtimes]
+        if len(set(labels)) != len(labels):
+            raise PackError(f"--runtime: the same runtime twice ({', '.join(labels)}); give different ones")
         feeds = sample_feeds(package, manifest)
         reference_variant, reference_path = reference_model(package, manifest)
         progress.note(f"reference: {reference_path.name} on onnxruntime CPU")
         references = reference_outputs(reference_path, feeds)
         thresholds = recorded_thresholds(manifest)
-        result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
+        if not runtimes:
+            result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
+        else:
+            results = {}
+            with launch_browser(gpu=gpu) as browser:
+                for chosen in runtimes:
+                    progress.note(f"onnxruntime-web {chosen.label}")
+                    results[chosen.label] = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle,
+                                                              watchdog_ms=watchdog_ms, browser=browser, runtime=chosen)
+        # onnxruntime's own WebGPU kernels do not depend on the onnxruntime-web build: run once.
         kernel_checks, kernel_facts = package_kernel_checks(package, manifest, feeds, references, progress)
+        kernels_failed = any(c["status"] == "failed" for c in kernel_checks)
+    if runtimes:
+        failed = kernels_failed or any(r.failed for r in results.values())
+        document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
+                    "runtimes": [{"runtime": label, "passed": not r.failed, "checks": r.checks, "browser": r.report} for label, r in results.items()],
+                    "webgpu_kernels": {"checks": kernel_checks, **kernel_facts}}
+        lines = side_by_side_lines(results) + [check_line(check) for check in kernel_checks] + webgpu_kernel_lines(kernel_facts)
+    else:
         result.checks.extend(kernel_checks)
-    document = {"name": manifest.get("name"), "passed": not result.failed, "reference": reference_variant,
-                "checks": result.checks, "browser": result.report, "webgpu_kernels": kernel_facts}
+        failed = result.failed
+        document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
+                    "checks": result.checks, "browser": result.report, "webgpu_kernels": kernel_facts}
+        lines = summary_lines(result, kernel_facts)
     if json_output:
         print_json(document)
     else:
-        for line in summary_lines(result, kernel_facts):
+        for line in lines:
             typer.echo(line)
-    raise typer.Exit(1 if result.failed else 0)
+    raise typer.Exit(1 if failed else 0)
 
 
 def sample_feeds(package: Path, manifest: dict) -> dict[str, np.ndarray]:
@@ -121,6 +149,43 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
         thresholds[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in references}
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
     return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)
+
+
+def side_by_side_lines(results: dict[str, BrowserResult]) -> list[str]:
+    """Several runtimes on one package: each check once per runtime, then a speed table
+    (production settings: session create / first run / median steady run, in ms)."""
+    first = next(iter(results.values()))
+    lines = [browser_lines(first.report)[0], "checks:"]
+    width = max(len(label) for label in results)
+    for label, result in results.items():
+        for check in result.checks:
+            lines.append(f"  [{label:<{width}}]{check_line(check)}")
+    run_labels = list(dict.fromkeys(run for result in results.values() for run in result.report["eps"]))
+    column = max(24, width + 2)
+    lines.append("speed (ms, production settings: create / first / steady):")
+    lines.append(f"  {'run':<28}" + "".join(f"{label:<{column}}" for label in results))
+    for run in run_labels:
+        cells = []
+        for result in results.values():
+            figures = result.report["eps"].get(run) or {}
+            times = [figures.get(key) for key in ("session_create_ms", "first_run_ms", "steady_run_ms")]
+            cells.append(" / ".join("-" if t is None else f"{t:.0f}" if t >= 10 else f"{t:.1f}" for t in times)
+                         + ("" if figures.get("status") == "passed" else f" ({figures.get('status')})"))
+        lines.append(f"  {run:<28}" + "".join(f"{cell:<{column}}" for cell in cells))
+    labels = list(results)
+    if len(labels) >= 2:
+        base, other = results[labels[0]].report["eps"], results[labels[1]].report["eps"]
+        for run in run_labels:
+            a, b = (base.get(run) or {}).get("steady_run_ms"), (other.get(run) or {}).get("steady_run_ms")
+            if a and b:
+                lines.append(f"  {run}: {labels[1]} steady is {a / b:.2f}x the speed of {labels[0]}")
+    verdicts = []
+    for label, result in results.items():
+        counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
+        verdicts.append(f"{label}: {'FAILED' if result.failed else 'PASSED'} ({counts['passed']} passed, {counts['failed']} failed, "
+                        f"{counts['not-verifiable']} not verifiable)")
+    lines.append("; ".join(verdicts))
+    return lines
 
 
 def summary_lines(result: BrowserResult, kernel_facts: dict | None = None) -> list[str]:

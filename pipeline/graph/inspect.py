@@ -2,8 +2,8 @@
 
 Host-side facts (opset, IR version, sizes, op histogram, inputs and outputs, hazards with the
 repair for each, fp16 readiness) come from the file alone. Which nodes land on the CPU instead of
-WebGPU is measured: a session is created in headless Chromium on the webgpu bundle with verbose
-logs, on the model as `pack build` would ship it (after its automatic repairs).
+WebGPU is measured in the browser by pipeline/verify/browser/models.py (`measure_cpu_fallback`,
+called by the command on `repaired(model)`); this module only prints what it found.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ from typing import Any
 
 import onnx
 
-from pipeline.graph.hazards import detect_hazards, fp16_readiness, preferred_layout
+from pipeline.dtypes import onnx_type_name
+from pipeline.graph.hazards import detect_hazards, preferred_layout
 from pipeline.graph.passes.util import dims_of
 from pipeline.graph.registry import auto_repairs, run_passes
-
-DTYPE_NAMES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()} | {
-    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
-}
 
 
 def describe_value(value: onnx.ValueInfoProto) -> dict[str, Any]:
@@ -28,7 +25,7 @@ def describe_value(value: onnx.ValueInfoProto) -> dict[str, Any]:
     return {
         "name": value.name,
         "shape": None if dims is None else [d if d is not None else "?" for d in dims],
-        "dtype": DTYPE_NAMES.get(value.type.tensor_type.elem_type, "?") if value.type.HasField("tensor_type") else "non-tensor",
+        "dtype": onnx_type_name(value.type.tensor_type.elem_type) if value.type.HasField("tensor_type") else "non-tensor",
     }
 
 
@@ -44,7 +41,8 @@ def repaired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dict[str, An
 
 
 def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
-    """The host-side inspection document (`pack inspect --no-browser --json`)."""
+    """The graph facts of the inspection document (`pack inspect --no-browser --json`); the command
+    adds "fp16" (pipeline/precision/readiness.py) and "cpu_fallback" (verify/browser/models.py)."""
     graph = model.graph
     initializer_names = {i.name for i in graph.initializer}
     histogram = Counter(
@@ -70,7 +68,6 @@ def inspect_model(path: Path, model: onnx.ModelProto) -> dict[str, Any]:
         "hazards": hazards,
         "repairs": auto_repairs(model),
         "webgpu_preferred_layout": {"as_is": preferred_layout(model), "after_repairs": preferred_layout(fixed)},
-        "fp16": fp16_readiness(model, hazards),
     }
 
 
@@ -79,27 +76,6 @@ def _count(dims) -> int:
     for d in dims:
         total *= d
     return total
-
-
-def measure_cpu_fallback(model: onnx.ModelProto, runner) -> dict[str, Any]:
-    """Create a webgpu-bundle WebGPU session (verbose logs) on the repaired model; read the placement."""
-    fixed, _ = repaired(model)
-    run, placement = runner.placement(fixed, "webgpu", "webgpu")
-    measured: dict[str, Any] = {
-        "bundle": "webgpu", "ep": "webgpu", "runtime": runner.runtime.version,
-        "adapter": (runner.adapter or {}).get("description") or (runner.adapter or {}).get("vendor") or None,
-        "measured_on": "repaired model" if fixed is not model else "model as is",
-    }
-    if not run.ok:
-        measured.update(error=run.why())
-        return measured
-    measured.update(
-        nodes_per_ep=placement.eps,
-        cpu_nodes=placement.cpu_nodes,
-        ops_without_webgpu_kernel=sorted({entry["op"] for entry in placement.unsupported}),
-        all_on_cpu=placement.all_on_cpu,
-    )
-    return measured
 
 
 def _size(n: int) -> str:

@@ -99,7 +99,7 @@ def browser_thresholds(variants: list[Variant], reference: dict[str, np.ndarray]
 
 def threshold_table(variants: list[Variant], reference: dict[str, np.ndarray], recipe: Recipe, variant_for: dict[str, list[str]]) -> dict[str, dict[str, dict[str, dict]]]:
     """manifest `thresholds[ep][variant][output]`: the bounds the build's checks use, exactly: the
-    host checks' (cpu), and the browser harness's for each variant an EP may run (fp16 on webgpu
+    host checks' (cpu), and the browser harness's for every variant on each EP (fp16 on webgpu
     widened as the harness widens it)."""
     from pipeline.verify.browser.harness import webgpu_aware_threshold
 
@@ -112,7 +112,8 @@ def threshold_table(variants: list[Variant], reference: dict[str, np.ndarray], r
     by_name = {variant.name: variant for variant in variants}
     browser = browser_thresholds(variants, reference, recipe)
     for ep in ("wasm", "webgpu"):
-        for name in variant_for.get(ep, []):
+        # every variant an EP can be asked for is checked in the browser (plan_runs), wasm x fp16 too
+        for name in (by_name if ep in variant_for else []):
             variant = by_name[name]
             table.setdefault(ep, {})[name] = {
                 output: webgpu_aware_threshold(bounds, _kind(recipe, output), variant.precision, ep) for output, bounds in browser[name].items()

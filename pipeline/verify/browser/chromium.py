@@ -7,7 +7,8 @@ Signals a run can fail by without an exception (shared notes, onnxruntime-web 1.
 - every onnxruntime log line arrives as console.error with ANSI colours, `[E:onnxruntime` = error;
 - WebGPU validation errors reach only the device's `uncapturederror` event and the console (the
   root JSEP build returns all zeros for fp16 without shader-f16 and says so only there). An init
-  script hooks `GPUAdapter.requestDevice` so every device onnxruntime creates reports them.
+  script (page/gpu_hooks.js) hooks `GPUAdapter.requestDevice` so every device onnxruntime creates
+  reports them, and sums GPU buffer sizes for the peak-memory figure.
 """
 
 from __future__ import annotations
@@ -48,53 +49,11 @@ GPU_FLAGS = [
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-# Runs before any page script: report WebGPU device errors (validation, OOM, internal, lost).
-GPU_ERROR_HOOK = r"""
-(() => {
-  window.__packGpuErrors = [];
-  if (!('GPUAdapter' in self)) return;
-  const requestDevice = GPUAdapter.prototype.requestDevice;
-  GPUAdapter.prototype.requestDevice = async function (...args) {
-    const device = await requestDevice.apply(this, args);
-    device.addEventListener('uncapturederror', (event) => {
-      const error = event.error || {};
-      window.__packGpuErrors.push({kind: error.constructor ? error.constructor.name : 'GPUError',
-                                   message: String(error.message || error)});
-    });
-    device.lost.then((info) => {
-      if (info.reason !== 'destroyed') {
-        window.__packGpuErrors.push({kind: 'DeviceLost', message: `${info.reason}: ${info.message}`});
-      }
-    });
-    return device;
-  };
-})();
-"""
-
-# Some adapters return null on the first requestAdapter() in a fresh browser (7 of 8 runs on a
-# real NVIDIA GPU): retry before declaring the adapter missing.
-ADAPTER_PROBE = r"""
-async ({attempts, delayMs}) => {
-  if (!navigator.gpu) return {available: false, attempts: 0, reason: 'navigator.gpu is undefined'};
-  for (let attempt = 1; attempt <= attempts; attempt++) {
-    const adapter = await navigator.gpu.requestAdapter();
-    if (adapter) {
-      const info = adapter.info || {};
-      return {
-        available: true, attempts: attempt,
-        features: [...adapter.features].sort(),
-        isFallbackAdapter: Boolean(adapter.isFallbackAdapter ?? info.isFallbackAdapter),
-        vendor: info.vendor || '', architecture: info.architecture || '',
-        device: info.device || '', description: info.description || '',
-        limits: {maxBufferSize: adapter.limits.maxBufferSize,
-                 maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize},
-      };
-    }
-    await new Promise((resolve) => setTimeout(resolve, delayMs));
-  }
-  return {available: false, attempts, reason: `requestAdapter() returned null ${attempts} times`};
-}
-"""
+# In-page code, in real .js files: the init script every page gets (WebGPU error capture, GPU
+# buffer accounting) and the adapter probe.
+PAGE_DIR = Path(__file__).parent / "page"
+GPU_HOOKS = PAGE_DIR / "gpu_hooks.js"
+ADAPTER_PROBE = PAGE_DIR / "adapter_probe.js"
 
 
 def chromium_path() -> str:
@@ -166,7 +125,7 @@ def new_watched_page(browser):
     Returns (page, PageWatch); closing the page's context is the caller's job (page.context.close()).
     """
     context = browser.new_context()
-    context.add_init_script(GPU_ERROR_HOOK)
+    context.add_init_script(path=GPU_HOOKS)
     page = context.new_page()
     watch = PageWatch()
     page.on("console", lambda message: watch.lines.append(ConsoleLine(message.type, _ANSI.sub("", message.text))))
@@ -176,9 +135,16 @@ def new_watched_page(browser):
 
 def probe_adapter(page, attempts: int = 5, delay_ms: int = 200) -> dict:
     """WebGPU adapter facts of this page (features, fallback flag, vendor), retrying a null adapter."""
-    return page.evaluate(ADAPTER_PROBE, {"attempts": attempts, "delayMs": delay_ms})
+    return page.evaluate(_adapter_probe_source(), {"attempts": attempts, "delayMs": delay_ms})
+
+
+def _adapter_probe_source() -> str:
+    # the file holds one function expression; its leading comment lines are not part of it
+    lines = ADAPTER_PROBE.read_text(encoding="utf-8").splitlines()
+    return "\n".join(line for line in lines if not line.startswith("//"))
 
 
 def gpu_errors(page) -> list[dict]:
     """WebGPU errors reported to any device of the page since it loaded."""
     return page.evaluate("() => window.__packGpuErrors || []")
+

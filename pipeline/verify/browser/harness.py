@@ -1,8 +1,8 @@
 """Browser checks: run a built package in headless Chromium on every (bundle, EP, variant) it ships.
 
 For each platform chain of manifest["executionProviders"], the chain's bundle (webgpu when the
-chain has webgpu, else wasm: ARCHITECTURE.md) runs each EP of the chain with each variant of
-manifest["variantFor"][ep]. A run goes through the package's own loader.js on a fresh page of one
+chain has webgpu, else wasm: ARCHITECTURE.md) runs each EP of the chain with every variant the
+package ships (the loader can be asked for any: plan.py). A run goes through the package's own loader.js on a fresh page of one
 shared browser, feeds the package's sample inputs and compares every output with the fp32 host
 reference (pipeline.verify.metrics). Besides exceptions, a run fails on WebGPU errors, onnxruntime
 error lines, output-size warnings, NaN/Inf and the watchdog. A variant that needs an adapter feature
@@ -11,7 +11,6 @@ the adapter lacks (fp16 without shader-f16) is "not-verifiable", never "passed".
 
 from __future__ import annotations
 
-import base64
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -21,26 +20,17 @@ import numpy as np
 
 from pipeline.errors import PackError
 from pipeline.progress import Progress
-from pipeline.runtime import resolve_runtime
+from pipeline.runtime import Runtime, resolve_runtime
 from pipeline.verify.browser import logs
-from pipeline.verify.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
-from pipeline.verify.browser.package import BrowserRun, load_manifest, plan_runs
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.browser.plan import PlannedRun, load_manifest, plan_runs
+from pipeline.verify.browser.runner import BrowserRunner, RunnerPage, decode_tensor
 from pipeline.verify.metrics import LOWER_BOUNDS, compare, judge
 from pipeline.verify.thresholds import threshold_for
 
-HARNESS_DIR = Path(__file__).parent
-HARNESS_PREFIX = "/__pack__/"
-RUNTIME_PREFIX = "/__pack__/runtime/"  # the installed onnxruntime-web dist/, for --bundle diagnostics
 DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
 STEADY_BUDGET_MS = 5_000
-
-NUMPY_DTYPES = {
-    "float32": np.float32, "float64": np.float64, "float16": np.float16,
-    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
-    "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64, "bool": np.bool_,
-}
+OTHER_RUNTIME = "other"  # the mount key of a runtime that replaces the shipped one
 
 
 @dataclass
@@ -63,13 +53,21 @@ def verify_in_browser(
     bundle: str | None = None,
     watchdog_ms: int | None = None,
     browser=None,
+    runtime: Runtime | None = None,
+    profile: bool = True,
 ) -> BrowserResult:
     """Verify `package_dir` in headless Chromium against fp32 `references` (output name -> array).
 
     thresholds[variant][output] bounds each comparison; for fp16 on WebGPU each bound is widened
     to at least the WebGPU fp16 default (its kernels accumulate in fp16).
-    `bundle` (diagnostic) replaces the shipped bundle of every run with one of the installed
-    runtime ("root" = the JSEP build the package never ships), to show what it would do.
+    Each run's times come from a pass with production settings (the loader's session options,
+    default logging, no profiling); with `profile`, a second, labelled pass on the same page
+    (verbose logs, onnxruntime's profiler, one run) gives the CPU-fallback placement and the
+    slowest kernels, and its times are never reported as speed.
+    `runtime` runs every check on that onnxruntime-web instead of the one the package ships (the
+    same bundle key; `pack verify --runtime`). `bundle` (diagnostic) replaces the bundle of every
+    run with that one of the shipped (or `runtime`'s) version ("root" = the JSEP build the
+    package never ships), to show what it would do.
     `browser` reuses an open Playwright browser (tests); otherwise one is launched and closed.
     """
     progress = progress or Progress.quiet()
@@ -77,43 +75,36 @@ def verify_in_browser(
     manifest = load_manifest(package_dir)
     runs = plan_runs(manifest)
     watchdog = watchdog_ms or int((manifest.get("loader") or {}).get("watchdogMs") or DEFAULT_WATCHDOG_MS)
-    mounts = {HARNESS_PREFIX: HARNESS_DIR}
-    diagnostic_runtime = None
-    if bundle is not None:
-        version = manifest["runtime"]["version"]
-        installed = resolve_runtime(version, progress)
-        if bundle not in installed.bundles:
-            raise PackError(f"--bundle {bundle}: unknown; choose one of {', '.join(sorted(installed.bundles))}")
-        diagnostic_runtime = installed.bundles[bundle]
-        mounts[RUNTIME_PREFIX] = diagnostic_runtime.module.parent
+    if bundle is not None and runtime is None:
+        runtime = resolve_runtime(manifest["runtime"]["version"], progress)
+    if runtime is not None and bundle is not None and bundle not in runtime.bundles:
+        raise PackError(f"--bundle {bundle}: unknown; choose one of {', '.join(sorted(runtime.bundles))}")
 
     result = BrowserResult()
+    launch_start = time.monotonic()
     with ExitStack() as stack:
-        server = stack.enter_context(running_server(package_dir, mounts))
-        launch_start = time.monotonic()
-        if browser is None:
-            browser = stack.enter_context(launch_browser(gpu=gpu))
-        adapter = _adapter_facts(browser, server.url)
+        runner = stack.enter_context(BrowserRunner(
+            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser))
+        adapter = runner.probe_adapter()
         result.report = {
-            "chromium": browser.version,
+            "chromium": runner.browser.version,
             "gpu": gpu,
             "adapter": adapter,
             "launch_ms": round(1000 * (time.monotonic() - launch_start)),
             "bundleOverride": bundle,
+            "runtime": runtime_facts(manifest, runtime),
+            "timing": "production settings (no profiling, default logging); profile pass separate",
             "runs": [],
             "eps": {},  # run label -> the figures a summary prints (see run_summary)
         }
         with progress.task("Browser checks", total=len(runs)) as task:
             for planned in runs:
-                if diagnostic_runtime is not None:
-                    runtime_urls = {
-                        "module": server.url + RUNTIME_PREFIX[1:] + diagnostic_runtime.module.name,
-                        "wasm": server.url + RUNTIME_PREFIX[1:] + diagnostic_runtime.wasm.name,
-                    }
+                if runtime is not None:
+                    runtime_urls = runner.runtime_urls(OTHER_RUNTIME, bundle or planned.bundle)
                 else:
                     runtime_urls = planned.bundle  # the loader takes a shipped bundle by its key
                 checks, run_report = _verify_run(
-                    browser, server.url, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog
+                    runner, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog, profile
                 )
                 if bundle is not None:
                     run_report["bundle"] = f"{bundle} (override of {planned.bundle})"
@@ -124,6 +115,17 @@ def verify_in_browser(
                 result.report["eps"][run_label(run_report)] = run_summary(run_report)
                 task.advance()
     return result
+
+
+def runtime_facts(manifest: dict, runtime: Runtime | None) -> dict:
+    """Which onnxruntime-web ran the checks: the shipped one, or another (`--runtime`)."""
+    shipped = (manifest.get("runtime") or {}).get("version")
+    if runtime is None:
+        return {"version": shipped, "shipped": True}
+    facts = {"version": runtime.version, "shipped": False, "packageRuntime": shipped}
+    if runtime.local:
+        facts["path"] = str(runtime.root)
+    return facts
 
 
 def run_label(run_report: dict) -> str:
@@ -141,29 +143,23 @@ def run_summary(run_report: dict) -> dict:
     summary["status"] = run_report.get("status")
     summary["cpu_fallback_nodes"] = [f"{n['op']} ({n['node']})" for n in run_report.get("cpu_fallback") or []]
     summary["slowest_kernels"] = [f"{k['node']} {k['op']} {k['per_run_us'] / 1000:.2f} ms/run" for k in run_report.get("slowest_kernels") or []]
+    if (run_report.get("gpu_memory") or {}).get("peak_bytes"):
+        summary["gpu_peak_bytes"] = run_report["gpu_memory"]["peak_bytes"]
     if run_report.get("error"):
         summary["error"] = run_report["error"]
     return summary
 
 
-def _adapter_facts(browser, base_url: str) -> dict:
-    page, _ = new_watched_page(browser)
-    try:
-        page.goto(base_url + HARNESS_PREFIX[1:] + "harness.html")
-        return probe_adapter(page)
-    finally:
-        page.context.close()
-
-
 def _verify_run(
-    browser, base_url: str, manifest: dict, planned: BrowserRun, runtime: str | dict, adapter: dict,
-    references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int,
+    runner: BrowserRunner, manifest: dict, planned: PlannedRun, runtime: str | dict, adapter: dict,
+    references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int, profile: bool,
 ) -> tuple[list[dict], dict]:
     variant = manifest["variants"][planned.variant]
     missing = _missing_features(planned.ep, variant, adapter)
     base = {"stage": "browser", "ep": planned.ep, "variant": planned.variant, "bundle": planned.bundle}
     run_report: dict = {
         "bundle": planned.bundle, "ep": planned.ep, "variant": planned.variant, "platforms": planned.platforms,
+        "default": planned.default,
         "input_shapes": {name: t["dims"] for name, t in manifest["sample"]["tensors"].items()},
         "expected_output_shapes": {o["name"]: list(references[o["name"]].shape) for o in manifest["outputs"] if o["name"] in references},
     }
@@ -172,34 +168,35 @@ def _verify_run(
         run_report.update(status="not-verifiable", detail=detail)
         return [dict(base, status="not-verifiable", detail=detail)], run_report
 
-    page, watch = new_watched_page(browser)
+    options = {"ep": planned.ep, "variant": planned.variant, "runtime": runtime, "watchdogMs": watchdog_ms,
+               "steadyRuns": STEADY_RUNS, "steadyBudgetMs": STEADY_BUDGET_MS}
+    page = runner.open_page()
     try:
-        page.goto(base_url + HARNESS_PREFIX[1:] + "harness.html")
-        page.wait_for_function("() => window.__packHarnessReady === true", timeout=30_000)
         if planned.ep == "webgpu":
-            probe_adapter(page)  # a fresh page may need its own retry before onnxruntime asks
-        outcome = _run_in_page(page, {
-            "ep": planned.ep, "variant": planned.variant, "runtime": runtime, "watchdogMs": watchdog_ms,
-            "steadyRuns": STEADY_RUNS, "steadyBudgetMs": STEADY_BUDGET_MS,
-        }, watchdog_ms)
-        gpu_error_list = gpu_errors(page) if not outcome.get("hung") else []
+            page.probe_adapter()  # a fresh page may need its own retry before onnxruntime asks
+        outcome = page.run("package", dict(options, **{"pass": "timed"}), _limit_ms(watchdog_ms, STEADY_RUNS))
+        stuck = outcome.get("hung") or outcome.get("crashed")
+        gpu_error_list = [] if stuck else page.gpu_errors()
+        console = list(page.watch.lines)
+        verbose = sum(1 for line in console if logs.is_verbose(line))
+        # the profile pass costs a second session: where placement matters (webgpu) and on the runs a
+        # chain picks by default; a non-default wasm variant (wasm x fp16) is only checked and timed.
+        # A run that failed gets it too (its placement says what ran where), unless its page hung.
+        wanted = profile and not stuck and (planned.ep == "webgpu" or planned.default)
+        profiled = _profile_pass(page, options, watchdog_ms) if wanted else None
     finally:
-        try:
-            page.context.close()
-        except Exception:  # noqa: BLE001 - a hung renderer may refuse a clean close; the browser closes it later
-            pass
+        page.close()
 
-    console = [line for line in watch.lines]
-    placement = logs.parse_placement(console)
     run_report.update(
         info=outcome.get("info"),
-        timings_ms=_rounded(outcome.get("timings") or {}),
-        cpu_fallback=placement.cpu_nodes if planned.ep != "wasm" else [],
-        kernels_without_ep_support=placement.unsupported,
-        all_nodes_on_cpu=placement.all_on_cpu and planned.ep != "wasm",
-        slowest_kernels=logs.slowest_kernels(console, runs=_profiled_runs(outcome)),
+        timings_ms=_rounded({k: v for k, v in (outcome.get("timings") or {}).items() if k != "steady_all_ms"}),
+        gpu_memory=outcome.get("gpuMemory") if planned.ep == "webgpu" else None,
         crossOriginIsolated=outcome.get("crossOriginIsolated"),
+        timed_pass={"settings": "production (the loader's session options, default logging, no profiling)",
+                    "verbose_log_lines": verbose},
     )
+    if profiled is not None:
+        run_report.update(profiled)
     signals = logs.failure_signals(console, gpu_error_list)
     if signals:
         run_report["signals"] = signals
@@ -255,28 +252,30 @@ def _verify_run(
     return checks, run_report
 
 
-def _run_in_page(page, options: dict, watchdog_ms: int) -> dict:
-    """Start the run, then wait for its result; a page that stops answering ends at the watchdog.
+def _profile_pass(page: RunnerPage, options: dict, watchdog_ms: int) -> dict:
+    """The labelled profiling pass: a second session on the same page with verbose logs and
+    onnxruntime's profiler, one run. Its figures are placement and kernel times, never speed."""
+    mark = page.watch.mark()
+    outcome = page.run("package", dict(options, **{"pass": "profile"}), _limit_ms(watchdog_ms, 0))
+    console = page.watch.since(mark)
+    placement = logs.parse_placement(console)
+    ep = options["ep"]
+    facts = {
+        "cpu_fallback": placement.cpu_nodes if ep != "wasm" else [],
+        "kernels_without_ep_support": placement.unsupported,
+        "all_nodes_on_cpu": placement.all_on_cpu and ep != "wasm",
+        "slowest_kernels": logs.slowest_kernels(console, runs=1),
+        "profile_pass": {"settings": "logSeverityLevel 0, enableProfiling (not production: its times are not speed)",
+                         "ok": bool(outcome.get("ok"))},
+    }
+    if not outcome.get("ok"):
+        facts["profile_pass"]["error"] = _short(outcome.get("error", "no result"))
+    return facts
 
-    The in-page watchdog covers each stage; this one (every stage's allowance plus slack) catches a
-    main thread that never yields, which no in-page timer can.
-    """
-    page.evaluate("options => window.packHarness.start(options)", options)
-    limit_ms = watchdog_ms * (4 + options["steadyRuns"]) + 10_000
-    try:
-        page.wait_for_function("() => window.__packResult !== null", timeout=limit_ms, polling=200)
-    except Exception as error:  # noqa: BLE001 - Playwright TimeoutError or a crashed page
-        return {"ok": False, "stage": "watchdog", "hung": True,
-                "error": f"watchdog: no result within {limit_ms} ms ({type(error).__name__})"}
-    return page.evaluate("() => window.__packResult")
 
-
-def decode_tensor(encoded: dict) -> np.ndarray:
-    dtype = NUMPY_DTYPES.get(encoded["type"])
-    if dtype is None:
-        raise PackError(f"browser output type {encoded['type']!r}: not supported by the harness")
-    raw = base64.b64decode(encoded["bytes"])
-    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(encoded["dims"])
+def _limit_ms(watchdog_ms: int, steady_runs: int) -> int:
+    """Python-side limit of one pass: every in-page stage's allowance plus slack."""
+    return watchdog_ms * (4 + steady_runs) + 10_000
 
 
 def webgpu_aware_threshold(threshold: dict, kind: str, precision: str, ep: str) -> dict:
@@ -294,13 +293,6 @@ def webgpu_aware_threshold(threshold: dict, kind: str, precision: str, ep: str) 
         if key in widened:
             widened[key] = min(widened[key], bound) if key in LOWER_BOUNDS else max(widened[key], bound)
     return widened
-
-
-def _profiled_runs(outcome: dict) -> int:
-    timings = outcome.get("timings") or {}
-    if "first_run_ms" not in timings:
-        return 1  # the first run failed (or never started): at most one run was profiled
-    return 1 + int(timings.get("steady_runs") or 0)
 
 
 def _missing_features(ep: str, variant: dict, adapter: dict) -> list[str]:

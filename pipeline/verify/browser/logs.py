@@ -21,6 +21,7 @@ _ALL_PLACED_ON = re.compile(r"All nodes placed on \[(\w+)\]\. Number of nodes: (
 _PLACED_NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{2,}(\S+) \((.*)\)\s*$")
 _NO_KERNEL = re.compile(r"kernel not found in registries for Op type: (\S+) node name: (.*?)\s*$")
 _ORT_ERROR = re.compile(r"\[E:onnxruntime")
+_VERBOSE = re.compile(r"\[[VI]:onnxruntime")
 _OUTPUT_SIZE = re.compile(r"VerifyOutputSizes\]\s*(.*)")
 # Chromium's own console report of a WebGPU error (also seen by the uncapturederror hook)
 _WEBGPU_CONSOLE = re.compile(r"uncaught WebGPU validation error|WebGPU (?:device|error)|GPUValidationError", re.I)
@@ -120,6 +121,11 @@ def failure_signals(lines: list[ConsoleLine], gpu_error_list: list[dict]) -> lis
             seen_gpu_in_console = True
             signals.append("WebGPU error (console): " + _first_line(text))
     return _dedupe(signals)
+
+
+def is_verbose(line: ConsoleLine) -> bool:
+    """An onnxruntime verbose or info line: what only a non-production log level prints."""
+    return bool(_VERBOSE.search(line.text))
 
 
 def names_missing_feature(error: str) -> bool:

@@ -20,10 +20,10 @@ import numpy as np
 import onnx
 import onnxruntime
 
-from pipeline.graph.browser_runner import BrowserModelRunner, BrowserRun
 from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.util import copy_model, infer_shapes, node_label
 from pipeline.progress import Progress
+from pipeline.verify.browser.models import BrowserModelRunner, ModelRun
 from pipeline.verify.metrics import compare
 
 COMBOS: tuple[tuple[str, str], ...] = (("root", "webgpu"), ("root", "wasm"), ("webgpu", "webgpu"), ("webgpu", "wasm"))
@@ -106,7 +106,7 @@ def agrees(reference: np.ndarray, actual: np.ndarray) -> tuple[bool, dict]:
     return ok, metrics
 
 
-def first_disagreement(model: onnx.ModelProto, run: BrowserRun, host: dict[str, np.ndarray], upto: int) -> Divergence | None:
+def first_disagreement(model: onnx.ModelProto, run: ModelRun, host: dict[str, np.ndarray], upto: int) -> Divergence | None:
     """The first node (graph order, up to `upto`) with an output the browser got wrong or did not return."""
     for index, node in enumerate(model.graph.node[: upto + 1]):
         for output in node.output:
@@ -155,9 +155,9 @@ def locate(model: onnx.ModelProto, feeds: dict[str, np.ndarray], host: dict[str,
 
     typed = _typed_values(model)
     count = len(model.graph.node)
-    results: dict[int, BrowserRun] = {}
+    results: dict[int, ModelRun] = {}
 
-    def prefix_run(last: int) -> BrowserRun:
+    def prefix_run(last: int) -> ModelRun:
         if last not in results:
             prefix, _ = exposed_prefix(model, last, typed)
             results[last] = runner.run(prefix, feeds, bundle, ep)
@@ -192,7 +192,7 @@ def locate(model: onnx.ModelProto, feeds: dict[str, np.ndarray], host: dict[str,
 _SIZE_WARNING = re.compile(r"does not match actual shape of \{[^}]*\} for output (\S+)")
 
 
-def _mis_sized(run: BrowserRun) -> set[str]:
+def _mis_sized(run: ModelRun) -> set[str]:
     return {match.group(1) for signal in run.signals if (match := _SIZE_WARNING.search(signal))}
 
 

@@ -1,0 +1,55 @@
+"""Tensor element types: one table for ONNX element types, numpy dtypes and the names that
+manifest.json, onnxruntime-web (`Tensor.type`) and the browser pages use ("float32", "int64", ...).
+
+onnxruntime-web, numpy and the manifest share these names for every type pack supports; the
+in-page side maps the same names to typed arrays (pipeline/verify/browser/page/runner.js).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# name -> (ONNX element type, numpy dtype); the order is the order shown in error messages. The
+# element types are onnx.TensorProto's numbers (fixed by the ONNX spec), written out so that reading
+# a recipe does not import onnx.
+TYPES: dict[str, tuple[int, type]] = {
+    "float32": (1, np.float32),    # TensorProto.FLOAT
+    "float16": (10, np.float16),   # TensorProto.FLOAT16
+    "float64": (11, np.float64),   # TensorProto.DOUBLE
+    "int64": (7, np.int64),        # TensorProto.INT64
+    "int32": (6, np.int32),        # TensorProto.INT32
+    "int16": (5, np.int16),        # TensorProto.INT16
+    "int8": (3, np.int8),          # TensorProto.INT8
+    "uint64": (13, np.uint64),     # TensorProto.UINT64
+    "uint32": (12, np.uint32),     # TensorProto.UINT32
+    "uint16": (4, np.uint16),      # TensorProto.UINT16
+    "uint8": (2, np.uint8),        # TensorProto.UINT8
+    "bool": (9, np.bool_),         # TensorProto.BOOL
+}
+
+NUMPY_DTYPES: dict[str, type] = {name: numpy for name, (_, numpy) in TYPES.items()}
+ONNX_TO_NAME: dict[int, str] = {onnx_type: name for name, (onnx_type, _) in TYPES.items()}
+
+
+def name_of_numpy(dtype) -> str | None:
+    """The table's name of a numpy dtype, or None when pack does not carry that type."""
+    name = np.dtype(dtype).name
+    return name if name in TYPES else None
+
+
+def name_of_onnx(elem_type: int) -> str | None:
+    """The table's name of an ONNX element type, or None when pack does not carry that type."""
+    return ONNX_TO_NAME.get(elem_type)
+
+
+def onnx_type_name(elem_type: int) -> str:
+    """A readable name for any ONNX element type: the table's, else ONNX's own in lower case."""
+    known = ONNX_TO_NAME.get(elem_type)
+    if known:
+        return known
+    from onnx import TensorProto
+
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return "?"
