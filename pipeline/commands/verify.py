@@ -10,7 +10,7 @@ onnxruntime-web builds (npm versions, dev builds, local builds) and prints them 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import brotli
 import numpy as np
@@ -21,12 +21,11 @@ from pipeline.commands.summary import MARKS, browser_lines, check_line, webgpu_k
 from pipeline.errors import PackError
 from pipeline.dtypes import NUMPY_DTYPES
 from pipeline.runtime import runtime_from_option
-from pipeline.verify.browser.chromium import launch_browser
-from pipeline.verify.browser.harness import BrowserResult, verify_in_browser
 from pipeline.verify.browser.plan import load_manifest
-from pipeline.verify.checks import webgpu_kernel_checks
-from pipeline.verify.host import reference_outputs
 from pipeline.verify.thresholds import threshold_for
+
+if TYPE_CHECKING:
+    from pipeline.verify.browser.harness import BrowserResult
 
 # The most faithful variant available is the reference when a package ships no fp32 one.
 REFERENCE_PRECISIONS = ("fp32", "fp16")
@@ -42,6 +41,11 @@ def verify(
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
     with cli_errors():
+        # Imported here: the browser harness and onnxruntime load only when this command runs.
+        from pipeline.verify.browser.chromium import launch_browser
+        from pipeline.verify.browser.harness import verify_in_browser
+        from pipeline.verify.host import reference_outputs
+
         require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
@@ -137,6 +141,8 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
     """The webgpu-kernels stage on the package's fp16/fp32 variants as shipped (its WebGPU EP
     options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
     the defaults."""
+    from pipeline.verify.checks import webgpu_kernel_checks
+
     recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
     kinds = {output["name"]: output.get("kind", "tensor") for output in manifest["outputs"]}
     models: dict[str, Path] = {}
