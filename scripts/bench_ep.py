@@ -148,7 +148,7 @@ def bench_package(package: Path, runtime, args, facts: dict) -> dict:
 
 
 def measurements(document: dict) -> list[dict]:
-    """Manifest `measurements` entries (COMMON.md schema 2) of a benchmark run."""
+    """Manifest `measurements` entries (manifest schema 2) of a benchmark run."""
     adapter = document["adapter"]
     adapter_class = {k: adapter.get(k) or "" for k in ("vendor", "architecture", "description")} if adapter.get("available") else None
     entries = {}

@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.assets.files import describe_file
-from pipeline.assets.manifest import make_manifest, write_manifest
+from pipeline.manifest import make_manifest, write_manifest
 from pipeline.loader.render import render_loader
 from pipeline.runtime import resolve_runtime
 from pipeline.verify.host import reference_outputs

@@ -27,7 +27,7 @@ def _floats(values: np.ndarray) -> str:
 
 
 def neg_slice_model(length: int | str = 31, end: int = INT64_MIN_PLUS_1, start: int = -1, step: int = -1, opset: int = 17) -> onnx.ModelProto:
-    """One Slice reversing the last axis, the exporters' way (seed bug 1 in shared notes)."""
+    """One Slice reversing the last axis, the exporters' way (the JSEP off-by-one in docs/browser.md)."""
     out = length if (start, step) == (-1, -1) else "?"
     return parse(f"""
 <ir_version: 8, opset_import: ["" : {opset}]>

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxconverter_common import float16
 
 from browser_helpers import IR_VERSION, Variant, write_package
-from pipeline.assets.manifest import write_manifest as validated_write
+from pipeline.manifest import write_manifest as validated_write
 from pipeline.loader.render import render_loader
 from pipeline.verify.thresholds import threshold_for
 

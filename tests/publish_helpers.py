@@ -33,7 +33,7 @@ os.environ.setdefault("MOTO_DISABLE_GLOBAL_CORS", "true")  # must precede the mo
 from moto.server import ThreadedMotoServer  # noqa: E402
 
 from pipeline.assets.files import describe_file  # noqa: E402
-from pipeline.assets.manifest import make_manifest, write_manifest  # noqa: E402
+from pipeline.manifest import make_manifest, write_manifest  # noqa: E402
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log drowns test output
 

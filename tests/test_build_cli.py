@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.assets.manifest import refused
+from pipeline.manifest import refused
 from pipeline.cli import app
 from tests.build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run, save
 

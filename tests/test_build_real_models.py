@@ -1,4 +1,4 @@
-"""Real third-party models shipped inside registry packages (../shared notes models.md)."""
+"""Real third-party models shipped inside registry packages (named in README.md)."""
 
 import json
 

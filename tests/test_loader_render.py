@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.assets.manifest import make_manifest
+from pipeline.manifest import make_manifest
 from pipeline.errors import PackError
 from pipeline.loader.render import render_loader
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.assets.manifest import runs_from_checks
+from pipeline.manifest import runs_from_checks
 from pipeline.cli import app
 from pipeline.commands.verify import package_kernel_checks, sample_feeds
 from pipeline.progress import Progress

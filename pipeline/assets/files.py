@@ -9,7 +9,7 @@ from pathlib import Path
 
 import brotli
 
-from pipeline.assets.manifest import FileEntry
+from pipeline.manifest import FileEntry
 from pipeline.cache import atomic_write, cache_dir, file_sha256
 from pipeline.progress import Progress
 

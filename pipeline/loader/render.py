@@ -19,7 +19,7 @@ from typing import Any
 
 import jinja2
 
-from pipeline.assets.manifest import validate
+from pipeline.manifest import validate
 from pipeline.errors import PackError
 
 WEB_TEMPLATE = "pipeline.web_template"

@@ -25,7 +25,7 @@ from pipeline.graph.registry import in_stage, run_passes
 from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
-# has no fp16 before opset 27, RandomNormalLike draws in its input's type (../shared notes fp16.md).
+# has no fp16 before opset 27, RandomNormalLike draws in its input's type (docs/precision.md).
 SAFE_BLOCK_LIST = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | {"Resize", "Range", "RandomNormalLike"})
 
 

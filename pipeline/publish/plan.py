@@ -1,6 +1,6 @@
 """What to upload from one package directory: exactly the files its manifest.json lists, and the manifest.
 
-Nothing here talks to a bucket: a package whose manifest is not valid (pipeline/assets/manifest.py),
+Nothing here talks to a bucket: a package whose manifest is not valid (pipeline/manifest.py),
 that names a missing file, or a file whose bytes do not match the manifest, is refused here, before
 any request is made. A file in the folder that the manifest does not list is never uploaded.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import brotli
 
-from pipeline.assets.manifest import Manifest, Run, failed_runs, read_manifest
+from pipeline.manifest import Manifest, Run, failed_runs, read_manifest
 from pipeline.cache import file_sha256
 from pipeline.errors import PackError
 

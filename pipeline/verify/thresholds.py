@@ -2,7 +2,7 @@
 
 fp32 anywhere should match the CPU reference to float rounding. fp16 on the CPU/wasm accumulates in
 fp32 and lands ~0.03–0.1 % of the output range away; onnxruntime-web's WebGPU kernels accumulate in
-fp16 and land ~1–2 % away on 1024-long reductions (../shared notes), so webgpu fp16 gets 3 % of the
+fp16 and land ~1–2 % away on 1024-long reductions (docs/precision.md), so webgpu fp16 gets 3 % of the
 range: loose enough for real accumulation error, tight enough that zeros, wrong slices or overflow
 (errors of order 100 % of the range) still fail.
 """

@@ -35,7 +35,7 @@ from pipeline.verify.host import _run_key as host_run_key
 WORKER_MODULE = "pipeline.verify.webgpu_worker"  # run as `python -m`; tests swap in a crashing one
 # lavapipe's maxStorageBufferBindingSize: a tensor larger than this cannot be bound in a shader.
 MAX_BUFFER_BYTES = 128 << 20
-# lavapipe runs Conv/MatMul at ~1.5 GMAC/s on one idle core (../shared notes: 10×Conv 64ch at 32²,
+# lavapipe runs Conv/MatMul at ~1.5 GMAC/s on one idle core (docs/kernels.md: 10×Conv 64ch at 32²,
 # 0.38 GMAC, in 254 ms): above this much work per run a model is too heavy to check there.
 DEFAULT_MAX_GMAC = 20.0
 DEFAULT_TIMEOUT_S = 300

@@ -3,7 +3,7 @@
 Playwright comes from PyPI but its own browser download is never used: `executable_path` points at
 the system Chromium (`$PACK_CHROMIUM`, else `chromium` on PATH, else /usr/bin/chromium).
 
-Signals a run can fail by without an exception (shared notes, onnxruntime-web 1.30):
+Signals a run can fail by without an exception (measured with onnxruntime-web 1.30, docs/browser.md):
 - every onnxruntime log line arrives as console.error with ANSI colours, `[E:onnxruntime` = error;
 - WebGPU validation errors reach only the device's `uncapturederror` event and the console (the
   root JSEP build returns all zeros for fp16 without shader-f16 and says so only there). An init

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.assets.manifest import Manifest, chain_bundle, read_manifest
+from pipeline.manifest import Manifest, chain_bundle, read_manifest
 
 
 @dataclass
@@ -23,7 +23,7 @@ class PlannedRun:
 
 
 def load_manifest(package_dir: Path) -> Manifest:
-    """The package's manifest, validated (pipeline/assets/manifest.py)."""
+    """The package's manifest, validated (pipeline/manifest.py)."""
     return read_manifest(package_dir)
 
 

@@ -1,4 +1,4 @@
-"""pipeline/assets/manifest.py: the schema-2 validator, verification runs and the refusal rule."""
+"""pipeline/manifest.py: the schema-2 validator, verification runs and the refusal rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from importlib import resources
 
 import pytest
 
-from pipeline.assets.manifest import make_manifest, measurements_from, read_manifest, refused, runs_from_checks, validate
+from pipeline.manifest import make_manifest, measurements_from, read_manifest, refused, runs_from_checks, validate
 from pipeline.errors import PackError
 
 
@@ -38,7 +38,7 @@ def _manifest(runs: list[dict] | None = None) -> dict:
 
 
 def test_the_schema_ships_inside_the_package():
-    schema = json.loads(resources.files("pipeline.assets").joinpath("manifest.schema.json").read_text())
+    schema = json.loads(resources.files("pipeline").joinpath("manifest.schema.json").read_text())
     assert schema["properties"]["schema"] == {"const": 2}
 
 
