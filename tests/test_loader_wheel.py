@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,11 @@ def test_wheel_install_renders_the_loader_and_lists_recipes(tmp_path):
     )
     assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = wheels.glob("pack-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    # what a browser check and a manifest check read at run time travels in the wheel too
+    assert {"pipeline/manifest.schema.json", "pipeline/verify/browser/page/runner.js", "pipeline/verify/browser/page/runner.html",
+            "pipeline/web_template/loader/policy.js", "pipeline/recipes/lama.toml"} <= names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
