@@ -237,6 +237,11 @@ bench-prepare)
   rm -rf "$DEST/.gpu-web/src" "$DEST/.gpu-web/pkgs"
   mkdir -p "$DEST/.gpu-web/src" "$DEST/.gpu-web/pkgs" "$DEST/.whl"
   git ls-files pipeline scripts web_template recipes pyproject.toml | tar -cf - -T - | tar -C "$DEST/.gpu-web/src" -xf -
+  # as installed (setup.py): recipes/ and web_template/ are the package-data packages pipeline.recipes and
+  # pipeline.web_template, which the code reads with importlib.resources (python3 -P runs from this tree)
+  for data in recipes web_template; do
+    cp -r "$DEST/.gpu-web/src/$data" "$DEST/.gpu-web/src/pipeline/$data" && touch "$DEST/.gpu-web/src/pipeline/$data/__init__.py"
+  done
   # a package tar over 30 MiB is split in two pieces, pkgs/big1/ and pkgs/big2/, carried by two calls;
   # the others go to pkgs/small/ (pkgs/<name>.parts lists a split package's pieces)
   mkdir -p "$DEST/.gpu-web/pkgs/small" "$DEST/.gpu-web/pkgs/big1" "$DEST/.gpu-web/pkgs/big2"
@@ -251,10 +256,13 @@ bench-prepare)
       mv "$DEST/.gpu-web/pkgs/$name.tar" "$DEST/.gpu-web/pkgs/small/"
     fi
   done
-  [ -n "$(ls "$DEST"/.whl/playwright-*.whl 2>/dev/null)" ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  # the device's Python has numpy, onnx, onnxruntime, typer, rich; the rest of pack's needs travel as wheels
+  [ -n "$(ls "$DEST"/.whl/playwright-*.whl "$DEST"/.whl/jsonschema-*.whl 2>/dev/null | sed -n 2p)" ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DEST/.whl" \
-    playwright==1.65.2 greenlet==3.5.6 brotli==1.2.1 onnxconverter-common==1.16.0
+    playwright==1.65.2 greenlet==3.5.6 brotli==1.2.1 onnxconverter-common==1.16.0 \
+    jsonschema==4.26.0 attrs==26.1.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
+    jinja2==3.1.6 markupsafe==3.0.4
   du -sh "$DEST/.gpu-web/src" "$DEST"/.gpu-web/pkgs/* "$DEST/.whl"
   ;;
 bench-verify|bench-run)
