@@ -52,10 +52,16 @@
 #      bash .gpu-web/src/scripts/gpu_verify.sh bench-verify
 #   5. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
 #      bash .gpu-web/src/scripts/gpu_verify.sh bench-run
-# and for the loader's measured choice on those packages, after call 3 (a package split in two pieces needs
-# a call per piece; the packages are restored once all pieces of a package have come):
-#   4. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
+# and for the loader's measured choice on those packages (docs/gpu.md, "Measured choice on the H200"), after
+# calls 1 and 2 (a 2-part payload carries no p3); a package is restored once all its pieces have come:
+#   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/src"]              timeout_s 180
+#      bash .gpu-web/src/scripts/gpu_verify.sh stash
+#   4. carry [".gpu-payload/tool", ".gpu-web/pkgs/big1"]                timeout_s 60
+#      mkdir -p /opt/packstash/pkgs && cp .gpu-web/pkgs/big1/* /opt/packstash/pkgs/
+#   5. carry [".gpu-payload/tool", ".gpu-web/src", ".gpu-web/pkgs/small"]   timeout_s 420
 #      bash .gpu-web/src/scripts/gpu_verify.sh select
+#   6. carry [".gpu-payload/tool", ".gpu-web/src", ".gpu-web/pkgs/big2"]    timeout_s 420
+#      bash .gpu-web/src/scripts/gpu_verify.sh select mdx      (the split package, by name)
 # then give_back. The JSON reports come back under the call's files (verify.json, build.json, ...).
 #
 # pack's CLI module imports every command (publish needs boto3), so this drives the command functions
