@@ -22,6 +22,12 @@
 #                   itself), in Chromium with pack's --gpu flags, then with the same flags minus the Dawn toggle
 #                   vulkan_enable_f16_on_nvidia (no shader-f16 on the same GPU): window.packDemo, the loader's info
 #                   (its 'ready' event), the adapter, a screenshot each (demo.json, demo-f16.png, demo-nof16.png)
+#   select [NAME...] the loader's measured choice (docs/loader.md, `select`) per package: each package's own demo
+#                   page in Chromium with pack's --gpu flags (one fresh browser per package): index.html?select=measured
+#                   (first load: the trials), then a reload of the same page in the same profile (must come from
+#                   the localStorage cache with no trial), then ?select=chain for comparison. Packages: those of
+#                   .gpu-web/pkgs restored into $STASH/bench (as bench-verify does; NAME... picks some), else
+#                   $STASH/dist/gtcrn. Writes select.json (selection, candidates' times, events) and select.out
 #
 # The device calls (`run` is a tool, not a shell command; each call carries at most 64 MiB; issue them back
 # to back: the machine and /opt are given back about 30 s after a call):
@@ -46,12 +52,22 @@
 #      bash .gpu-web/src/scripts/gpu_verify.sh bench-verify
 #   5. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
 #      bash .gpu-web/src/scripts/gpu_verify.sh bench-run
+# and for the loader's measured choice on those packages (docs/gpu.md, "Measured choice on the H200"), after
+# calls 1 and 2 (a 2-part payload carries no p3); a package is restored once all its pieces have come:
+#   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/src"]              timeout_s 180
+#      bash .gpu-web/src/scripts/gpu_verify.sh stash
+#   4. carry [".gpu-payload/tool", ".gpu-web/pkgs/big1"]                timeout_s 60
+#      mkdir -p /opt/packstash/pkgs && cp .gpu-web/pkgs/big1/* /opt/packstash/pkgs/
+#   5. carry [".gpu-payload/tool", ".gpu-web/src", ".gpu-web/pkgs/small"]   timeout_s 420
+#      bash .gpu-web/src/scripts/gpu_verify.sh select
+#   6. carry [".gpu-payload/tool", ".gpu-web/src", ".gpu-web/pkgs/big2"]    timeout_s 420
+#      bash .gpu-web/src/scripts/gpu_verify.sh select mdx      (the split package, by name)
 # then give_back. The JSON reports come back under the call's files (verify.json, build.json, ...).
 #
 # pack's CLI module imports every command (publish needs boto3), so this drives the command functions
 # directly (typer.run(pipeline.commands.verify.verify)): same options, same exit codes.
 set -u
-MODE=${1:?usage: gpu_verify.sh prepare|stash|verify|build|demo}
+MODE=${1:?usage: gpu_verify.sh prepare|stash|verify|build|demo|select|bench-prepare|bench-verify|bench-run}
 STASH=${PACK_GPU_STASH:-/opt/packstash}
 TOOL=.gpu-payload/tool
 OUT=${OUT:-/tmp/pack-gpu-out}
@@ -82,6 +98,29 @@ device_env() {
   source "$TOOL/env.sh"                       # GPU_BROWSER_CHROME, GPU_BROWSER_FLAGS, LD_LIBRARY_PATH
   export PACK_CHROMIUM=$GPU_BROWSER_CHROME    # pack's launcher adds its own --gpu flag set
   mkdir -p "$OUT"
+}
+
+restore_bench() {  # the packages of .gpu-web/pkgs (bench-prepare) restored into $STASH/bench, .br copies decompressed
+  mkdir -p "$STASH/bench" "$STASH/pkgs"
+  cp .gpu-web/pkgs/*/* "$STASH/pkgs/" 2>/dev/null
+  for parts in "$STASH"/pkgs/*.parts; do   # a split package: joined once all its pieces have come
+    [ -f "$parts" ] || continue
+    name=$(basename "$parts" .parts); complete=1
+    while read -r piece; do [ -f "$STASH/pkgs/$piece" ] || complete=0; done < "$parts"
+    [ $complete = 1 ] && [ ! -f "$STASH/pkgs/$name.tar" ] && (cd "$STASH/pkgs" && cat $(cat "$name.parts") > "$name.tar")
+  done
+  for tarball in "$STASH"/pkgs/*.tar; do
+    [ -f "$tarball" ] || continue
+    name=$(basename "$tarball" .tar)
+    [ -f "$STASH/bench/$name/manifest.json" ] && continue
+    tar -C "$STASH/bench" -xf "$tarball" && python3 - "$STASH/bench/$name" <<'EOF' || return 1
+import sys, pathlib, brotli
+for br in pathlib.Path(sys.argv[1]).rglob('*.br'):
+    raw = br.with_suffix('')
+    if not raw.exists():
+        raw.write_bytes(brotli.decompress(br.read_bytes()))
+EOF
+  done
 }
 
 case "$MODE" in
@@ -227,6 +266,95 @@ EOF
   echo "demo: exit $rc in $(( $(date +%s) - t )) s"; tail -c 6000 "$OUT/demo.out"
   exit $rc
   ;;
+select)
+  device_env
+  if [ -d .gpu-web/pkgs ]; then
+    export PYTHONPATH=$STASH/site:$PWD/.gpu-web/src
+    restore_bench || exit 1
+  fi
+  pkgs=()
+  if [ $# -gt 1 ]; then for name in "${@:2}"; do pkgs+=("$STASH/bench/$name"); done
+  elif ls "$STASH"/bench/*/manifest.json >/dev/null 2>&1; then for m in "$STASH"/bench/*/manifest.json; do pkgs+=("$(dirname "$m")"); done
+  else pkgs=("$STASH/dist/gtcrn"); fi
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  t=$(date +%s)
+  timeout "${PACK_GPU_SELECT_S:-540}" python3 -P - "$OUT" "${pkgs[@]}" >"$OUT/select.out" 2>&1 <<'EOF'
+import json, sys, time
+from pathlib import Path
+from pipeline.verify.browser import chromium
+from pipeline.verify.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
+from pipeline.verify.browser.server import running_server
+
+out, packages = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
+results = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'flags': chromium.launch_flags(gpu=True), 'packages': {}}
+
+def load(page, what):
+    """window.packDemo of the page just (re)loaded, with the loader's events from the page's log."""
+    started = time.time()
+    page.wait_for_function('() => window.packDemo', timeout=240_000)
+    demo = page.evaluate('() => window.packDemo')
+    events = [json.loads(line) for line in page.evaluate("() => document.getElementById('log').textContent").splitlines() if line.startswith('{')]
+    return {'load': what, 'wall_s': round(time.time() - started, 1), 'packDemo': demo,
+            'trials': [e for e in events if e.get('type') == 'trial'],
+            'events': [e for e in events if e.get('type') in ('select', 'error', 'fallback', 'warning', 'skip')]}
+
+def brief(run):
+    demo = run.get('packDemo') or {}; sel = demo.get('selection') or {}
+    choice = sel.get('choice') or {}
+    cands = '; '.join(f"{c.get('ep')}/{c.get('variant')} {c.get('result')} create {c.get('createMs')} first {c.get('firstMs')} steady {c.get('steadyMs')} runs {c.get('runs')}"
+                      + (f" ({c.get('detail')})" if c.get('detail') else '') for c in sel.get('candidates') or [])
+    return (f"{run['load']}: ok={demo.get('ok')} {demo.get('ep')}/{demo.get('variant')} choice {choice.get('ep')}/{choice.get('variant')}"
+            f" mode {sel.get('mode')} fromCache {sel.get('fromCache')} trials {len([t for t in run['trials'] if t.get('phase') == 'start'])}"
+            f" trialMs {sel.get('trialMs')} comparison {(demo.get('comparison') or {}).get('passed')} | {cands} {demo.get('error') or ''}")
+
+good = True
+for package in packages:
+    name = package.name
+    res = results['packages'][name] = {'runs': []}
+    started = time.time()
+    try:
+        with running_server(package) as server, launch_browser(gpu=True) as browser:
+            res['chromium'] = browser.version
+            page, watch = new_watched_page(browser)    # one context: the reload keeps its localStorage
+            page.goto(server.url + 'index.html?select=measured')
+            res['runs'].append(load(page, 'measured'))
+            page.reload()
+            res['runs'].append(load(page, 'measured, reload'))
+            res['stored'] = page.evaluate("() => Object.fromEntries(Object.keys(localStorage).filter((k) => k.startsWith('pack-select')).map((k) => [k, JSON.parse(localStorage.getItem(k))]))")
+            page.goto(server.url + 'index.html?select=chain')
+            res['runs'].append(load(page, 'chain'))
+            res['adapter'] = probe_adapter(page)
+            res['gpu_errors'] = gpu_errors(page)[:10]
+            res['console_errors'] = [line.text[:300] for line in watch.lines if line.type in ('error', 'pageerror')][:10]
+            page.context.close()
+    except Exception as error:
+        res['error'] = f'{type(error).__name__}: {str(error)[:300]}'
+        try:   # where the page stood: its status line and the tail of its event log
+            res['status'] = page.evaluate("() => document.getElementById('status').textContent")
+            res['log_tail'] = page.evaluate("() => document.getElementById('log').textContent").splitlines()[-8:]
+            print(f"  status {res['status']!r}; log tail: " + ' | '.join(line[:200] for line in res['log_tail']))
+        except Exception:
+            pass
+    res['wall_s'] = round(time.time() - started, 1)
+    a = res.get('adapter') or {}
+    print(f"== {name}: {a.get('vendor')} {a.get('description')} fallback={a.get('isFallbackAdapter')} shader-f16={'shader-f16' in (a.get('features') or [])}"
+          f" | gpu errors {len(res.get('gpu_errors') or [])} | {res['wall_s']} s {res.get('error') or ''}")
+    for run in res['runs']:
+        print('  ' + brief(run))
+    runs = {r['load']: (r.get('packDemo') or {}) for r in res['runs']}
+    first, again = (runs.get('measured') or {}).get('selection') or {}, (runs.get('measured, reload') or {}).get('selection') or {}
+    res['ok'] = (all(d.get('ok') for d in runs.values()) and len(runs) == 3 and first.get('fromCache') is False
+                 and again.get('fromCache') is True and again.get('choice') == first.get('choice')
+                 and not [t for t in res['runs'][1]['trials']])
+    print(f"  measured, then from the cache with no trial, same choice: {'OK' if res['ok'] else 'NO'}")
+    good = good and res['ok']
+    (out / 'select.json').write_text(json.dumps(results, indent=1))
+sys.exit(0 if good else 1)
+EOF
+  rc=$?
+  echo "select: exit $rc in $(( $(date +%s) - t )) s"; tail -c 8000 "$OUT/select.out"
+  exit $rc
+  ;;
 bench-prepare)
   # here: DIST holds packages built with `pack build ... --out DIST` (--no-browser is fine: the device
   # re-verifies them). Packs this checkout's code and the packages (raw files that have a .br copy
@@ -271,26 +399,7 @@ bench-verify|bench-run)
   # (verify-<name>.json); bench-run: scripts/bench_ep.py --gpu over all of them (bench.json).
   device_env
   export PYTHONPATH=$STASH/site:$PWD/.gpu-web/src
-  mkdir -p "$STASH/bench" "$STASH/pkgs"
-  cp .gpu-web/pkgs/*/* "$STASH/pkgs/" 2>/dev/null
-  for parts in "$STASH"/pkgs/*.parts; do   # a split package: joined once all its pieces have come
-    [ -f "$parts" ] || continue
-    name=$(basename "$parts" .parts); complete=1
-    while read -r piece; do [ -f "$STASH/pkgs/$piece" ] || complete=0; done < "$parts"
-    [ $complete = 1 ] && [ ! -f "$STASH/pkgs/$name.tar" ] && (cd "$STASH/pkgs" && cat $(cat "$name.parts") > "$name.tar")
-  done
-  for tarball in "$STASH"/pkgs/*.tar; do
-    [ -f "$tarball" ] || continue
-    name=$(basename "$tarball" .tar)
-    [ -f "$STASH/bench/$name/manifest.json" ] && continue
-    tar -C "$STASH/bench" -xf "$tarball" && python3 - "$STASH/bench/$name" <<'EOF' || exit 1
-import sys, pathlib, brotli
-for br in pathlib.Path(sys.argv[1]).rglob('*.br'):
-    raw = br.with_suffix('')
-    if not raw.exists():
-        raw.write_bytes(brotli.decompress(br.read_bytes()))
-EOF
-  done
+  restore_bench || exit 1
   ls "$STASH/bench"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   rc=0
@@ -314,6 +423,6 @@ EOF
   fi
   exit $rc
   ;;
-*) echo "usage: gpu_verify.sh prepare|stash|verify|build|demo|bench-prepare|bench-verify|bench-run" >&2; exit 2 ;;
+*) echo "usage: gpu_verify.sh prepare|stash|verify|build|demo|select|bench-prepare|bench-verify|bench-run" >&2; exit 2 ;;
 esac
 

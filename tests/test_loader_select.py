@@ -196,6 +196,8 @@ def test_demo_page_reports_choice_verified_and_the_comparison(browser, measured_
     with _serve(measured_package, pages) as server:
         context = browser.new_context()
         page = context.new_page()
+        console_errors: list[str] = []
+        page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
         try:
             page.goto(server.url + "index.html?select=measured")
             page.wait_for_function("window.packDemo", timeout=120_000)
@@ -214,6 +216,8 @@ def test_demo_page_reports_choice_verified_and_the_comparison(browser, measured_
         finally:
             context.close()
     assert measured["ok"], measured["error"]
+    # the demo page's own listeners (trial progress on the status line) must not throw
+    assert not [text for text in console_errors if "listener threw" in text], console_errors
     assert (measured["ep"], measured["verified"], measured["selection"]["mode"], measured["selection"]["fromCache"]) == ("wasm", "unverified", "measured", False)
     assert measured["comparison"]["passed"] is True
     assert measured["comparison"]["text"].startswith("matches the build's fp32 reference: y: max_abs_of_range ")

@@ -217,7 +217,7 @@ function options() {
     },
     onEvent: (event) => log(JSON.stringify(event)),
     onSelect: (event) => {
-      if (event.phase === 'start') $('status').textContent = `Measuring ${event.candidates.map((c) => `${c.ep}/${c.variant}`).join(', ')} on this device…`;
+      if (event.type === 'select' && event.phase === 'start') $('status').textContent = `Measuring ${event.candidates.map((c) => `${c.ep}/${c.variant}`).join(', ')} on this device…`;
       else if (event.type === 'trial' && event.phase === 'start') $('status').textContent = `Measuring ${event.ep}/${event.variant}…`;
     },
   };

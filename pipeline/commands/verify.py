@@ -75,7 +75,9 @@ def verify(
         document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
                     "runtimes": [{"runtime": label, "passed": not r.failed, "checks": r.checks, "browser": r.report} for label, r in results.items()],
                     "webgpu_kernels": {"checks": kernel_checks, **kernel_facts}}
-        lines = side_by_side_lines(results) + [check_line(check) for check in kernel_checks] + webgpu_kernel_lines(kernel_facts)
+        lines = side_by_side_lines(results)
+        # the runtimes' verdict line stays last; the runtime-independent kernel checks go before it
+        lines[-1:-1] = [check_line(check) for check in kernel_checks] + webgpu_kernel_lines(kernel_facts)
     else:
         result.checks.extend(kernel_checks)
         failed = result.failed

@@ -50,6 +50,8 @@ test('judge: upper bounds, dB lower bounds; formatMetrics shows each figure by i
   assert.deepEqual(judge(m, { psnr_db: 90 }), { passed: false, reason: 'psnr_db 80 < 90' });
   assert.deepEqual(judge({ ...m, rel_l2: 0.02 }, { rel_l2: 1e-2 }), { passed: false, reason: 'rel_l2 0.02 > 0.01' });
   assert.equal(formatMetrics(m, { rel_l2: 1e-3, psnr_db: 60, snr_db: 5 }), 'rel_l2 2e-7 ≤ 0.001, psnr_db 80 ≥ 60');
+  // an exactly compared integer tensor still says what was compared
+  assert.equal(formatMetrics({ shape_ok: true, mismatches: 0, max_abs: 0 }, { max_abs_of_range: 0.1, rel_l2: 0.1 }), '0 elements differ (max_abs 0)');
 });
 
 test('compareOutputs judges every output by manifest.thresholds[ep][variant]', () => {

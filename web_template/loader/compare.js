@@ -138,6 +138,8 @@ export function formatMetrics(metrics, threshold = {}) {
     if (key in metrics) parts.push(`${key} ${g(metrics[key])} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
   }
   if (!metrics.shape_ok) parts.push(`shape [${metrics.shape}] vs [${metrics.expected_shape}]`);
+  // Integer tensors are judged by exact equality: their bounds name no figure of theirs.
+  if (!parts.length && 'mismatches' in metrics) parts.push(`${metrics.mismatches} elements differ (max_abs ${g(metrics.max_abs)})`);
   return parts.join(', ');
 }
 
