@@ -306,15 +306,21 @@ class HTDemucs(nn.Module):
         mean, std = waveform.mean(dim=(1, 2), keepdim=True), waveform.std(dim=(1, 2), keepdim=True)
         t = self.time_encoder((waveform - mean) / (1e-5 + std))  # [1, dim, Lt]
         f = self.freq_encoder(spectrogram)  # [1, dim, Fz, T]
-        batch, dim, fz, frames = f.shape
-        time_seq, freq_seq = t.transpose(1, 2), f.flatten(2).transpose(1, 2)
-        for layer in self.transformer:
-            time_seq, freq_seq = layer(time_seq, freq_seq)
-        t = time_seq.transpose(1, 2)
-        f = freq_seq.transpose(1, 2).reshape(batch, dim, fz, frames)
+        t, f = cross_transform(self.transformer, t, f)
+        batch, frames = f.shape[0], f.shape[3]
         time_out = self.time_decoder(t).reshape(batch, self.sources, 2, -1) * std + mean
         freq_out = self.freq_decoder(f).reshape(batch, self.sources, 4, spectrogram.shape[2], frames) * spectrogram.unsqueeze(1)
         return time_out, freq_out
+
+
+def cross_transform(layers: nn.ModuleList, t: torch.Tensor, f: torch.Tensor) -> tuple:
+    """The time [B, dim, Lt] and freq [B, dim, Fz, T] encodings through the cross-transformer layers
+    (as token sequences), back in the same shapes (also used by make_htdemucs_full.py)."""
+    batch, dim, fz, frames = f.shape
+    time_seq, freq_seq = t.transpose(1, 2), f.flatten(2).transpose(1, 2)
+    for layer in layers:
+        time_seq, freq_seq = layer(time_seq, freq_seq)
+    return time_seq.transpose(1, 2), freq_seq.transpose(1, 2).reshape(batch, dim, fz, frames)
 
 
 def htdemucs_example() -> tuple:

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_flagship_models import OPSET, CrossTransformerLayer  # noqa: E402
+from make_flagship_models import OPSET, CrossTransformerLayer, cross_transform  # noqa: E402
 
 LENGTH, BINS, FRAMES, SOURCES = 343980, 2048, 336, 4
 STRIDE = 4 ** 4  # four stride-4 layers per branch
@@ -63,12 +63,8 @@ class HTDemucsFull(nn.Module):
         x = F.pad((waveform - mean) / (1e-5 + std), (0, (-length) % STRIDE))
         t = self.time_encoder(x)  # [1, dim, 1344]
         f = self.freq_encoder(spectrogram)  # [1, dim, 8, 336]
-        batch, dim, fz, frames = f.shape
-        time_seq, freq_seq = t.transpose(1, 2), f.flatten(2).transpose(1, 2)
-        for layer in self.transformer:
-            time_seq, freq_seq = layer(time_seq, freq_seq)
-        t = time_seq.transpose(1, 2)
-        f = freq_seq.transpose(1, 2).reshape(batch, dim, fz, frames)
+        t, f = cross_transform(self.transformer, t, f)
+        batch, frames = f.shape[0], f.shape[3]
         time_out = self.time_decoder(t)[..., :length].reshape(batch, self.sources, 2, length) * std + mean
         freq_out = self.freq_decoder(f).reshape(batch, self.sources, 4, spectrogram.shape[2], frames) * spectrogram.unsqueeze(1)
         return time_out, freq_out
