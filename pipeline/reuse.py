@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, is_dataclass
@@ -32,6 +33,7 @@ _NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV}
 # What computes or checks a result besides pack's own code.
 _LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy", "brotli", "playwright", "jinja2")
 _COMPLETE = "complete"
+_HASHED_NAME = re.compile(r"\.[0-9a-f]{16}\.")
 
 
 def reuse_enabled() -> bool:
@@ -163,7 +165,9 @@ def store_package(key: str, package_dir: Path) -> None:
 
 
 def link_tree(source: Path, destination: Path) -> None:
-    """`destination` as a copy of `source`, its files hard-linked (copied across file systems)."""
+    """`destination` as a copy of `source`. Content-hashed files (`name.<16 hex>.ext`, immutable:
+    nothing rewrites them in place) are hard-linked where the file system allows; the small
+    unhashed ones (manifest, reports, loader) are copied, so editing them never reaches the store."""
     destination.mkdir(parents=True, exist_ok=True)
     os.chmod(destination, folder_mode())
     for path in sorted(source.rglob("*")):
@@ -172,7 +176,10 @@ def link_tree(source: Path, destination: Path) -> None:
             target.mkdir(exist_ok=True)
             os.chmod(target, folder_mode())
             continue
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+        if _HASHED_NAME.search(path.name):
+            try:
+                os.link(path, target)
+                continue
+            except OSError:
+                pass
+        shutil.copy2(path, target)
