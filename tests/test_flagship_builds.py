@@ -1,5 +1,5 @@
 """Every flagship recipe built from a PyTorch export of its architecture (tests/data/flagship/, made
-by scripts/make_flagship_models.py with random weights): the exports are the committed files, they
+by tests/data/generators/make_flagship_models.py with random weights): the exports are the committed files, they
 carry the graph patterns and the I/O contract of the published models, and `pack build <recipe>
 --source <export>` passes host and browser verification."""
 
@@ -46,7 +46,7 @@ def test_the_committed_exports_are_the_ones_the_table_lists():
     table = _table()
     assert sorted(table) == sorted(p.name for p in DATA.glob("*.onnx"))
     for name, sha in table.items():
-        assert _sha256(DATA / name) == sha, f"{name} changed: re-run scripts/make_flagship_models.py and update SHA256SUMS"
+        assert _sha256(DATA / name) == sha, f"{name} changed: re-run tests/data/generators/make_flagship_models.py and update SHA256SUMS"
     assert all((DATA / name).stat().st_size < 2_000_000 for name in table)
 
 
