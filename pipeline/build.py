@@ -41,7 +41,7 @@ from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import lock_for
 from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
-from pipeline.runtime import max_ir_version
+from pipeline.runtime import max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
 from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
@@ -129,7 +129,16 @@ def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
     )
 
 
-def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
+def repair_settings(recipe: Recipe, progress: Progress | None = None) -> PassSettings:
+    """What the repairs depend on: the recipe's runtime and the IR versions that release loads."""
+    try:
+        runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
+        return PassSettings(runtime_version=runtime.version, max_ir_version=max_ir_version(runtime, progress))
+    except PackError as error:
+        raise PackError(f"{recipe.path or 'recipe'}: key 'runtime.version': {error}") from None
+
+
+def _repair(model: onnx.ModelProto, recipe: Recipe, settings: PassSettings | None = None) -> tuple[onnx.ModelProto, list[dict]]:
     """The repairs detection asks for (unless `repairs.auto = false`) and those the recipe names,
     in run order, then the IR version cap for the recipe's runtime."""
     where = recipe.path or "recipe"
@@ -137,12 +146,8 @@ def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, li
     for name in recipe.repairs:
         if name not in known:
             raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(known))}")
-    try:
-        max_ir_version(recipe.runtime_version)  # the last pass needs it: refuse before any work
-    except PackError as error:
-        raise PackError(f"{where}: key 'runtime.version': {error}") from None
     names = registry.auto_repairs(model) if recipe.repairs_auto else []
-    return registry.run_passes(model, [*names, *recipe.repairs], PassSettings(runtime_version=recipe.runtime_version))
+    return registry.run_passes(model, [*names, *recipe.repairs], settings or repair_settings(recipe))
 
 
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
@@ -345,13 +350,14 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
         source_sha = hashlib.sha256(model_bytes(model)).hexdigest()
-        model, repair_steps = _repair(model, recipe)
+        settings = repair_settings(recipe, progress)
+        model, repair_steps = _repair(model, recipe, settings)
     with timer.stage("samples"):
         feeds = make_feeds(model, recipe, options.inputs_npz)
     with timer.stage("convert"):
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
         context = _fp16_context(model, feeds, recipe, options, source_path, progress)
-        made = make_variants(model, recipe, source_sha, context)
+        made = make_variants(model, recipe, source_sha, context, settings)
         if recipe.source_precision and not options.source and made.precision != recipe.source_precision:
             raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
 

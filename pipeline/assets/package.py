@@ -151,6 +151,10 @@ def write_runtime(staging: Path, contents: PackageContents, recipe: Recipe, prog
         wasm = add_hashed_file(staging, f"ort/{bundle.wasm.name.removesuffix('.wasm')}", ".wasm", bundle.wasm.read_bytes(), progress)
         contents.add(module, wasm)
         bundles[key] = {"entry": bundle.entry, "module": module.path, "wasm": wasm.path}
+        if bundle.glue is not None:  # releases up to 1.22: emscripten's glue module, imported apart
+            glue = add_hashed_file(staging, f"ort/{bundle.glue.name.removesuffix('.mjs')}", ".mjs", bundle.glue.read_bytes(), progress)
+            contents.add(glue)
+            bundles[key]["glue"] = glue.path
     contents.runtime = {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles}
 
 

@@ -64,11 +64,10 @@ def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().pa
     return hashlib.sha256(json.dumps([digest.hexdigest(), versions]).encode()).hexdigest()
 
 
-def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
+def _work_key(source_bytes_sha: str, recipe: Recipe, settings: PassSettings) -> str:
     """The conversion's input is the *repaired* source: its key holds everything the repairs depend
-    on (their settings: the runtime version sets the IR cap) beside the source bytes and the code."""
-    repair_settings = asdict(PassSettings(runtime_version=recipe.runtime_version))
-    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, repair_settings, sorted(recipe.fp16_block_ops)])
+    on (their settings: the runtime's IR cap) beside the source bytes and the code."""
+    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, asdict(settings), sorted(recipe.fp16_block_ops)])
     return hashlib.sha256(config.encode()).hexdigest()
 
 
@@ -97,10 +96,10 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: d
     return converted, steps, refused, {**keep, **found}
 
 
-def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None) -> Variant | None:
+def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None, settings: PassSettings) -> Variant | None:
     """The fp16 variant with its nodes kept in fp32 (kept.py); None when fp16 is refused."""
     named = name_unnamed_nodes(model).model
-    key = _work_key(source_sha, recipe)
+    key = _work_key(source_sha, recipe, settings)
     refusal = context.refusal if context else None
 
     def convert(keep: dict[str, str]) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:
@@ -126,8 +125,10 @@ class VariantSet:
     refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
 
 
-def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, context: Fp16Context | None = None) -> VariantSet:
-    """The variants to ship and the fp32 model that serves as the host reference."""
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, context: Fp16Context | None = None, settings: PassSettings | None = None) -> VariantSet:
+    """The variants to ship and the fp32 model that serves as the host reference. `model` is the
+    source after the repairs made with `settings` (part of the conversion cache's key)."""
+    settings = settings or PassSettings(runtime_version=recipe.runtime_version)
     precision, why = detect_precision(model)
     if precision == "quantized":
         step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
@@ -143,7 +144,7 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
         return made
     made = VariantSet([], model, precision, why)
     if "fp16" in recipe.variants:
-        fp16 = _fp16_variant(model, recipe, source_sha, made, context)
+        fp16 = _fp16_variant(model, recipe, source_sha, made, context, settings)
         if fp16 is not None:
             made.variants.append(fp16)
     if "fp32" in recipe.variants or not made.variants:
