@@ -24,7 +24,7 @@ from pipeline.verify.metrics import OUTPUT_KINDS
 # through importlib.resources so a wheel lists them too; always a plain folder on disk.
 RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
-VARIANTS = ("fp16", "fp32")
+VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py); opt-in
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
 PLATFORMS = ("desktop", "apple-mobile", "android")
