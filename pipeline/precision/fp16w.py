@@ -25,6 +25,7 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline.cache import cache_dir
+from pipeline.errors import PackError
 
 WIDEN = "fp16-initializers"  # manifest variants[name].widen
 FLOAT, FLOAT16 = 1, 10  # onnx.TensorProto element types
@@ -204,11 +205,17 @@ def widen_model_bytes(model: bytes) -> tuple[bytes, int]:
 def widened_model_file(shipped: Path) -> Path:
     """The widened model (what the loader hands onnxruntime-web) of the shipped fp16w file, in the
     work cache keyed by the shipped bytes: the host and webgpu-kernels checks run this file."""
-    data = shipped.read_bytes()
+    try:
+        data = shipped.read_bytes()
+    except OSError as error:
+        raise PackError(f"{shipped}: cannot read the fp16w model ({error.strerror or error}); rebuild the package") from None
     key = hashlib.sha256(Path(__file__).read_bytes() + b"\0" + data).hexdigest()  # this code and the bytes
     target = cache_dir("work", "fp16w-" + key) / "widened.onnx"
     if not target.exists():
-        widened, _ = widen_model_bytes(data)
+        try:
+            widened, _ = widen_model_bytes(data)
+        except WidenError as error:
+            raise PackError(f"{shipped}: not an fp16w model pack can widen ({error}); rebuild the package") from None
         partial = target.with_suffix(".partial")
         partial.write_bytes(widened)
         partial.replace(target)

@@ -115,8 +115,10 @@ function widenTensor(bytes, from, to) {
     if (f === typeField) pieces.push(varint(TENSOR_DATA_TYPE * 8), varint(FLOAT));
     else if (f.number === TENSOR_RAW_DATA && f.wire === 2) {
       const n = (f.end - f.valueStart) >> 1;
+      // raw_data may sit at an odd offset: one aligned copy, then a table lookup per value
+      const half = new Uint16Array(bytes.slice(f.valueStart, f.valueStart + 2 * n).buffer);
       const wide = new Uint32Array(n);
-      for (let i = 0, j = f.valueStart; i < n; i++, j += 2) wide[i] = halves[bytes[j] | (bytes[j + 1] << 8)];
+      for (let i = 0; i < n; i++) wide[i] = halves[half[i]];
       count += n;
       pieces.push(...delimited(TENSOR_RAW_DATA, [new Uint8Array(wide.buffer)]));
     } else pieces.push(bytes.subarray(f.start, f.end));
