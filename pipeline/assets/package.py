@@ -54,11 +54,9 @@ def variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]]
         else:
             # wasm gets the variant the recipe marks for it; others only when that one is absent.
             marked = [recipe.wasm_variant] if recipe.wasm_variant in names else []
-            order = marked or [n for n in ("fp32", "quantized", "fp16") if n in names][:1]
+            order = marked or [n for n in ("fp32", "fp16w", "quantized", "fp16") if n in names][:1]
             if "fp16w" in names and order == ["fp32"]:
                 order = ["fp16w", "fp32"]  # the same fp32 kernels, half the download; fp32 the fallback
-            elif not order and "fp16w" in names:
-                order = ["fp16w"]
         table[ep] = order
     return table
 
