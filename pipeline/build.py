@@ -27,7 +27,7 @@ import onnx
 from pipeline.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
-from pipeline.cache import staging_folder
+from pipeline.cache import file_sha256, staging_folder
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
@@ -40,6 +40,7 @@ from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import lock_for
+from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.runtime import max_ir_version
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
@@ -58,12 +59,14 @@ class BuildOptions:
     browser: bool = True
     gpu: bool = False
     lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
+    reuse: bool = True  # link a stored passed build with the same inputs (pipeline/reuse.py)
 
 
 @dataclass
 class BuildResult:
     package_dir: Path
     report: dict
+    reused: str | None = None  # the build key, when a stored package with the same inputs was linked into place
 
     @property
     def exit_code(self) -> int:
@@ -275,14 +278,69 @@ def _finish(staging: Path, destination: Path) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock) -> BuildInputs:
+    """Everything this build's result depends on (pipeline/reuse.py)."""
+    from pipeline.verify.browser.chromium import chromium_path
+
+    options_data = {
+        "inputs_npz": file_sha256(options.inputs_npz) if options.inputs_npz and options.inputs_npz.is_file() else None,
+        "input_shapes": sorted(options.input_shapes),
+        "browser": options.browser,
+        "gpu": options.gpu,
+        "source_given": options.source,
+    }
+    runtime = recipe.runtime_version
+    if recipe.runtime_path is not None:  # a local build: its bundles are what runs
+        runtime += ":" + "".join(file_sha256(p) for p in sorted(Path(recipe.runtime_path).rglob("*.m*js")) + sorted(Path(recipe.runtime_path).rglob("*.wasm")))
+    return BuildInputs(
+        source=source_hashes(fetched.path, fetched.sha256),
+        recipe=as_data(recipe),
+        options=options_data,
+        lock={"entry": lock.entry(recipe.name)},
+        runtime=runtime,
+        code=code_key(),
+        libraries=library_versions(),
+        browser=browser_version(chromium_path()) if options.browser else None,
+        environment=pack_settings(),
+    )
+
+
+def _reuse_stored(key: str, options: BuildOptions, recipe: Recipe) -> BuildResult | None:
+    """A stored package of a passed build with the same inputs, linked into place; None when none."""
+    stored = stored_package(key)
+    if stored is None:
+        return None
+    destination = options.out_dir / recipe.name
+    _make_out_dir(options.out_dir)
+    with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
+        link_tree(stored, staging)
+        report = json.loads((staging / "report.json").read_text(encoding="utf-8"))
+        _finish(staging, destination)
+    return BuildResult(destination, report, reused=key)
+
+
+def _make_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PackError(f"--out {out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
+
+
 def build(options: BuildOptions, progress: Progress) -> BuildResult:
     timer = Timer()
     with timer.stage("fetch"):
         recipe = load_build_recipe(options)
         request = source_request(recipe, options)
-        fetched = fetch_source(request, lock_for(recipe, options.lock), progress)
+        lock = lock_for(recipe, options.lock)
+        fetched = fetch_source(request, lock, progress)
         recipe.source = request.uri
         source_path = fetched.path
+    inputs_key = _build_inputs(recipe, options, fetched, lock).key() if options.reuse and reuse_enabled() else None
+    if inputs_key is not None:
+        reused = _reuse_stored(inputs_key, options, recipe)
+        if reused is not None:
+            progress.note(f"nothing changed since the stored build {inputs_key[:12]}: its package is linked into place")
+            return reused
     with timer.stage("repair"):
         progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
@@ -298,10 +356,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
 
     destination = options.out_dir / recipe.name
-    try:
-        options.out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise PackError(f"--out {options.out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
+    _make_out_dir(options.out_dir)
     with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
         contents = start_package(recipe)
         with timer.stage("assets"):
@@ -353,5 +408,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])
         write_manifest(staging, contents.manifest(**final))
+        if inputs_key is not None and report["passed"]:
+            store_package(inputs_key, staging)
         _finish(staging, destination)
     return BuildResult(destination, report)

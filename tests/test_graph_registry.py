@@ -4,6 +4,7 @@ its last stage, the IR version table, and the fp16 conversion cache key."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -225,3 +226,19 @@ def test_build_refuses_what_the_registry_cannot_run_with_one_error_line(tmp_path
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], result.output
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+def test_changing_the_runtime_version_gives_every_variant_the_ir_that_runtime_reads(tmp_path, monkeypatch):
+    """The fp16 conversion is cached; its key must follow the repairs' settings, or a build for an
+    older runtime reuses the fp16 model converted for a newer one (seen: fp32 at IR 11, fp16 at 12)."""
+    from pipeline.precision.variants import make_variants
+
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    source = clean_conv_model()
+    source.ir_version = 12
+    source_sha = hashlib.sha256(source.SerializeToString()).hexdigest()
+    for version, ir in (("1.30.0", 12), ("1.23.0", 11), ("1.20.1", 10), ("1.30.0", 12)):
+        recipe = Recipe(name="m", runtime_version=version, variants=["fp16", "fp32"])
+        repaired, _ = _repair(source, recipe)
+        made = make_variants(repaired, recipe, source_sha)
+        assert {v.name: v.model.ir_version for v in made.variants} == {"fp16": ir, "fp32": ir}, version

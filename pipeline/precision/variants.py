@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
 import pipeline
 from pipeline.cache import cache_dir
 from pipeline.graph.model_io import model_bytes
+from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_with_keeps, upcast_to_fp32
 from pipeline.precision.fp16w import WIDEN, narrow_initializers
@@ -66,7 +68,10 @@ def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().pa
 
 
 def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
-    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
+    """The conversion's input is the *repaired* source: its key holds everything the repairs depend
+    on (their settings: the runtime version sets the IR cap) beside the source bytes and the code."""
+    repair_settings = asdict(PassSettings(runtime_version=recipe.runtime_version))
+    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, repair_settings, sorted(recipe.fp16_block_ops)])
     return hashlib.sha256(config.encode()).hexdigest()
 
 
