@@ -131,8 +131,8 @@ def _fields(data: memoryview) -> list[tuple[int, int, int, int, int]]:
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
+            value_start = pos
             _, pos = _varint(data, pos)
-            value_start = start  # unused for varints
         elif wire == 1:
             value_start, pos = pos, pos + 8
         elif wire == 2:
@@ -155,15 +155,16 @@ def _length_delimited(number: int, payload: bytes) -> bytes:
 def _widen_tensor(data: memoryview) -> bytes | None:
     """The TensorProto widened to FLOAT, or None when it is not FLOAT16."""
     fields = _fields(data)
-    data_type = next((_varint(data, s + 1)[0] for n, w, s, _, _ in fields if n == _TENSOR_DATA_TYPE and w == 0), None)
-    if data_type != FLOAT16:
+    type_field = next((f for f in fields if f[0] == _TENSOR_DATA_TYPE and f[1] == 0), None)
+    if type_field is None or _varint(data, type_field[3])[0] != FLOAT16:
         return None
     raw = [f for f in fields if f[0] == _TENSOR_RAW_DATA and f[1] == 2]
     if len(raw) != 1:
         raise WidenError("a FLOAT16 initializer without raw_data (not made by pack)")
     out = []
-    for number, wire, start, value_start, end in fields:
-        if number == _TENSOR_DATA_TYPE and wire == 0:
+    for f in fields:
+        number, wire, start, value_start, end = f
+        if f is type_field:
             out.append(_encode_varint(_TENSOR_DATA_TYPE << 3) + _encode_varint(FLOAT))
         elif number == _TENSOR_RAW_DATA and wire == 2:
             half = np.frombuffer(data[value_start:end], dtype="<f2")
