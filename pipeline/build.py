@@ -185,7 +185,7 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
 def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
     """The fp32 reference outputs and the host checks of every variant against them."""
     reference = _reference_outputs(made.reference, made.variants, contents.model_paths, feeds, source_path)
-    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, contents.model_paths)
+    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, contents.check_paths)
     declared = io_entries(made.reference, reference, recipe, outputs=True)
     for variant in made.variants:
         if variant.precision == "quantized":
@@ -370,7 +370,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         with timer.stage("host_verify"):
             reference, host = _host_verify(contents, made, feeds, recipe, source_path, progress)
         with timer.stage("webgpu_kernels"):
-            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, contents.model_paths, contents.ep_options.get("webgpu", {}))
+            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, contents.check_paths, contents.ep_options.get("webgpu", {}))
             if kernels.ep_options:
                 contents.ep_options = {**contents.ep_options, "webgpu": kernels.ep_options}
         with timer.stage("assets"):

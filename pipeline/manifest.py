@@ -40,9 +40,10 @@ class FileEntry(TypedDict):
 
 
 class VariantEntry(TypedDict):
-    precision: str
+    precision: str  # fp32 | fp16 | fp16w (fp32 graph, fp16-stored weights) | quantized
     model: str
     requires: list[str]
+    widen: NotRequired[str]  # "fp16-initializers": the loader widens the model first
 
 
 class SampleTensor(TypedDict):
