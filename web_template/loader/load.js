@@ -2,7 +2,7 @@
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
 import { PackLoadError, PackRefusedError, makeEmitter, throwIfAborted } from './errors.js';
-import { Files, ProgressTracker, fetchManifest, openCache } from './files.js';
+import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
 import { bundleFor, candidatesFor, chainFor, detectPlatform, normalizeChain, planAttempts, priorsFor } from './policy.js';
 import { Runner, lock, serial } from './runner.js';
 import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadCount } from './runtime.js';
@@ -11,14 +11,6 @@ import {
   selectMode, trustedWithoutCheck, writeDecision,
 } from './select.js';
 import { prepareFeeds, readSample } from './tensors.js';
-
-function resolveBaseUrl(baseUrl) {
-  // The folder of loader.js (one level above this module) unless the app says otherwise.
-  if (!baseUrl) return new URL('../', import.meta.url);
-  const url = new URL(String(baseUrl), globalThis.location ? location.href : import.meta.url);
-  if (!url.pathname.endsWith('/')) url.pathname += '/';
-  return url;
-}
 
 const samePair = (a, b) => a.ep === b.ep && a.variant === b.variant;
 
@@ -38,8 +30,9 @@ export async function load(options = {}) {
   throwIfAborted(signal);
   const emit = makeEmitter(options.onEvent);
   const onSelect = makeEmitter(options.onSelect);
-  const baseUrl = resolveBaseUrl(options.baseUrl);
-  const manifest = await fetchManifest(baseUrl, signal);
+  const base = packageBase(options.baseUrl);
+  const baseUrl = base.url;
+  const manifest = await fetchManifest(baseUrl, signal, { how: base.how, emit });
 
   const nav = globalThis.navigator || {};
   const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
