@@ -178,7 +178,7 @@ export class Files {
       }
     }
     throwIfAborted(signal);
-    const bytes = await this.download(path, entry, signal);
+    const { buffer: bytes, wireBytes } = await this.download(path, entry, signal);
     const actual = await sha256Hex(bytes);
     if (actual !== entry.sha256) {
       throw new PackIntegrityError(
@@ -187,7 +187,7 @@ export class Files {
         { file: path, expected: entry.sha256, actual },
       );
     }
-    this.emit({ type: 'download', file: path, bytes: entry.size });
+    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes });
     if (this.cache) {
       const response = new Response(bytes, {
         headers: { 'Content-Type': entry.mediaType || 'application/octet-stream', 'Content-Length': String(entry.size) },
@@ -243,8 +243,8 @@ export class Files {
     };
     try {
       const { buffer, wireBytes } = await fetchRetrying({ file: path, url, init: { credentials: 'same-origin' }, read, signal, emit: this.emit });
-      this.wireBytes = (this.wireBytes || 0) + (wireBytes ?? entry.size);
-      return buffer;
+      // Content-Length when the server says (brotli bodies: the encoded size), else the decoded size.
+      return { buffer, wireBytes: wireBytes ?? entry.size };
     } catch (error) {
       if (error instanceof PackLoadError && error.status) {
         throw new PackLoadError(`${error.message}; is the whole package published there?`, { file: path, url, status: error.status });
