@@ -40,6 +40,12 @@ VITE = EXAMPLES / "vite"
 
 
 @pytest.fixture(scope="module")
+def browser():
+    with launch_browser(webgpu=False) as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
 def published(s3_server, tmp_path_factory) -> dict:
     """GTCRN built (host-verified; the browser checks have their own tests) and published to a
     public bucket that lets any origin fetch it."""
@@ -93,7 +99,7 @@ def _assert_ran(result: dict) -> None:
     assert set(result["outputs"]) == {"enh", "conv_cache_out", "tra_cache_out", "inter_cache_out"}
 
 
-def test_plain_html_page_imports_the_loader_from_the_cdn(published, tmp_path):
+def test_plain_html_page_imports_the_loader_from_the_cdn(browser, published, tmp_path):
     site = shutil.copytree(EXAMPLES / "html", tmp_path / "site")
     # Strict tsc on app.js against the package's own loader.d.ts.
     config = {"extends": "./tsconfig.json", "compilerOptions": {"paths": {"gtcrn": [str(published["package"] / "loader.d.ts")]}}}
@@ -102,8 +108,7 @@ def test_plain_html_page_imports_the_loader_from_the_cdn(published, tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with launch_browser(webgpu=False) as browser:
-            result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package={published['url']}")
+        result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package={published['url']}")
     finally:
         server.shutdown()
     _assert_ran(result)
@@ -199,7 +204,7 @@ class _Running:
             self.process.kill()
 
 
-def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(published, vite_app):
+def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(browser, published, vite_app):
     # npm install <folder> gave `import { load } from 'gtcrn'` (package.json exports); strict tsc passes.
     assert json.loads((vite_app / "package.json").read_text())["dependencies"]["gtcrn"].startswith("file:")
     _tsc(vite_app / "tsconfig.json")
@@ -214,24 +219,9 @@ def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(
     assert len(script) < 80_000, len(script)
     assert b"InferenceSession.create" in script  # the loader's own code is there...
     assert b"ort-wasm" not in script and b"onnxruntime-web/dist" not in script  # ...and no runtime
-    with launch_browser(webgpu=False) as browser:
-        with _Running(vite_app, env, "preview") as preview:
-            built = _open(browser, preview.url)
-        with _Running(vite_app, env) as dev:
-            dev_result = _open(browser, dev.url)
+    with _Running(vite_app, env, "preview") as preview:
+        built = _open(browser, preview.url)
+    with _Running(vite_app, env) as dev:
+        dev_result = _open(browser, dev.url)
     _assert_ran(built)
     _assert_ran(dev_result)
-
-
-def test_a_bundled_loader_without_baseurl_names_it(published, vite_app):
-    # The same app with the env variable unset: its default points nowhere real, so the page says
-    # what to set (an HTML fallback page, a missing package, or no network all name baseUrl).
-    env = {k: v for k, v in _vite_env(published).items() if k != "VITE_PACK_BASE_URL"}
-    (vite_app / ".env.local").write_text("VITE_PACK_BASE_URL=/\n")  # the app's own origin: an SPA answers index.html
-    try:
-        with launch_browser(webgpu=False) as browser, _Running(vite_app, env) as dev:
-            result = _open(browser, dev.url)
-    finally:
-        (vite_app / ".env.local").unlink()
-    assert result["ok"] is False
-    assert "is an HTML page, not the package's manifest" in result["error"] and "pass load({ baseUrl })" in result["error"], result
