@@ -3,7 +3,7 @@
 
 import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
-import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor } from './policy.js';
+import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
 import { Runner, lock, releaseQuietly, serial } from './runner.js';
 import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadCount } from './runtime.js';
 import {
@@ -80,7 +80,7 @@ export async function load(options = {}) {
     emit({ type: 'warning', message: 'select: "measured" is ignored when variant or runtime is given' });
   }
   const priorBundle = fixedBundle || (usable.length ? bundleFor(manifest, usable) : null);
-  const priors = priorsFor(manifest, adapterFacts, priorBundle);
+  let priors = priorsFor(manifest, adapterFacts, priorBundle);
 
   const plan =
     usable.length === 0
@@ -135,17 +135,25 @@ export async function load(options = {}) {
       attempts = onBundle(withFirst(stored.choice, [...stored.ranking, ...plan.attempts]));
       selection = { mode, fromCache: true, choice: { ...stored.choice }, bundle, candidates: stored.candidates, key, decidedAt: stored.decidedAt, budgetMs: stored.budgetMs };
     } else {
-      const start = startChoice(trusted, priors, plan.attempts[0]);
+      let start = startChoice(trusted, priors, plan.attempts[0]);
       let notHere = [];
-      if (!fixedBundle && start.from === 'build measurements') {
+      if (!fixedBundle && start.from === 'build measurements' && bundle === 'webgpu' && manifest.runtime.bundles.wasm) {
+        // The decision includes the bundle: the wasm EP on the wasm-only bundle, as the build measured it there.
+        const wasmPriors = wasmBundlePriors(manifest, adapterFacts);
+        const wasmOnly = trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: ['wasm'], features, bundle: 'wasm' }));
+        const best = wasmOnly.length ? startChoice(wasmOnly, wasmPriors, null) : null;
+        const time = (pair, map) => map.get(`${pair.ep}/${pair.variant}`);
+        if (best && best.from === 'build measurements' && time(best.choice, wasmPriors) < time(start.choice, priors)) start = best;
         const next = bundleForChoice(manifest, bundle, start.choice);
         if (next !== bundle) {
           // The wasm-only bundle has no webgpu EP: those candidates wait for a visit on the webgpu bundle.
           const here = trialPlan(trusted, priors, start.choice);
+          const ms = time(start.choice, wasmPriors) ?? time(start.choice, priors);
           notHere = here.skipped.filter((c) => c.ep !== 'wasm');
-          notHere.push(...here.order.filter((c) => c.ep !== 'wasm').map((c) => ({ ...c, result: 'skipped', detail: `needs the webgpu bundle; the build measured ${priors.get(`${c.ep}/${c.variant}`) ?? '?'} ms here against ${priors.get(`${start.choice.ep}/${start.choice.variant}`)} ms for ${start.choice.ep}/${start.choice.variant} (wasm-only bundle)` })));
+          notHere.push(...here.order.filter((c) => c.ep !== 'wasm').map((c) => ({ ...c, result: 'skipped', detail: `needs the webgpu bundle; the build measured ${time(c, priors) ?? '?'} ms here against ${ms} ms for ${start.choice.ep}/${start.choice.variant} on the wasm-only bundle` })));
           bundle = next;
-          trusted = trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: ['wasm'], features, bundle }));
+          trusted = wasmOnly;
+          priors = new Map([...priors, ...wasmPriors]);
         }
       }
       attempts = onBundle(withFirst(start.choice, plan.attempts));
