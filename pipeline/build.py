@@ -379,7 +379,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             thresholds = threshold_table(made.variants, reference, recipe, contents.variant_for)
             # The browser stage loads the package through its own loader: it needs a manifest on
             # disk. This provisional one records no runs, so every variant is tried as shipped.
-            add_plain_files(staging, contents, render_loader(staging, contents.manifest()))
+            add_plain_files(staging, contents, render_loader(staging, contents.manifest(license=recipe.license)))
             write_manifest(staging, contents.manifest(thresholds=thresholds))
         with timer.stage("browser_verify"):
             if options.browser:

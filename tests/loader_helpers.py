@@ -240,7 +240,11 @@ async ({ base, options, run }) => {
   try {
     const model = await load({ ...options, baseUrl: base,
       onEvent: (e) => events.push(JSON.parse(JSON.stringify(e))), onProgress: (p) => progress.push(p) });
-    const result = { ok: true, info: model.info, events, progress, warnings, crossOriginIsolated };
+    // The first result never waits on trials; they run after load() in the background. The tests
+    // look at the load as it was (firstInfo) and after the trials (info).
+    const firstInfo = model.info;
+    await model.measured;
+    const result = { ok: true, firstInfo, info: model.info, events, progress, warnings, crossOriginIsolated };
     if (run) {
       const outputs = await model.run(await model.sampleFeeds());
       result.outputs = Object.fromEntries(Object.entries(outputs).map(([name, t]) =>

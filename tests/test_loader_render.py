@@ -53,7 +53,7 @@ MODULES = ["compare", "errors", "files", "load", "policy", "runner", "runtime", 
 
 def test_writes_loader_modules_types_demo_page_and_script(tmp_path):
     written = render_loader(tmp_path, MANIFEST)
-    assert written == ["loader.js", "demo.js", *(f"loader/{name}.js" for name in MODULES), "loader.d.ts", "index.html"]
+    assert written == ["loader.js", "demo.js", *(f"loader/{name}.js" for name in MODULES), "loader.d.ts", "index.html", "package.json"]
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(written)
     for name in written:
         text = (tmp_path / name).read_text(encoding="utf-8")
@@ -182,3 +182,27 @@ def test_declarations_type_check_usage_and_reject_misuse(tmp_path):
     assert good.returncode == 0, good.stdout
     bad = subprocess.run([str(tsc), *flags, "misuse.ts"], cwd=tmp_path, capture_output=True, text=True)
     assert "'\"int8\"' is not assignable" in bad.stdout and "'nope' does not exist" in bad.stdout, bad.stdout
+
+
+def test_package_json_makes_the_package_an_npm_package(tmp_path):
+    import json
+
+    from pipeline.loader.npm import package_json
+
+    render_loader(tmp_path, {**MANIFEST, "license": "Apache-2.0"})
+    data = json.loads((tmp_path / "package.json").read_text())
+    assert (data["name"], data["type"], data["license"], data["sideEffects"]) == ("demo-model", "module", "Apache-2.0", False)
+    assert data["exports"]["."] == {"types": "./loader.d.ts", "default": "./loader.js"}
+    assert (data["main"], data["types"]) == ("./loader.js", "./loader.d.ts")
+    # exactly the package's files, the ones written after the loader included; nothing globbed
+    assert data["files"] == sorted(set(MANIFEST["files"]) | {"loader.js", "demo.js", "loader.d.ts", "index.html", "package.json", "manifest.json", "report.json"} | {f"loader/{m}.js" for m in MODULES})
+    assert re.fullmatch(r"0\.0\.0-[0-9a-f]{12}", data["version"])
+    # the version follows the content-hashed files only, so a rebuild gives the same bytes
+    assert package_json(MANIFEST, ["loader.js"]) == package_json(copy.deepcopy(MANIFEST), ["loader.js"])
+    changed = copy.deepcopy(MANIFEST)
+    changed["files"]["model.fp16.0123456789abcdef.onnx"]["sha256"] = "1" * 64
+    assert json.loads(package_json(changed, []))["version"] != json.loads(package_json(MANIFEST, []))["version"]
+    assert json.loads(package_json({**MANIFEST, "license": "MIT (weights)"}, []))["license"] == "SEE LICENSE IN manifest.json"
+    assert "license" not in json.loads(package_json(MANIFEST, []))
+    with pytest.raises(PackError, match="manifest.json name 'Demo Model': not a valid npm package name"):
+        package_json({**MANIFEST, "name": "Demo Model"}, [])

@@ -109,8 +109,16 @@ def test_measured_choice_picks_wasm_reuses_the_decision_and_invalidates_it(brows
             context.close()
 
     assert first["ok"], first
+    # The first result never waits on trials: no build measurements here, so the load starts on the
+    # chain's first choice and the trials run after load() resolved.
+    started = first["firstInfo"]
+    assert (started["ep"], started["selection"]["pending"], started["selection"]["startedFrom"]) == ("webgpu", True, "chain"), started["selection"]
+    types = [e["type"] for e in first["events"]]
+    assert types.index("ready") < types.index("select") < types.index("trial")
     selection = first["info"]["selection"]
-    assert selection["mode"] == "measured" and selection["fromCache"] is False
+    assert selection["mode"] == "measured" and selection["fromCache"] is False and selection["pending"] is False
+    # wasm won on the webgpu bundle: later runs switch to it, later visits load the wasm-only bundle
+    assert selection["switched"] is True and selection["bundle"] == "wasm" and selection["trialMs"] > 0
     # SwiftShader runs WebGPU on the CPU at ~0.2 GFLOP/s: wasm wins, and the times say so.
     assert selection["choice"] == {"ep": "wasm", "variant": "fp32"} == {"ep": first["info"]["ep"], "variant": first["info"]["variant"]}, selection["candidates"]
     by_pair = {(c["ep"], c["variant"]): c for c in selection["candidates"]}
@@ -130,6 +138,7 @@ def test_measured_choice_picks_wasm_reuses_the_decision_and_invalidates_it(brows
     assert again["info"]["selection"]["candidates"] == selection["candidates"]
     assert not _kinds(again, "trial")
     assert [(e["ep"], e["variant"]) for e in _kinds(again, "session")] == [("wasm", "fp32")]
+    assert again["info"]["bundle"] == "wasm" and [e["bundle"] for e in _kinds(again, "bundle")] == ["wasm"]
 
     assert other_adapter["ok"] and other_adapter["info"]["selection"]["fromCache"] is False, other_adapter
     assert other_adapter["info"]["selection"]["key"]["adapter"] == {"vendor": "acme", "architecture": "rdna9", "description": "acme gpu"}
@@ -183,8 +192,12 @@ def test_priors_skip_a_far_slower_candidate_and_order_the_chain(browser, measure
     assert measured["ok"], measured
     by_pair = {(c["ep"], c["variant"]): c for c in measured["info"]["selection"]["candidates"]}
     assert by_pair[("webgpu", "fp32")]["result"] == "skipped" and "50.0× slower" in by_pair[("webgpu", "fp32")]["detail"]
-    assert [(e["ep"], e["variant"]) for e in _kinds(measured, "session")] == []  # trial sessions are 'trial' events
-    assert [(e["ep"], e["variant"]) for e in _kinds(measured, "trial") if e["phase"] == "start"] == [("wasm", "fp32")]
+    # The build's measurements on this adapter class are the best-known choice: the first visit
+    # starts on wasm, on the wasm-only bundle (the webgpu bundle is never fetched), with no trial.
+    assert by_pair[("wasm", "fp32")]["result"] == "prior"
+    assert [(e["ep"], e["variant"]) for e in _kinds(measured, "session")] == [("wasm", "fp32")]
+    assert _kinds(measured, "trial") == [] and measured["firstInfo"]["bundle"] == "wasm"
+    assert not any("webgpu" in e["file"] for e in _kinds(measured, "download"))
     # select: 'chain' follows the measurements: wasm first although the chain says webgpu.
     assert chain["ok"] and chain["info"]["selection"]["mode"] == "chain", chain
     assert (chain["info"]["ep"], chain["info"]["chain"]) == ("wasm", ["webgpu", "wasm"])
@@ -200,12 +213,13 @@ def test_demo_page_reports_choice_verified_and_the_comparison(browser, measured_
         page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
         try:
             page.goto(server.url + "index.html?select=measured")
-            page.wait_for_function("window.packDemo", timeout=120_000)
+            page.wait_for_function("window.packDemo && window.packDemo.trials", timeout=120_000)
             measured = page.evaluate("window.packDemo")
             shown = page.inner_text("#info")
             page.goto(server.url + "index.html?select=measured")
-            page.wait_for_function("window.packDemo", timeout=120_000)
+            page.wait_for_function("window.packDemo && window.packDemo.trials", timeout=120_000)
             cached = page.evaluate("window.packDemo")
+            cached_shown = page.inner_text("#info")
             page.goto(server.url + "index.html?select=chain")
             page.wait_for_function("window.packDemo", timeout=120_000)
             chain = page.evaluate("window.packDemo")
@@ -218,12 +232,18 @@ def test_demo_page_reports_choice_verified_and_the_comparison(browser, measured_
     assert measured["ok"], measured["error"]
     # the demo page's own listeners (trial progress on the status line) must not throw
     assert not [text for text in console_errors if "listener threw" in text], console_errors
-    assert (measured["ep"], measured["verified"], measured["selection"]["mode"], measured["selection"]["fromCache"]) == ("wasm", "unverified", "measured", False)
+    # The first result came from the chain's first choice; the trials ran after it and chose wasm.
+    assert (measured["ep"], measured["verified"], measured["selection"]["mode"], measured["selection"]["fromCache"]) == ("webgpu", "unverified", "measured", False)
+    assert measured["selection"]["choice"] == {"ep": "wasm", "variant": "fp32"} and measured["trials"]["ran"] is True and measured["trials"]["ms"] > 0
+    assert measured["firstResultMs"] > 0 and measured["fetched"]["files"] >= 4 and measured["fetched"]["wireBytes"] > 0
+    assert "first result" in shown and " ms after the page opened" in shown and "on the wire" in shown
+    assert " ms in the background (" in shown and "later visits the wasm bundle" in shown
     assert measured["comparison"]["passed"] is True
     assert measured["comparison"]["text"].startswith("matches the build's fp32 reference: y: max_abs_of_range ")
     assert "≤ 0.001, rel_l2 " in measured["comparison"]["text"]
     assert "wasm/fp32 by measured now; candidates: " in shown and "matches the build's fp32 reference" in shown and "unverified" in shown
-    assert cached["ok"] and cached["selection"]["fromCache"] is True
+    assert cached["ok"] and cached["selection"]["fromCache"] is True and cached["ep"] == "wasm" and cached["trials"]["ran"] is False
+    assert "measured earlier on this device (cached decision)" in cached_shown
     assert chain["ok"] and (chain["ep"], chain["selection"]["mode"]) == ("webgpu", "chain")
     assert chain["comparison"]["passed"] is True and "rel_l2" in chain["comparison"]["text"]
     assert from_file["ok"] is False and "pack serve dist/loader-test-conv" in from_file["error"]

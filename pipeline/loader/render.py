@@ -1,5 +1,6 @@
 """Write the browser files into a package: loader.js and its ES modules (loader/*.js) and demo.js,
-copied as they are, and loader.d.ts and index.html, rendered from templates.
+copied as they are, loader.d.ts and index.html, rendered from templates, and package.json
+(pipeline/loader/npm.py).
 
 The loader is generic (it reads manifest.json beside itself at load time): only the types (input,
 output, variant names) and the demo page (headings) are rendered from the manifest. The files are
@@ -19,6 +20,7 @@ from typing import Any
 
 import jinja2
 
+from pipeline.loader.npm import PACKAGE_JSON, package_json
 from pipeline.manifest import validate
 from pipeline.errors import PackError
 
@@ -61,6 +63,7 @@ def render_loader(package_dir: Path, manifest: dict) -> list[str]:
     outputs: dict[str, bytes] = {path: source.read_bytes() for path, source in static_files().items()}
     for output, template_name in TEMPLATES.items():
         outputs[output] = environment.get_template(template_name).render(context).encode("utf-8")
+    outputs[PACKAGE_JSON] = package_json(manifest, list(outputs))
     for path, data in outputs.items():
         target = package_dir / path
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 import { afterEach, test } from 'node:test';
 
 import { PackIntegrityError, PackLoadError } from '../../web_template/loader/errors.js';
-import { CACHE_KEY_PREFIX, Files, ProgressTracker, checkManifest, sha256Hex } from '../../web_template/loader/files.js';
+import { CACHE_KEY_PREFIX, Files, ProgressTracker, checkManifest, fetchManifest, packageBase, sha256Hex } from '../../web_template/loader/files.js';
 
 const realFetch = globalThis.fetch;
 afterEach(() => {
@@ -102,4 +102,70 @@ test('checkManifest reads schema 2 and names what is missing', () => {
   assert.equal(checkManifest(ok), ok);
   assert.throws(() => checkManifest({ ...ok, schema: 1 }), (e) => e instanceof PackLoadError && /schema 1, this loader reads schema 2; rebuild the package/.test(e.message));
   assert.throws(() => checkManifest({ schema: 2, files: {}, runtime: {} }), /has no "variants"/);
+});
+
+// A body that yields `first` bytes and then fails as a cut connection does in a browser.
+function cutBody(bytes, first) {
+  return new ReadableStream({
+    start(controller) {
+      controller.enqueue(bytes.slice(0, first));
+      controller.error(new TypeError('network error'));
+    },
+  });
+}
+
+test('a cut download is retried with backoff, then a PackLoadError names the file, the URL and the cause', async () => {
+  const bytes = new Uint8Array([1, 2, 3, 4, 5, 6]);
+  const { store, events, tracker } = setup({}, { 'm.onnx': bytes });
+  let calls = 0;
+  globalThis.fetch = async () => {
+    calls += 1;
+    return new Response(cutBody(bytes, 3));
+  };
+  store.plan('m.onnx');
+  const started = Date.now();
+  await assert.rejects(store.get('m.onnx'), (e) =>
+    e instanceof PackLoadError && !(e instanceof PackIntegrityError) && e.file === 'm.onnx' && e.url === 'https://cdn.test/pkg/m.onnx' &&
+    e.cause instanceof TypeError && e.attempts === 3 &&
+    /^m\.onnx: download from https:\/\/cdn\.test\/pkg\/m\.onnx failed 3 times \(TypeError: network error\)/.test(e.message));
+  assert.equal(calls, 3);
+  assert.deepEqual(events.filter((e) => e.type === 'retry').map((e) => [e.attempt, e.delayMs]), [[1, 250], [2, 500]]);
+  assert.ok(Date.now() - started >= 700);
+  assert.equal(tracker.loaded, 0); // the cut attempts' bytes are not counted
+});
+
+test('a transient failure (network error, 503) is retried and the download then succeeds; a 404 is not retried', async () => {
+  const bytes = new Uint8Array([7, 8, 9]);
+  const { store, events, progress } = setup({}, { 'm.onnx': bytes });
+  const answers = [() => Promise.reject(new TypeError('Failed to fetch')), () => new Response('busy', { status: 503 }), () => new Response(bytes)];
+  globalThis.fetch = async () => answers.shift()();
+  store.plan('m.onnx');
+  assert.deepEqual(Array.from(await store.get('m.onnx')), [7, 8, 9]);
+  assert.deepEqual(events.filter((e) => e.type === 'retry').map((e) => e.error), ['TypeError: Failed to fetch', 'HTTP 503']);
+  assert.deepEqual(progress.at(-1), { file: 'm.onnx', loaded: 3, total: 3, fileLoaded: 3, fileTotal: 3 });
+  const missing = setup({}, { 'm.onnx': bytes });
+  await assert.rejects(missing.store.get('m.onnx'), (e) => e.status === 404 && e.file === 'm.onnx' && e.url === 'https://cdn.test/pkg/m.onnx');
+  assert.equal(missing.requests.length, 1);
+});
+
+test('an HTML page where manifest.json should be names baseUrl and where it came from', async () => {
+  globalThis.fetch = async () => new Response('<!doctype html><title>app</title>', { headers: { 'Content-Type': 'text/html' } });
+  await assert.rejects(fetchManifest(new URL('https://app.test/'), null, { how: "this module's own URL" }), (e) =>
+    e instanceof PackLoadError && e.url === 'https://app.test/manifest.json' &&
+    /manifest\.json at https:\/\/app\.test\/manifest\.json is an HTML page, not the package's manifest: baseUrl https:\/\/app\.test\/ \(this module's own URL\) is not where the package is; pass load\(\{ baseUrl \}\)/.test(e.message));
+  globalThis.fetch = async () => new Response('{"schema": 2, "files": {}, "variants": {}, "runtime": {}}', { headers: { 'Content-Type': 'application/json' } });
+  assert.equal((await fetchManifest(new URL('https://cdn.test/pkg/'), null)).schema, 2);
+  globalThis.fetch = async () => new Response('nope', { status: 404 });
+  await assert.rejects(fetchManifest(new URL('https://cdn.test/pkg/'), null), /manifest\.json: HTTP 404 from https:\/\/cdn\.test\/pkg\/manifest\.json: is the package published there\? baseUrl https:\/\/cdn\.test\/pkg\/ comes from the baseUrl option/);
+});
+
+test('packageBase: the baseUrl option, else the package folder of an unbundled loader, else an error naming baseUrl', () => {
+  const shipped = 'https://cdn.test/models/gtcrn/loader/files.js';
+  assert.deepEqual(packageBase(undefined, shipped), { url: new URL('https://cdn.test/models/gtcrn/'), how: "the loader's own URL" });
+  assert.equal(packageBase(undefined, 'http://localhost:5173/@fs/app/node_modules/gtcrn/loader/files.js?v=1').url.href, 'http://localhost:5173/@fs/app/node_modules/gtcrn/');
+  assert.deepEqual(packageBase('https://r2.example/gtcrn', shipped), { url: new URL('https://r2.example/gtcrn/'), how: 'the baseUrl option' });
+  // Bundled: a Vite build chunk, Vite's pre-bundled dependency in dev, webpack's file: URL of the source.
+  for (const bundled of ['https://app.test/assets/index-Bx1.js', 'http://localhost:5173/node_modules/.vite/deps/gtcrn.js?v=9', 'file:///src/node_modules/gtcrn/loader/files.js']) {
+    assert.throws(() => packageBase(undefined, bundled), (e) => e instanceof PackLoadError && e.message.includes(`the loader runs from ${bundled}, not from its package`) && e.message.includes('pass load({ baseUrl:'));
+  }
 });

@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import { PackLoadError } from '../../web_template/loader/errors.js';
 import {
   adapterKey, bundleFor, candidatesFor, chainFor, chooseVariant, detectPlatform, farSlower, isRefused, normalizeChain, orderByPriors,
-  pickVariant, planAttempts, priorsFor, refusalReason, refusingRun, sameAdapterClass, verificationStatus,
+  pickVariant, planAttempts, priorsFor, refusalReason, refusingRun, sameAdapterClass, verificationStatus, wasmBundlePriors,
 } from '../../web_template/loader/policy.js';
 import { manifest, run } from './helpers.mjs';
 
@@ -175,4 +175,14 @@ test('farSlower: more than 4x the best prior; nothing without two priors', () =>
   priors.set('wasm/fp32', 181);
   assert.deepEqual(farSlower(candidates, priors), [{ ep: 'wasm', variant: 'fp32' }]);
   assert.deepEqual(farSlower(candidates, new Map([['wasm/fp32', 1000]])), []);
+});
+
+test('wasmBundlePriors: the wasm EP as the build measured it on the wasm-only bundle, for this adapter class', () => {
+  const swift = { vendor: 'google', architecture: 'swiftshader', description: '' };
+  const run = (bundle, ep, ms, adapter) => ({ source: 'build', browser: 'Chromium/150', adapter, bundle, ep, variant: 'fp32', steadyMs: ms });
+  const m = manifest({ measurements: [run('webgpu', 'webgpu', 48.4, swift), run('webgpu', 'wasm', 30, null), run('wasm', 'wasm', 18.8, null)] });
+  assert.deepEqual([...wasmBundlePriors(m, swift)], [['wasm/fp32', 18.8]]);
+  assert.equal(wasmBundlePriors(m, { vendor: 'nvidia', architecture: 'hopper' }).size, 0);
+  // Only the webgpu bundle measured: nothing for the wasm-only bundle.
+  assert.equal(wasmBundlePriors(manifest({ measurements: [run('webgpu', 'webgpu', 48.4, swift), run('webgpu', 'wasm', 30, null)] }), swift).size, 0);
 });

@@ -2,9 +2,10 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import {
-  browserKey, decisionKey, describeResults, packageHash, readDecision, runTrials, selectMode, trialPlan, trustedWithoutCheck, writeDecision,
+  IDLE_TIMEOUT_MS, browserKey, bundleForChoice, decisionKey, describeResults, packageHash, readDecision, runTrials, selectMode, startChoice, trialPlan, trialSlot,
+  trustedWithoutCheck, writeDecision,
 } from '../../web_template/loader/select.js';
-import { fakeOrt, manifest, memoryStorage, Tensor } from './helpers.mjs';
+import { fakeOrt, manifest, memoryStorage, run, Tensor } from './helpers.mjs';
 
 test('selectMode: the option, else manifest.loader.select, else chain; anything else is an error', () => {
   assert.equal(selectMode(undefined, manifest()), 'chain');
@@ -124,4 +125,48 @@ test('runTrials: creation failures are recorded; the budget stops later candidat
 
   const none = trialSetup({ 'webgpu/fp16': { scale: 2 }, 'webgpu/fp32': { scale: 2 }, 'wasm/fp32': { scale: 2 } });
   assert.equal((await runTrials(none.args)).winner, null);
+});
+
+test('startChoice: the fastest pair the build measured on this adapter class, else the chain first', () => {
+  const candidates = [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }];
+  assert.deepEqual(startChoice(candidates, new Map([['webgpu/fp32', 48.4], ['wasm/fp32', 1.9]]), candidates[0]), { choice: { ep: 'wasm', variant: 'fp32' }, from: 'build measurements' });
+  assert.deepEqual(startChoice(candidates, new Map(), candidates[0]), { choice: { ep: 'webgpu', variant: 'fp32' }, from: 'chain' });
+  assert.deepEqual(startChoice(candidates, new Map(), { ep: 'webgpu', variant: 'fp16' }).choice, { ep: 'webgpu', variant: 'fp32' });
+});
+
+test('bundleForChoice: wasm chosen on the webgpu bundle loads the wasm-only bundle, unless it is not shipped or refused there', () => {
+  const m = manifest();
+  assert.equal(bundleForChoice(m, 'webgpu', { ep: 'wasm', variant: 'fp32' }), 'wasm');
+  assert.equal(bundleForChoice(m, 'webgpu', { ep: 'webgpu', variant: 'fp32' }), 'webgpu');
+  assert.equal(bundleForChoice(manifest({ runtime: { bundles: { webgpu: { module: 'w.mjs', wasm: 'w.wasm' } } } }), 'webgpu', { ep: 'wasm', variant: 'fp32' }), 'webgpu');
+  const refused = manifest({ verification: { browser: true, passed: false, runs: [run('wasm', 'wasm', 'fp32', 'failed')] } });
+  assert.equal(bundleForChoice(refused, 'webgpu', { ep: 'wasm', variant: 'fp32' }), 'webgpu');
+});
+
+test('trialPlan with `last`: the pair serving the app is measured last', () => {
+  const candidates = [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }];
+  assert.deepEqual(trialPlan(candidates, new Map(), null, { ep: 'webgpu', variant: 'fp32' }).order.map((c) => c.ep), ['wasm', 'webgpu']);
+});
+
+test('trialSlot: waits for a visible page and an idle moment; a low battery or Save-Data postpones the trials', async () => {
+  const listeners = new Set();
+  const doc = { visibilityState: 'hidden', addEventListener: (_, f) => listeners.add(f), removeEventListener: (_, f) => listeners.delete(f) };
+  let idle = 0;
+  const env = { document: doc, navigator: {}, requestIdleCallback: (f, { timeout }) => { idle = timeout; setTimeout(f, 0); } };
+  let done = false;
+  const slot = trialSlot(null, env).then((why) => { done = true; return why; });
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(done, false); // hidden: nothing runs
+  doc.visibilityState = 'visible';
+  for (const f of [...listeners]) f();
+  assert.equal(await slot, null);
+  assert.equal(idle, IDLE_TIMEOUT_MS);
+  const battery = { ...env, document: { visibilityState: 'visible' }, navigator: { getBattery: async () => ({ charging: false, level: 0.12 }) } };
+  assert.equal(await trialSlot(null, battery), 'battery at 12 % and not charging');
+  const charging = { ...battery, navigator: { getBattery: async () => ({ charging: true, level: 0.12 }) } };
+  assert.equal(await trialSlot(null, charging), null);
+  assert.match(await trialSlot(null, { ...env, document: null, navigator: { connection: { saveData: true } } }), /Save-Data/);
+  const aborted = new AbortController();
+  aborted.abort();
+  await assert.rejects(trialSlot(aborted.signal, { ...env, document: { visibilityState: 'visible' } }));
 });

@@ -1,11 +1,81 @@
 // Package files: download with progress (totals from the manifest's decoded sizes), sha256 before
 // use, Cache Storage keyed by hash.
 
-import { PackIntegrityError, PackLoadError, messageOf, throwIfAborted } from './errors.js';
+import { PackIntegrityError, PackLoadError, isAbort, messageOf, throwIfAborted } from './errors.js';
 
 export const CACHE_NAME = 'pack-files-v1';
 // Cache keys are content hashes, so packages on one origin share identical runtime files.
 export const CACHE_KEY_PREFIX = 'https://pack.invalid/sha256/';
+
+// Transient failures (a cut connection, a broken brotli body, a busy server) are retried this many
+// times in all, RETRY_BASE_MS × 2^(n-1) apart; anything else fails at once.
+export const FETCH_ATTEMPTS = 3;
+export const RETRY_BASE_MS = 250;
+const TRANSIENT_STATUSES = new Set([408, 425, 429, 500, 502, 503, 504]);
+
+/** A failure worth another try: network errors and the statuses above. Internal to fetchRetrying. */
+class Transient extends Error {}
+
+function abortableSleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(done, ms);
+    function done() {
+      if (signal) signal.removeEventListener('abort', stop);
+      resolve();
+    }
+    function stop() {
+      clearTimeout(timer);
+      try {
+        throwIfAborted(signal);
+      } catch (error) {
+        reject(error);
+      }
+    }
+    if (signal) signal.addEventListener('abort', stop, { once: true });
+  });
+}
+
+/**
+ * fetch(url) and read(response), retried with backoff on transient failures; `read` may throw
+ * `retryable(message)` for a body it should fetch again. Gives up with a PackLoadError that names
+ * `file`, the URL and the cause (`error.file`, `error.url`, `error.cause`, `error.attempts`).
+ */
+export async function fetchRetrying({ file, url, init, read, signal, emit = () => {}, attempts = FETCH_ATTEMPTS, baseMs = RETRY_BASE_MS }) {
+  for (let attempt = 1; ; attempt++) {
+    throwIfAborted(signal);
+    let cause;
+    try {
+      const response = await fetch(url, { ...init, signal });
+      if (!response.ok) {
+        const status = `HTTP ${response.status}${response.statusText ? ` ${response.statusText}` : ''}`;
+        if (!TRANSIENT_STATUSES.has(response.status)) throw new PackLoadError(`${file}: ${status} from ${url}`, { file, url, status: response.status });
+        throw new Transient(status);
+      }
+      return await read(response);
+    } catch (error) {
+      if (isAbort(error, signal) || (error instanceof PackLoadError && !(error instanceof Transient))) throw error;
+      // fetch() and body reads reject with a TypeError for network failures, CORS refusals and
+      // undecodable (e.g. cut brotli) bodies; the browser says which only in the console.
+      cause = error;
+    }
+    const why = cause instanceof Transient ? cause.message : `${cause && cause.name ? `${cause.name}: ` : ''}${messageOf(cause)}`;
+    if (attempt >= attempts) {
+      throw new PackLoadError(
+        `${file}: download from ${url} failed ${attempt} time${attempt > 1 ? 's' : ''} (${why}): ` +
+          'a cut connection, a broken brotli body, a server error, or a CORS refusal (the console says which)',
+        { file, url, cause, attempts: attempt },
+      );
+    }
+    const delayMs = baseMs * 2 ** (attempt - 1);
+    emit({ type: 'retry', file, url, attempt, error: why, delayMs });
+    await abortableSleep(delayMs, signal);
+  }
+}
+
+/** Thrown by a `read` of fetchRetrying for a body that should be fetched again (e.g. cut short). */
+export function retryable(message, details = {}) {
+  return Object.assign(new Transient(message), details);
+}
 
 export function hex(bytes) {
   return Array.from(new Uint8Array(bytes), (b) => b.toString(16).padStart(2, '0')).join('');
@@ -31,6 +101,11 @@ export class ProgressTracker {
     if (this.planned.has(file)) return;
     this.planned.add(file);
     this.total += size;
+  }
+
+  /** A failed attempt's bytes no longer count (the file is downloaded again). */
+  rollback(bytes) {
+    this.loaded -= bytes;
   }
 
   advance(file, bytes, fileLoaded, fileTotal) {
@@ -103,7 +178,7 @@ export class Files {
       }
     }
     throwIfAborted(signal);
-    const bytes = await this.download(path, entry, signal);
+    const { buffer: bytes, wireBytes } = await this.download(path, entry, signal);
     const actual = await sha256Hex(bytes);
     if (actual !== entry.sha256) {
       throw new PackIntegrityError(
@@ -112,7 +187,7 @@ export class Files {
         { file: path, expected: entry.sha256, actual },
       );
     }
-    this.emit({ type: 'download', file: path, bytes: entry.size });
+    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes });
     if (this.cache) {
       const response = new Response(bytes, {
         headers: { 'Content-Type': entry.mediaType || 'application/octet-stream', 'Content-Length': String(entry.size) },
@@ -126,47 +201,63 @@ export class Files {
 
   async download(path, entry, signal) {
     const url = this.url(path);
-    const response = await fetch(url, { signal, credentials: 'same-origin' });
-    if (!response.ok) {
-      throw new PackLoadError(`${path}: HTTP ${response.status} ${response.statusText} from ${url}; is the whole package published?`);
-    }
     // Content-Length is the encoded (brotli) size; the stream yields decoded bytes: count those
     // against the manifest's decoded size.
-    const buffer = new Uint8Array(entry.size);
-    let offset = 0;
-    const take = (chunk) => {
-      if (offset + chunk.byteLength > entry.size) {
+    const read = async (response) => {
+      const buffer = new Uint8Array(entry.size);
+      let offset = 0;
+      const take = (chunk) => {
+        if (offset + chunk.byteLength > entry.size) {
+          throw new PackIntegrityError(
+            `${path}: more than the ${entry.size} bytes manifest.json lists; the file was changed after the build; re-publish the package`,
+            { file: path, url },
+          );
+        }
+        buffer.set(chunk, offset);
+        offset += chunk.byteLength;
+        this.progress.advance(path, chunk.byteLength, offset, entry.size);
+      };
+      try {
+        if (response.body && response.body.getReader) {
+          const reader = response.body.getReader();
+          for (;;) {
+            const { done, value } = await reader.read();
+            if (done) break;
+            try {
+              take(value);
+            } catch (error) {
+              reader.cancel().catch(() => {});
+              throw error;
+            }
+          }
+        } else {
+          take(new Uint8Array(await response.arrayBuffer()));
+        }
+        if (offset !== entry.size) throw retryable(`the body ended after ${offset} of ${entry.size} bytes`, { received: offset });
+      } catch (error) {
+        this.progress.rollback(offset);
+        throw error;
+      }
+      const wire = Number(response.headers && response.headers.get('Content-Length'));
+      return { buffer, wireBytes: Number.isFinite(wire) && wire > 0 ? wire : null };
+    };
+    try {
+      const { buffer, wireBytes } = await fetchRetrying({ file: path, url, init: { credentials: 'same-origin' }, read, signal, emit: this.emit });
+      // Content-Length when the server says (brotli bodies: the encoded size), else the decoded size.
+      return { buffer, wireBytes: wireBytes ?? entry.size };
+    } catch (error) {
+      if (error instanceof PackLoadError && error.status) {
+        throw new PackLoadError(`${error.message}; is the whole package published there?`, { file: path, url, status: error.status });
+      }
+      // Short every time: the file itself is shorter than the build made it.
+      if (error instanceof PackLoadError && error.cause instanceof Transient && error.cause.received !== undefined) {
         throw new PackIntegrityError(
-          `${path}: more than the ${entry.size} bytes manifest.json lists; the file was changed after the build; re-publish the package`,
-          { file: path },
+          `${path}: ${error.cause.received} bytes downloaded, manifest.json lists ${entry.size}; the file was changed after the build; re-publish the package`,
+          { file: path, url },
         );
       }
-      buffer.set(chunk, offset);
-      offset += chunk.byteLength;
-      this.progress.advance(path, chunk.byteLength, offset, entry.size);
-    };
-    if (response.body && response.body.getReader) {
-      const reader = response.body.getReader();
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (done) break;
-        try {
-          take(value);
-        } catch (error) {
-          reader.cancel().catch(() => {});
-          throw error;
-        }
-      }
-    } else {
-      take(new Uint8Array(await response.arrayBuffer()));
+      throw error;
     }
-    if (offset !== entry.size) {
-      throw new PackIntegrityError(
-        `${path}: ${offset} bytes downloaded, manifest.json lists ${entry.size}; the file was changed after the build; re-publish the package`,
-        { file: path },
-      );
-    }
-    return buffer;
   }
 }
 
@@ -184,17 +275,67 @@ export async function openCache(enabled, emit) {
   }
 }
 
-/** manifest.json beside the loader, checked for the keys every load needs. */
-export async function fetchManifest(baseUrl, signal) {
+// This file's path inside the package: a module URL that ends otherwise was bundled into an app.
+const OWN_PATH = 'loader/files.js';
+const MODULE_URL = import.meta.url; // never `new URL('…', import.meta.url)`: bundlers rewrite that pattern into an asset
+
+/**
+ * { url, how }: where the package's files are. The app's `baseUrl` (resolved against the page),
+ * else the folder this module sits in when it is served as shipped (…/loader/files.js over http(s));
+ * a bundled copy (an app chunk, a pre-bundled dependency, a file: URL) cannot know where the
+ * package is published, and says so naming `baseUrl`.
+ */
+export function packageBase(baseUrl, moduleUrl = MODULE_URL) {
+  if (baseUrl) {
+    const url = new URL(String(baseUrl), globalThis.location ? location.href : moduleUrl);
+    if (!url.pathname.endsWith('/')) url.pathname += '/';
+    return { url, how: 'the baseUrl option' };
+  }
+  const own = new URL(moduleUrl);
+  if (/^https?:$/.test(own.protocol) && own.pathname.endsWith(`/${OWN_PATH}`)) {
+    own.pathname = own.pathname.slice(0, -OWN_PATH.length);
+    own.search = '';
+    own.hash = '';
+    return { url: own, how: "the loader's own URL" };
+  }
+  throw new PackLoadError(
+    `the loader runs from ${moduleUrl}, not from its package (bundled into an app?), so it cannot find manifest.json beside itself: ` +
+      "pass load({ baseUrl: 'https://cdn.example/<name>/' }), the URL the package is published at",
+    { url: moduleUrl },
+  );
+}
+
+/**
+ * manifest.json at `baseUrl`, checked for the keys every load needs. `how` says where baseUrl came
+ * from, for the error when what answers there is not the package (an app's HTML fallback page).
+ */
+export async function fetchManifest(baseUrl, signal, { how = 'the baseUrl option', emit } = {}) {
   const url = new URL('manifest.json', baseUrl).href;
-  // no-cache: revalidate, so a re-published manifest is seen at once.
-  const response = await fetch(url, { signal, cache: 'no-cache', credentials: 'same-origin' });
-  if (!response.ok) throw new PackLoadError(`manifest.json: HTTP ${response.status} from ${url}; is the package published there?`);
+  const fix = `pass load({ baseUrl }) the URL the package is published at (the folder of its manifest.json)`;
+  const read = async (response) => {
+    const text = await response.text();
+    const type = (response.headers && response.headers.get('Content-Type')) || '';
+    if (/html/i.test(type) || /^\s*</.test(text)) {
+      throw new PackLoadError(
+        `manifest.json at ${url} is an HTML page, not the package's manifest: baseUrl ${baseUrl} (${how}) is not where the package is; ${fix}`,
+        { file: 'manifest.json', url },
+      );
+    }
+    try {
+      return JSON.parse(text);
+    } catch (error) {
+      throw new PackLoadError(`manifest.json at ${url} is not JSON (${messageOf(error)}); re-publish the package, or ${fix}`, { file: 'manifest.json', url });
+    }
+  };
   let manifest;
   try {
-    manifest = await response.json();
+    // no-cache: revalidate, so a re-published manifest is seen at once.
+    manifest = await fetchRetrying({ file: 'manifest.json', url, init: { cache: 'no-cache', credentials: 'same-origin' }, read, signal, emit });
   } catch (error) {
-    throw new PackLoadError(`manifest.json at ${url} is not JSON (${messageOf(error)}); re-publish the package`);
+    if (error instanceof PackLoadError && error.status) {
+      throw new PackLoadError(`${error.message}: is the package published there? baseUrl ${baseUrl} comes from ${how}; ${fix}`, { file: 'manifest.json', url, status: error.status });
+    }
+    throw error;
   }
   return checkManifest(manifest, url);
 }

@@ -1,25 +1,17 @@
 // load(): fetch the manifest, plan the attempts once (platform chain, adapter, refusals, bundle),
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
-import { PackLoadError, PackRefusedError, makeEmitter, throwIfAborted } from './errors.js';
-import { Files, ProgressTracker, fetchManifest, openCache } from './files.js';
-import { bundleFor, candidatesFor, chainFor, detectPlatform, normalizeChain, planAttempts, priorsFor } from './policy.js';
-import { Runner, lock, serial } from './runner.js';
+import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
+import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
+import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
+import { Runner, lock, releaseQuietly, serial } from './runner.js';
 import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadCount } from './runtime.js';
 import {
-  DEFAULT_SELECT_BUDGET_MS, browserKey, decisionKey, defaultStorage, describeResults, packageHash, readDecision, runTrials,
-  selectMode, trustedWithoutCheck, writeDecision,
+  DEFAULT_SELECT_BUDGET_MS, browserKey, bundleForChoice, decisionKey, defaultStorage, describeResults, packageHash, readDecision, runTrials,
+  selectMode, startChoice, trialPlan, trialSlot, trustedWithoutCheck, writeDecision,
 } from './select.js';
 import { prepareFeeds, readSample } from './tensors.js';
 import { variantBytes } from './widen.js';
-
-function resolveBaseUrl(baseUrl) {
-  // The folder of loader.js (one level above this module) unless the app says otherwise.
-  if (!baseUrl) return new URL('../', import.meta.url);
-  const url = new URL(String(baseUrl), globalThis.location ? location.href : import.meta.url);
-  if (!url.pathname.endsWith('/')) url.pathname += '/';
-  return url;
-}
 
 const samePair = (a, b) => a.ep === b.ep && a.variant === b.variant;
 
@@ -39,8 +31,9 @@ export async function load(options = {}) {
   throwIfAborted(signal);
   const emit = makeEmitter(options.onEvent);
   const onSelect = makeEmitter(options.onSelect);
-  const baseUrl = resolveBaseUrl(options.baseUrl);
-  const manifest = await fetchManifest(baseUrl, signal);
+  const base = packageBase(options.baseUrl);
+  const baseUrl = base.url;
+  const manifest = await fetchManifest(baseUrl, signal, { how: base.how, emit });
 
   const nav = globalThis.navigator || {};
   const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
@@ -88,7 +81,7 @@ export async function load(options = {}) {
     emit({ type: 'warning', message: 'select: "measured" is ignored when variant or runtime is given' });
   }
   const priorBundle = fixedBundle || (usable.length ? bundleFor(manifest, usable) : null);
-  const priors = priorsFor(manifest, adapterFacts, priorBundle);
+  let priors = priorsFor(manifest, adapterFacts, priorBundle);
 
   const plan =
     usable.length === 0
@@ -108,15 +101,19 @@ export async function load(options = {}) {
     if (skipped.length > 0 && fallbacks.length === 0) throw new PackRefusedError(`${message}; the build refused it`, { fallbacks, skipped });
     throw new PackLoadError(message, { fallbacks, skipped });
   }
-  const bundle = plan.bundle;
+  let bundle = plan.bundle;
+  // The attempts a bundle can run (the wasm-only bundle has no webgpu EP), minus what it refuses.
+  const onBundle = (list) => list.filter((a) => (bundle !== 'wasm' || a.ep === 'wasm') && (options.allowRefused || !isRefused(manifest, bundle, a.ep, a.variant)));
 
   const cache = options.cache === false ? null : await openCache(true, emit);
   const progress = new ProgressTracker(options.onProgress);
   const files = new Files({ baseUrl, manifest, cache, progress, emit, signal });
-  const runtime = loadRuntime({ files, manifest, bundleKey: bundle, override, threads, adapter, emit });
 
   // Measured choice: candidates on this bundle that the build did not refuse and that can be
-  // checked here (reference outputs and bounds) or were verified in a browser at build time.
+  // checked here (reference outputs and bounds) or were verified in a browser at build time. The
+  // first result never waits on trials: the load starts on the best-known pair (the build's
+  // measurements on this adapter class, else the chain) and the trials run after it, when the page
+  // is idle; their decision (pair and bundle) serves later runs and visits.
   let selection = { mode, fromCache: false, choice: null, candidates: plan.attempts.map((a) => ({ ...a, priorMs: priors.get(`${a.ep}/${a.variant}`) ?? null })) };
   let attempts = plan.attempts;
   let trial = null;
@@ -126,7 +123,7 @@ export async function load(options = {}) {
       if (error instanceof PackLoadError && !manifest.sample) return { feeds: null, reference: null };
       throw error;
     });
-    const trusted = sample.feeds ? trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: runnable, features, bundle })) : [];
+    let trusted = sample.feeds ? trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: runnable, features, bundle })) : [];
     const storage = options.storage === undefined ? defaultStorage() : options.storage;
     const key = trusted.length > 1 ? decisionKey({ packageHash: await packageHash(manifest), adapter: adapterFacts, browser: browserKey(nav) }) : null;
     const stored = key ? readDecision(storage, baseUrl.href, key, trusted) : null;
@@ -135,16 +132,52 @@ export async function load(options = {}) {
       selection = { ...selection, mode: trusted.length === 1 ? 'measured' : 'chain', note: why };
       if (trusted.length === 1) attempts = withFirst(trusted[0], plan.attempts);
     } else if (stored) {
-      attempts = withFirst(stored.choice, [...stored.ranking, ...plan.attempts]);
-      selection = { mode, fromCache: true, choice: { ...stored.choice }, candidates: stored.candidates, key, decidedAt: stored.decidedAt, budgetMs: stored.budgetMs };
+      if (!fixedBundle && stored.bundle && stored.bundle !== bundle && manifest.runtime.bundles[stored.bundle]) bundle = stored.bundle;
+      attempts = onBundle(withFirst(stored.choice, [...stored.ranking, ...plan.attempts]));
+      selection = { mode, fromCache: true, choice: { ...stored.choice }, bundle, candidates: stored.candidates, key, decidedAt: stored.decidedAt, budgetMs: stored.budgetMs };
     } else {
-      trial = { trusted, sample, key, storage };
+      let start = startChoice(trusted, priors, plan.attempts[0]);
+      let notHere = [];
+      if (!fixedBundle && start.from === 'build measurements' && bundle === 'webgpu' && manifest.runtime.bundles.wasm) {
+        // The decision includes the bundle: the wasm EP on the wasm-only bundle, as the build measured it there.
+        const wasmPriors = wasmBundlePriors(manifest, adapterFacts);
+        const wasmOnly = trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: ['wasm'], features, bundle: 'wasm' }));
+        const best = wasmOnly.length ? startChoice(wasmOnly, wasmPriors, null) : null;
+        const time = (pair, map) => map.get(`${pair.ep}/${pair.variant}`);
+        if (best && best.from === 'build measurements' && time(best.choice, wasmPriors) < time(start.choice, priors)) start = best;
+        const next = bundleForChoice(manifest, bundle, start.choice);
+        if (next !== bundle) {
+          // The wasm-only bundle has no webgpu EP: those candidates wait for a visit on the webgpu bundle.
+          const here = trialPlan(trusted, priors, start.choice);
+          const ms = time(start.choice, wasmPriors) ?? time(start.choice, priors);
+          notHere = here.skipped.filter((c) => c.ep !== 'wasm');
+          notHere.push(...here.order.filter((c) => c.ep !== 'wasm').map((c) => ({ ...c, result: 'skipped', detail: `needs the webgpu bundle; the build measured ${time(c, priors) ?? '?'} ms here against ${ms} ms for ${start.choice.ep}/${start.choice.variant} on the wasm-only bundle` })));
+          bundle = next;
+          trusted = wasmOnly;
+          priors = new Map([...priors, ...wasmPriors]);
+        }
+      }
+      attempts = onBundle(withFirst(start.choice, plan.attempts));
+      const planned = trialPlan(trusted, priors, start.choice);
+      const { order } = planned;
+      const slower = [...planned.skipped, ...notHere];
+      const decidedAt = new Date().toISOString();
+      if (order.length <= 1) {
+        // Nothing left to try: the build's measurements decide (the others far slower here).
+        const candidates = describeResults([...order.map((c) => ({ ...c, result: 'prior' })), ...slower]);
+        const choice = { ...start.choice };
+        writeDecision(storage, baseUrl.href, { key, choice, bundle, ranking: [choice], candidates, decidedAt, budgetMs: 0 });
+        selection = { mode, fromCache: false, choice, bundle, candidates, key, decidedAt, budgetMs: 0, trialMs: 0, startedFrom: start.from, note: `the build's measurements on this adapter class decide: nothing else to try on the ${bundle} bundle` };
+      } else {
+        selection = { mode, fromCache: false, choice: { ...start.choice }, bundle, candidates: trusted.map(({ ep, variant }) => ({ ep, variant, priorMs: priors.get(`${ep}/${variant}`) ?? null })), key, startedFrom: start.from, pending: true };
+        trial = { trusted, sample, key, storage };
+      }
     }
   }
 
+  const runtime = loadRuntime({ files, manifest, bundleKey: bundle, override, threads, adapter, emit });
   const firstPath = manifest.variants[attempts[0].variant].model;
   files.plan(firstPath);
-  if (trial) for (const c of trial.trusted) files.plan(manifest.variants[c.variant].model);
   emit({ type: 'bundle', bundle, files: runtime.planned, total: progress.total });
 
   // Runtime and the first model download side by side.
@@ -154,48 +187,11 @@ export async function load(options = {}) {
   await firstModel.bytes;
 
   const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection: null });
-  if (trial) {
-    const budgetMs = options.selectBudgetMs ?? DEFAULT_SELECT_BUDGET_MS;
-    const modelCache = new Map();
-    const modelBytes = (variant, sig) => {
-      const path = manifest.variants[variant].model;
-      if (path === firstPath) return firstModel.bytes;
-      if (!modelCache.has(path)) modelCache.set(path, variantBytes(files, manifest, variant, sig, emit));
-      return modelCache.get(path);
-    };
-    const started = { type: 'select', phase: 'start', candidates: trial.trusted.map(({ ep, variant }) => ({ ep, variant })), budgetMs };
-    emit(started);
-    onSelect(started);
-    const trialEmit = (event) => {
-      emit(event);
-      onSelect(event);
-    };
-    const { results, winner, trialMs } = await runTrials({
-      ort, manifest, candidates: trial.trusted, priors, first: plan.attempts[0], modelBytes, feeds: prepareFeeds(ort, manifest, trial.sample.feeds),
-      reference: trial.sample.reference, watchdogMs: runner.watchdogMs, budgetMs, sessionOptions: options.sessionOptions, emit: trialEmit, signal,
-    });
-    const candidates = describeResults(results);
-    if (!winner) {
-      const why = candidates.map((c) => `${c.ep}/${c.variant}: ${c.result}${c.detail ? ` (${c.detail})` : ''}`).join('; ');
-      throw new PackLoadError(`no candidate passed its trial on this device (${why})`, { fallbacks, skipped, candidates });
-    }
-    const ranking = results.filter((r) => r.result === 'ok').sort((a, b) => a.steadyMs - b.steadyMs).map(({ ep, variant }) => ({ ep, variant }));
-    runner.attempts = withFirst(winner, [...ranking, ...plan.attempts]);
-    runner.adopt(winner);
-    const decidedAt = new Date().toISOString();
-    const choice = { ep: winner.ep, variant: winner.variant };
-    writeDecision(trial.storage, baseUrl.href, { key: trial.key, choice, ranking, candidates, decidedAt, budgetMs });
-    selection = { mode, fromCache: false, choice, candidates, key: trial.key, decidedAt, budgetMs, trialMs: Math.round(trialMs) };
-    const done = { type: 'select', phase: 'done', choice, fromCache: false, candidates };
+  await runner.openNext({ prewarm: runner.prewarm, signal, firstModel });
+  if (mode === 'measured' && selection.fromCache) {
+    const done = { type: 'select', phase: 'done', choice: selection.choice, fromCache: true, candidates: selection.candidates };
     emit(done);
     onSelect(done);
-  } else {
-    await runner.openNext({ prewarm: runner.prewarm, signal, firstModel });
-    if (mode === 'measured' && selection.fromCache) {
-      const done = { type: 'select', phase: 'done', choice: selection.choice, fromCache: true, candidates: selection.candidates };
-      emit(done);
-      onSelect(done);
-    }
   }
   if (!selection.choice) selection.choice = { ep: runner.current.ep, variant: runner.current.variant };
   runner.selection = selection;
@@ -203,6 +199,10 @@ export async function load(options = {}) {
 
   const exclusive = lock();
   let released = false;
+  const stopTrials = new AbortController();
+  const measured = trial
+    ? measureLater({ trial, runner, exclusive, isReleased: () => released, ort, manifest, files, priors, bundle, fixedBundle, baseUrl, options, emit, onSelect, signal: stopTrials.signal })
+    : Promise.resolve(runner.info().selection);
   return {
     get info() {
       return runner.info();
@@ -212,6 +212,8 @@ export async function load(options = {}) {
     },
     ort,
     manifest,
+    /** The selection once the background trials are done (at once when there are none). */
+    measured,
     run(feeds) {
       return exclusive(() => {
         if (released) throw new PackLoadError('run(): this model was released; load() it again');
@@ -226,6 +228,7 @@ export async function load(options = {}) {
       return readSample(files, manifest, sampleSignal);
     },
     release() {
+      stopTrials.abort();
       return exclusive(async () => {
         if (released) return;
         released = true;
@@ -235,4 +238,64 @@ export async function load(options = {}) {
       });
     },
   };
+}
+
+/**
+ * The trials of a measured choice, after the first result: when the page is visible and idle,
+ * bounded by the budget. The winner becomes the session of later runs (swapped between runs) and
+ * the stored decision (pair and bundle) of later visits. Resolves to info.selection.
+ */
+async function measureLater({ trial, runner, exclusive, isReleased, ort, manifest, files, priors, bundle, fixedBundle, baseUrl, options, emit, onSelect, signal }) {
+  const announce = (event) => {
+    emit(event);
+    onSelect(event);
+  };
+  const finish = (fields) => {
+    runner.selection = { ...runner.selection, pending: false, ...fields };
+    return runner.info().selection;
+  };
+  try {
+    const why = await trialSlot(signal);
+    if (why) return finish({ note: `trials postponed to a later visit: ${why}` });
+    const budgetMs = options.selectBudgetMs ?? DEFAULT_SELECT_BUDGET_MS;
+    announce({ type: 'select', phase: 'start', candidates: trial.trusted.map(({ ep, variant }) => ({ ep, variant })), budgetMs });
+    const current = runner.current;
+    let { results, winner, trialMs } = await runTrials({
+      ort, manifest, candidates: trial.trusted, priors, first: null, last: current, modelBytes: (variant, sig) => variantBytes(files, manifest, variant, sig, emit),
+      feeds: prepareFeeds(ort, manifest, trial.sample.feeds), reference: trial.sample.reference, watchdogMs: runner.watchdogMs, budgetMs,
+      sessionOptions: options.sessionOptions, emit: announce, signal, pause: () => trialSlot(signal).then(() => {}),
+    });
+    const candidates = describeResults(results);
+    // The budget ran out before the pair serving the app was measured: the others were slow, keep it.
+    const incumbent = current && results.find((r) => r.ep === current.ep && r.variant === current.variant);
+    if (winner && incumbent && incumbent.result === 'budget') {
+      await releaseQuietly(winner.session);
+      winner = { ep: current.ep, variant: current.variant, session: current.session };
+    }
+    if (!winner) return finish({ candidates, trialMs: Math.round(trialMs), note: 'no candidate passed its trial on this device; staying on the first choice' });
+    const choice = { ep: winner.ep, variant: winner.variant };
+    const ranking = results.filter((r) => r.result === 'ok').sort((a, b) => a.steadyMs - b.steadyMs).map(({ ep, variant }) => ({ ep, variant }));
+    // Later runs: the winner's session replaces the current one between two runs.
+    const switched = await exclusive(async () => {
+      const now = runner.current;
+      if (isReleased() || (now && now.ep === winner.ep && now.variant === winner.variant)) {
+        await releaseQuietly(winner.session);
+        return false;
+      }
+      runner.attempts = withFirst(winner, [...ranking, ...runner.attempts]);
+      runner.adopt(winner);
+      if (now) await releaseQuietly(now.session);
+      return true;
+    });
+    const decided = fixedBundle ? bundle : bundleForChoice(manifest, bundle, choice);
+    const decidedAt = new Date().toISOString();
+    writeDecision(trial.storage, baseUrl.href, { key: trial.key, choice, bundle: decided, ranking, candidates, decidedAt, budgetMs });
+    const selection = finish({ choice, bundle: decided, candidates, decidedAt, budgetMs, trialMs: Math.round(trialMs), switched });
+    announce({ type: 'select', phase: 'done', choice, fromCache: false, candidates });
+    return selection;
+  } catch (error) {
+    if (isAbort(error, signal)) return finish({ note: 'trials stopped: the model was released' });
+    emit({ type: 'warning', message: `background trials failed: ${messageOf(error)}` });
+    return finish({ note: `trials failed: ${messageOf(error)}` });
+  }
 }

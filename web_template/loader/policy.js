@@ -284,3 +284,13 @@ export function farSlower(candidates, priors, ratio = FAR_SLOWER) {
     return t !== undefined && t > ratio * Math.max(best, 1e-3);
   });
 }
+
+/**
+ * Build-time steady times (ms) of the wasm EP on the wasm-only bundle for this adapter class (the
+ * machine's webgpu runs tell its class): Map 'wasm/variant' → ms, empty when none were measured.
+ */
+export function wasmBundlePriors(manifest, adapter) {
+  const measurements = (Array.isArray(manifest.measurements) ? manifest.measurements : []).filter((m) => m && (m.ep === 'webgpu' || m.bundle === 'wasm'));
+  const all = priorsFor({ ...manifest, measurements }, adapter, 'wasm');
+  return new Map([...all].filter(([key]) => key.startsWith('wasm/')));
+}

@@ -6,7 +6,7 @@
 import { PackLoadError, isAbort, messageOf, throwIfAborted } from './errors.js';
 import { sha256Hex } from './files.js';
 import { compareOutputs, thresholdsFor } from './compare.js';
-import { adapterKey, farSlower, FAR_SLOWER } from './policy.js';
+import { adapterKey, farSlower, FAR_SLOWER, isRefused } from './policy.js';
 import { createSession, releaseQuietly, runSession } from './runner.js';
 
 export const SELECT_MODES = Object.freeze(['measured', 'chain']);
@@ -14,6 +14,69 @@ export const DEFAULT_SELECT_BUDGET_MS = 4000;
 // Timed runs per candidate after the first (which is compared with the reference, not timed).
 export const TRIAL_RUNS = 3;
 const STORAGE_PREFIX = 'pack-select-v1:';
+// Trials wait for an idle moment at most this long (requestIdleCallback's timeout).
+export const IDLE_TIMEOUT_MS = 2000;
+// Below this battery level, and not charging, trials wait for a later visit.
+export const LOW_BATTERY = 0.2;
+
+const pairKey = (c) => `${c.ep}/${c.variant}`;
+
+/**
+ * The pair a measured load starts on before any trial: the fastest the build measured on this
+ * adapter class (`priors`) among the candidates, else the chain's first choice. { choice, from }.
+ */
+export function startChoice(candidates, priors, first) {
+  const measured = candidates.filter((c) => priors.has(pairKey(c)));
+  if (measured.length > 0) {
+    const best = measured.reduce((a, b) => (priors.get(pairKey(b)) < priors.get(pairKey(a)) ? b : a));
+    return { choice: { ep: best.ep, variant: best.variant }, from: 'build measurements' };
+  }
+  const chain = (first && candidates.find((c) => c.ep === first.ep && c.variant === first.variant)) || candidates[0];
+  return { choice: { ep: chain.ep, variant: chain.variant }, from: 'chain' };
+}
+
+/**
+ * The bundle a choice loads from then on: the wasm-only bundle when wasm is chosen on the webgpu
+ * bundle (it is smaller, and faster on the wasm EP), unless the build refused the pair there.
+ */
+export function bundleForChoice(manifest, bundle, choice) {
+  const bundles = (manifest.runtime && manifest.runtime.bundles) || {};
+  if (choice.ep === 'wasm' && bundle === 'webgpu' && bundles.wasm && !isRefused(manifest, 'wasm', 'wasm', choice.variant)) return 'wasm';
+  return bundle;
+}
+
+/**
+ * Waits until trials may run: the page is visible (hidden pages never run them) and idle
+ * (requestIdleCallback, at most IDLE_TIMEOUT_MS). Resolves to null, or to why they should wait
+ * for a later visit (a battery the platform reports low and not charging, Save-Data).
+ */
+export async function trialSlot(signal, env = globalThis) {
+  const doc = env.document;
+  if (doc && doc.visibilityState === 'hidden') {
+    await new Promise((resolve) => {
+      const done = () => {
+        if (doc.visibilityState === 'hidden' && !(signal && signal.aborted)) return;
+        doc.removeEventListener('visibilitychange', done);
+        resolve();
+      };
+      doc.addEventListener('visibilitychange', done);
+      if (signal) signal.addEventListener('abort', done, { once: true });
+    });
+  }
+  throwIfAborted(signal);
+  const nav = env.navigator || {};
+  if (nav.connection && nav.connection.saveData) return 'the browser asks to save data (Save-Data)';
+  if (typeof nav.getBattery === 'function') {
+    const battery = await nav.getBattery().catch(() => null);
+    if (battery && !battery.charging && battery.level < LOW_BATTERY) return `battery at ${Math.round(battery.level * 100)} % and not charging`;
+  }
+  await new Promise((resolve) => {
+    if (typeof env.requestIdleCallback === 'function') env.requestIdleCallback(() => resolve(), { timeout: IDLE_TIMEOUT_MS });
+    else setTimeout(resolve, 0);
+  });
+  throwIfAborted(signal);
+  return null;
+}
 
 /** 'measured' or 'chain': the app's option, else manifest.loader.select, else 'chain'. */
 export function selectMode(option, manifest) {
@@ -109,7 +172,7 @@ const median = (values) => {
  * The order trials run in, and the candidates skipped before any trial: the plan's first choice
  * first, then by prior time; candidates the priors put more than FAR_SLOWER × the best are skipped.
  */
-export function trialPlan(candidates, priors, first) {
+export function trialPlan(candidates, priors, first, last = null) {
   const slow = new Set(farSlower(candidates, priors).map((c) => `${c.ep}/${c.variant}`));
   const best = Math.min(...candidates.map((c) => priors.get(`${c.ep}/${c.variant}`) ?? Infinity));
   const skipped = [];
@@ -123,8 +186,10 @@ export function trialPlan(candidates, priors, first) {
       kept.push({ ...c, index, priorMs: priors.get(key) ?? null });
     }
   });
-  const rank = (c) => (first && c.ep === first.ep && c.variant === first.variant ? -1 : c.priorMs ?? Infinity);
-  kept.sort((a, b) => rank(a) - rank(b) || a.index - b.index);
+  const is = (c, pair) => Boolean(pair) && c.ep === pair.ep && c.variant === pair.variant;
+  // `last`: the pair already serving the app (background trials look for something better first).
+  const rank = (c) => (is(c, first) ? -1 : c.priorMs ?? Infinity);
+  kept.sort((a, b) => is(a, last) - is(b, last) || rank(a) - rank(b) || a.index - b.index);
   return { order: kept.map(({ index, ...c }) => c), skipped };
 }
 
@@ -139,8 +204,8 @@ export function checkable(manifest, reference, candidate) {
  * 'mismatch' (outputs disagree with the reference), 'failed' (creation or run threw), 'skipped'
  * (priors) or 'budget' (four times the budget was spent before its turn).
  */
-export async function runTrials({ ort, manifest, candidates, priors, first, modelBytes, feeds, reference, watchdogMs, budgetMs, sessionOptions, emit, signal }) {
-  const { order, skipped } = trialPlan(candidates, priors, first);
+export async function runTrials({ ort, manifest, candidates, priors, first, last = null, modelBytes, feeds, reference, watchdogMs, budgetMs, sessionOptions, emit, signal, pause = null }) {
+  const { order, skipped } = trialPlan(candidates, priors, first, last);
   const results = [...skipped];
   const started = performance.now();
   // The budget bounds the time spent running the sample; downloads and session creation are not
@@ -159,7 +224,14 @@ export async function runTrials({ ort, manifest, candidates, priors, first, mode
   };
   let best = null; // { ep, variant, session, steadyMs }
   for (const candidate of order) {
-    throwIfAborted(signal);
+    try {
+      // Between candidates: wait for the page to be visible and idle again.
+      if (pause) await pause();
+      throwIfAborted(signal);
+    } catch (error) {
+      if (best) await releaseQuietly(best.session);
+      throw error;
+    }
     const { ep, variant } = candidate;
     if (best && spent > 4 * budgetMs) {
       results.push({ ...candidate, result: 'budget', detail: `${Math.round(spent)} ms of trial runs spent, over four times the ${budgetMs} ms budget` });

