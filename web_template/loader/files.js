@@ -33,6 +33,11 @@ export class ProgressTracker {
     this.total += size;
   }
 
+  /** A download that failed part-way: its bytes no longer count (a retry counts them again). */
+  rewind(file, bytes, fileTotal) {
+    if (bytes > 0) this.advance(file, -bytes, 0, fileTotal);
+  }
+
   advance(file, bytes, fileLoaded, fileTotal) {
     this.loaded += bytes;
     if (!this.onProgress) return;
@@ -145,20 +150,25 @@ export class Files {
       offset += chunk.byteLength;
       this.progress.advance(path, chunk.byteLength, offset, entry.size);
     };
-    if (response.body && response.body.getReader) {
-      const reader = response.body.getReader();
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (done) break;
-        try {
-          take(value);
-        } catch (error) {
-          reader.cancel().catch(() => {});
-          throw error;
+    try {
+      if (response.body && response.body.getReader) {
+        const reader = response.body.getReader();
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) break;
+          try {
+            take(value);
+          } catch (error) {
+            reader.cancel().catch(() => {});
+            throw error;
+          }
         }
+      } else {
+        take(new Uint8Array(await response.arrayBuffer()));
       }
-    } else {
-      take(new Uint8Array(await response.arrayBuffer()));
+    } catch (error) {
+      this.progress.rewind(path, offset, entry.size);
+      throw error;
     }
     if (offset !== entry.size) {
       throw new PackIntegrityError(

@@ -1,6 +1,7 @@
 // load(): fetch the manifest, plan the attempts once (platform chain, adapter, refusals, bundle),
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
+import { planVariant, variantModel } from './chunks.js';
 import { PackLoadError, PackRefusedError, makeEmitter, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache } from './files.js';
 import { bundleFor, candidatesFor, chainFor, detectPlatform, normalizeChain, planAttempts, priorsFor } from './policy.js';
@@ -142,12 +143,12 @@ export async function load(options = {}) {
   }
 
   const firstPath = manifest.variants[attempts[0].variant].model;
-  files.plan(firstPath);
-  if (trial) for (const c of trial.trusted) files.plan(manifest.variants[c.variant].model);
+  planVariant(files, manifest, attempts[0].variant);
+  if (trial) for (const c of trial.trusted) planVariant(files, manifest, c.variant);
   emit({ type: 'bundle', bundle, files: runtime.planned, total: progress.total });
 
   // Runtime and the first model download side by side.
-  const firstModel = { path: firstPath, bytes: files.get(firstPath) };
+  const firstModel = { path: firstPath, bytes: variantModel(files, manifest, attempts[0].variant, signal) };
   firstModel.bytes.catch(() => {}); // awaited below; avoid an unhandled rejection if the runtime fails first
   const ort = await runtime.ort();
   await firstModel.bytes;
@@ -159,7 +160,7 @@ export async function load(options = {}) {
     const modelBytes = (variant, sig) => {
       const path = manifest.variants[variant].model;
       if (path === firstPath) return firstModel.bytes;
-      if (!modelCache.has(path)) modelCache.set(path, files.get(path, sig));
+      if (!modelCache.has(path)) modelCache.set(path, variantModel(files, manifest, variant, sig));
       return modelCache.get(path);
     };
     const started = { type: 'select', phase: 'start', candidates: trial.trusted.map(({ ep, variant }) => ({ ep, variant })), budgetMs };
