@@ -87,9 +87,8 @@ def _build(recipe: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def chunked_build(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("chunky")
-    return _build(write_recipe(folder, "chunky", CHUNK_MIB), folder / "dist")
+def chunked_build(chunked_packages) -> Path:
+    return chunked_packages["chunked"]
 
 
 def test_big_variants_ship_as_graph_plus_coded_chunks_that_round_trip(chunked_build):
@@ -124,6 +123,12 @@ def test_big_variants_ship_as_graph_plus_coded_chunks_that_round_trip(chunked_bu
             assert np.array_equal(got, ort.InferenceSession(chunk_test_model().SerializeToString()).run(None, {"x": x})[0])
     runs = {(r["stage"], r["variant"]): r["status"] for r in manifest["verification"]["runs"]}
     assert runs[("host", "fp32")] == runs[("host", "fp16")] == "passed"
+
+
+def test_small_models_stay_one_file(chunked_packages):
+    manifest = json.loads((chunked_packages["single"] / "manifest.json").read_text())
+    assert all("externalData" not in v for v in manifest["variants"].values())
+    assert not [name for name in manifest["files"] if ".part" in name]
 
 
 def test_rebuild_writes_byte_identical_models_and_chunks(chunked_build, tmp_path):
