@@ -16,7 +16,8 @@ import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.assets.chunks import ALIGN, Chunk, chunk_bytes, deinterleave, interleave, plan_chunks, runnable_model, split_external
+from pipeline.assets.chunks import ALIGN, Chunk, best_coding, chunk_bytes, deinterleave, interleave, plan_chunks, runnable_model, split_external
+from pipeline.assets.files import WEIGHTS_QUALITY
 from pipeline.cli import app
 from pipeline.errors import PackError
 from pipeline.manifest import validate
@@ -65,6 +66,15 @@ def test_split_external_groups_by_width_and_runs_like_the_model(tmp_path):
     ours = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"x": x})[0]
     theirs = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     assert np.array_equal(ours, theirs)
+
+
+def test_eight_byte_elements_get_the_plane_count_that_compresses_best():
+    indices = np.tile(np.arange(33, dtype=np.int64).repeat(4), 64).tobytes()
+    chosen = best_coding(memoryview(indices), Chunk(0, len(indices), 8))
+    sizes = {p: len(brotli.compress(deinterleave(indices, p), quality=WEIGHTS_QUALITY)) for p in (1, 2, 8)}
+    assert chosen.planes == min(sizes, key=lambda p: (sizes[p], p)) and (chosen.offset, chosen.size) == (0, len(indices))
+    weights = Chunk(0, 4096, 4)
+    assert best_coding(memoryview(bytes(4096)), weights) is weights  # fp32/fp16 widths are not tried
 
 
 def test_recipe_key_chunk_mib_is_checked(tmp_path):

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, external_data_helper, numpy_helper
 
-from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files
+from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, brotli_encode
 from pipeline.cache import atomic_write, cache_dir
 from pipeline.errors import PackError
 from pipeline.graph.model_io import model_bytes
@@ -41,6 +41,9 @@ EXTERNAL_MIN_BYTES = 1024
 # Chunk boundaries fall on multiples of this, so every chunk holds whole elements of its width.
 ALIGN = 8
 WIDTHS = (8, 4, 2, 1)
+# Plane counts tried per element width where no one count wins (measured, scripts/bench_coding.py:
+# GTCRN's int64 indices compress best in 2 planes, worst in 8).
+PLANE_CANDIDATES = {8: (1, 2, 8)}
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,22 @@ def split_external(model: onnx.ModelProto, stem: str) -> tuple[onnx.ModelProto, 
     return graph, blob, location, groups
 
 
+def best_coding(data: memoryview, chunk: Chunk) -> Chunk:
+    """The chunk with the plane count that compresses it best, for widths whose best count
+    varies: 8-byte elements (int64 indices and shapes, float64) try 1, 2 and 8 planes; fp16 and
+    fp32 weights always gained from 2 and 4 planes (scripts/bench_coding.py), so they are not tried.
+    The winner's brotli bytes stay in the brotli cache, so it is not compressed twice."""
+    candidates = PLANE_CANDIDATES.get(chunk.planes)
+    if not candidates:
+        return chunk
+    sizes = {}
+    for planes in candidates:
+        coded = deinterleave(data, planes)
+        sizes[planes] = len(brotli_encode(coded, hashlib.sha256(coded).hexdigest(), ".bin", "", Progress.quiet(), "weights"))
+    best = min(candidates, key=lambda planes: (sizes[planes], planes))
+    return Chunk(chunk.offset, chunk.size, best)
+
+
 @dataclass
 class ChunkedModel:
     graph: PackageFile
@@ -183,7 +202,7 @@ def write_chunked(staging: Path, stem: str, model: onnx.ModelProto, limit: int, 
     the manifest's `externalData` for them, and the round-trip-checked copy the host checks run."""
     graph_model, blob, location, groups = split_external(model, stem)
     blob_sha = hashlib.sha256(blob).hexdigest()
-    plan = plan_chunks(groups, limit)
+    plan = [best_coding(memoryview(blob)[c.offset : c.offset + c.size], c) for c in plan_chunks(groups, limit)]
     coded = [deinterleave(memoryview(blob)[c.offset : c.offset + c.size], c.planes) for c in plan]
     files = add_hashed_files(staging, [(f"{stem}.part{i}", ".bin", data) for i, data in enumerate(coded)], "weights", f"brotli {stem} chunks", progress)
     chunks = [
