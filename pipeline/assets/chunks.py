@@ -242,3 +242,21 @@ def runnable_model(package: Path, variant: dict, name: str) -> Path:
         if not (package / chunk["file"]).is_file():
             raise PackError(f"{package / chunk['file']}: weight chunk of variant {name!r} missing; rebuild the package")
     return _runnable_copy(path.read_bytes(), external["path"], _reassemble(package, external, external["sha256"]))
+
+
+def chunk_lines(manifest: dict) -> list[str]:
+    """One summary line per chunked variant: chunks, largest, raw and brotli bytes, plane counts."""
+    lines = []
+    for name, variant in manifest.get("variants", {}).items():
+        external = variant.get("externalData")
+        if not external:
+            continue
+        files = [manifest["files"][c["file"]] for c in external["chunks"]]
+        wire = sum((f["encodings"].get("br") or {"size": f["size"]})["size"] for f in files)
+        planes = sorted({c["coding"]["planes"] for c in external["chunks"]})
+        largest = max(f["size"] for f in files)
+        lines.append(
+            f"  weights {name}: {len(files)} chunks (largest {largest / MIB:.2f} MiB), {external['size']:,} B raw -> {wire:,} B brotli "
+            f"({100 * wire / max(external['size'], 1):.1f} %), byte planes {'/'.join(map(str, planes))}; reassembled sha256 matches"
+        )
+    return lines
