@@ -7,6 +7,7 @@
 // session option `externalData: [{ path, data }]`.
 
 import { PackIntegrityError, PackLoadError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
+import { variantBytes } from './widen.js';
 
 // Chromium opens 6 connections per origin over HTTP/1.1; leave some for the runtime files.
 export const CHUNK_CONCURRENCY = 4;
@@ -122,8 +123,8 @@ async function fetchChunk(files, chunk, { signal, emit, attempts, retryMs }) {
  */
 export async function variantModel(files, manifest, variant, signal, { concurrency = CHUNK_CONCURRENCY, attempts = CHUNK_ATTEMPTS, retryMs = RETRY_BASE_MS } = {}) {
   const plan = chunkPlan(manifest, variant);
+  if (!plan) return { bytes: await variantBytes(files, manifest, variant, signal, files.emit) }; // widened where fp16w
   const graph = files.get(manifest.variants[variant].model, signal);
-  if (!plan) return { bytes: await graph };
   graph.catch(() => {}); // awaited below, after the chunks
   const data = new Uint8Array(plan.size);
   const emit = files.emit || (() => {});
