@@ -91,8 +91,9 @@ def test_recipe_key_chunk_mib_is_checked(tmp_path):
 
 
 def _build(recipe: Path, out: Path) -> Path:
-    # as tests/conftest.py chunked_packages builds: lavapipe's kernels add nothing to these checks
-    result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(out)], env={"PACK_WEBGPU_KERNELS": "off"})
+    # as tests/conftest.py chunked_packages builds (lavapipe's kernels add nothing to these checks),
+    # but from scratch: a reused build would not show that chunking is deterministic
+    result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(out)], env={"PACK_WEBGPU_KERNELS": "off", "PACK_BUILD_REUSE": "off"})
     assert result.exit_code == 0, result.output[-3000:]
     return out / recipe.stem
 
