@@ -4,7 +4,7 @@ import { afterEach, test } from 'node:test';
 
 import { chunkPlan, deinterleave, interleave, mapLimit, planVariant, variantModel } from '../../web_template/loader/chunks.js';
 import { PackIntegrityError, PackLoadError } from '../../web_template/loader/errors.js';
-import { Files, ProgressTracker } from '../../web_template/loader/files.js';
+import { CACHE_KEY_PREFIX, Files, ProgressTracker } from '../../web_template/loader/files.js';
 
 const realFetch = globalThis.fetch;
 afterEach(() => {
@@ -121,10 +121,10 @@ function serve(served, { failOnce = new Set(), corrupt = new Set() } = {}) {
   return requests;
 }
 
-function store(manifest) {
+function store(manifest, cache = null) {
   const events = [];
   const progress = [];
-  const files = new Files({ baseUrl: new URL('https://cdn.test/'), manifest, cache: null, progress: new ProgressTracker((p) => progress.push(p)), emit: (e) => events.push(e), signal: null });
+  const files = new Files({ baseUrl: new URL('https://cdn.test/'), manifest, cache, progress: new ProgressTracker((p) => progress.push(p)), emit: (e) => events.push(e), signal: null });
   return { files, events, progress };
 }
 
@@ -187,4 +187,29 @@ test('a one-file variant is just its bytes', async () => {
   const model = await variantModel(files, manifest, 'fp32', null);
   assert.deepEqual(Array.from(model.bytes), [1, 2]);
   assert.equal(model.externalData, undefined);
+});
+
+test('each chunk is cached on its own: a load after a failed one fetches only what is missing', async () => {
+  const { manifest, served, weights } = chunkedPackage();
+  const entries = new Map();
+  const cache = {
+    match: async (key) => (entries.has(key) ? new Response(entries.get(key)) : undefined),
+    put: async (key, response) => entries.set(key, new Uint8Array(await response.arrayBuffer())),
+    delete: async (key) => entries.delete(key),
+  };
+  // First load: p2.bin keeps failing, the load fails, the other chunks stay cached.
+  const requests = [];
+  globalThis.fetch = async (url) => {
+    const path = new URL(url).pathname.slice(1);
+    requests.push(path);
+    if (path === 'p2.bin') throw new TypeError('Failed to fetch');
+    return new Response(served[path]);
+  };
+  await assert.rejects(variantModel(store(manifest, cache).files, manifest, 'fp32', null, { retryMs: 1, attempts: 2 }), /Failed to fetch/);
+  for (const file of ['p0.bin', 'p1.bin']) assert.ok(entries.has(CACHE_KEY_PREFIX + manifest.files[file].sha256), file);
+  // Second load: only the missing chunk goes to the network.
+  const again = serve(served);
+  const model = await variantModel(store(manifest, cache).files, manifest, 'fp32', null);
+  assert.deepEqual(again, ['p2.bin']);
+  assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
 });
