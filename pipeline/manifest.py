@@ -39,10 +39,26 @@ class FileEntry(TypedDict):
     cache: Literal["immutable", "short"]  # immutable: content-hashed name
 
 
+class Chunk(TypedDict):
+    file: str  # a package file: the chunk's bytes as coded (files[file] has their sha256 and size)
+    offset: int  # where the decoded bytes go in the external data
+    size: int
+    sha256: str  # of the decoded bytes
+    coding: dict[str, int]  # {"planes": n}: n byte planes, re-interleaved after brotli (1: as is)
+
+
+class ExternalData(TypedDict):
+    path: str  # the location the graph's initializers name (onnxruntime-web's externalData path)
+    size: int
+    sha256: str
+    chunks: list[Chunk]  # in offset order, covering [0, size)
+
+
 class VariantEntry(TypedDict):
     precision: str  # fp32 | fp16 | fp16w (fp32 graph, fp16-stored weights) | quantized
     model: str
     requires: list[str]
+    externalData: NotRequired[ExternalData]  # weights in chunks; absent when the model is one file
     widen: NotRequired[str]  # "fp16-initializers": the loader widens the model first
 
 
@@ -231,6 +247,23 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
     referenced.append((["sample", "file"], manifest["sample"]["file"]))
     for key, bundle in manifest["runtime"]["bundles"].items():
         referenced += [(["runtime", "bundles", key, part], bundle[part]) for part in ("module", "wasm", "glue") if part in bundle]
+    for name, variant in manifest["variants"].items():
+        external = variant.get("externalData")
+        if external is None:
+            continue
+        at = 0
+        for index, chunk in enumerate(external["chunks"]):
+            parts = ["variants", name, "externalData", "chunks", index]
+            referenced.append((parts + ["file"], chunk["file"]))
+            if chunk["offset"] < at:
+                fail(parts + ["offset"], f"{chunk['offset']} overlaps the chunk before it (which ends at {at})")
+            if chunk["size"] % chunk["coding"]["planes"]:
+                fail(parts + ["coding", "planes"], f"{chunk['size']} bytes are not whole {chunk['coding']['planes']}-byte elements")
+            if chunk["file"] in files and files[chunk["file"]]["size"] != chunk["size"]:
+                fail(parts + ["size"], f"{chunk['size']}, but files[{chunk['file']!r}].size is {files[chunk['file']]['size']}")
+            at = chunk["offset"] + chunk["size"]
+        if at > external["size"]:
+            fail(["variants", name, "externalData", "size"], f"{external['size']}, but the chunks end at {at}")
     for parts, path in referenced:
         if path not in files:
             fail(parts, f"{path!r} is not listed in 'files'")

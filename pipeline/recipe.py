@@ -27,6 +27,10 @@ OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/
 VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py); opt-in
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
+# Weight chunks: the strictest common static host caps a file at 20 MB (jsDelivr; Cloudflare Pages
+# 25 MiB): 16 MiB (16.8 MB) leaves room under it. Chunks below 1/16 MiB would be mostly requests.
+DEFAULT_CHUNK_MIB = 16.0
+MIN_CHUNK_MIB, MAX_CHUNK_MIB = 0.0625, 512
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
@@ -92,6 +96,7 @@ class Recipe:
     prewarm: bool = True
     wasm_variant: str = "fp32"
     loader_select: str | None = None  # None: the build decides (pipeline.loader.select.default_select)
+    chunk_mib: float = DEFAULT_CHUNK_MIB  # [assets] chunk_mib: largest weight chunk (pipeline/assets/chunks.py)
 
     def ships(self) -> str:
         """The variants a build of the published file makes: 'fp16+fp32', 'fp32', 'quantized as-is'."""
@@ -204,7 +209,7 @@ def _read_pattern(reader: _Reader, key: str, spec: dict, entry: InputSpec) -> No
 
 def parse_recipe(data: dict, file: Path) -> Recipe:
     r = _Reader(file)
-    r.table(data, "", ("name", "description", "license", "source", "inputs", "outputs", "variants", "fp16", "repairs", "verify", "runtime", "execution_providers", "loader"))
+    r.table(data, "", ("name", "description", "license", "source", "inputs", "outputs", "variants", "fp16", "repairs", "verify", "runtime", "execution_providers", "loader", "assets"))
     name = r.typed(data, "", "name", str, "a package name (lowercase letters, digits, . _ -)") or file.stem
     if not NAME_PATTERN.match(name):
         r.fail("name", "a package name (lowercase letters, digits, . _ -)", name)
@@ -335,6 +340,13 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         if select not in SELECT_MODES:
             r.fail("loader.select", f"one of {', '.join(SELECT_MODES)}", select)
         recipe.loader_select = select
+
+    assets = r.table(data.get("assets", {}), "assets", ("chunk_mib",))
+    chunk_mib = r.typed(assets, "assets", "chunk_mib", (int, float), "a number of MiB")
+    if chunk_mib is not None:
+        if not MIN_CHUNK_MIB <= chunk_mib <= MAX_CHUNK_MIB:
+            r.fail("assets.chunk_mib", f"a number of MiB from {MIN_CHUNK_MIB} to {MAX_CHUNK_MIB}", chunk_mib)
+        recipe.chunk_mib = float(chunk_mib)
     return recipe
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import hashlib
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +37,16 @@ def media_type(name: str) -> str:
     return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
 
 
-def _brotli_quality(size: int, suffix: str) -> int:
+# Byte-plane coded weight chunks (pipeline/assets/chunks.py), measured by scripts/bench_coding.py on
+# GTCRN, ISNet fp16/fp32 and the LaMa export: q6-q9 gain at most 0.1 point of raw at 1.1-10x the
+# time, q11 2 points at under 1 MB/s, q1-q3 lose 0.5-1 point; q4 and q5 run at the same speed and
+# differ by under 0.7 point either way (q5 smaller on fp16, the precision most weights ship in).
+WEIGHTS_QUALITY = 5
+
+
+def _brotli_quality(size: int, suffix: str, kind: str | None = None) -> int:
+    if kind == "weights":
+        return WEIGHTS_QUALITY
     # Measured here: q11 runs at ~0.1-0.5 MB/s, q5 at ~16 MB/s. Code (the runtime's .wasm/.mjs,
     # same bytes for every package, so compressed once per machine) and small files get q11
     # (the wasm shrinks to 15 %); model weights gain under 1 % from q11, so large ones get q5.
@@ -54,9 +66,9 @@ def _compress(data: bytes, quality: int, label: str, progress: Progress) -> byte
     return b"".join(chunks)
 
 
-def brotli_encode(data: bytes, sha256: str, suffix: str, label: str, progress: Progress) -> bytes:
+def brotli_encode(data: bytes, sha256: str, suffix: str, label: str, progress: Progress, kind: str | None = None) -> bytes:
     """Brotli bytes, cached by content hash so unchanged files are never recompressed."""
-    quality = _brotli_quality(len(data), suffix)
+    quality = _brotli_quality(len(data), suffix, kind)
     cached = cache_dir("brotli") / f"{sha256}.q{quality}.br"
     if cached.exists():
         return cached.read_bytes()
@@ -84,18 +96,39 @@ def hashed_name(stem: str, sha256: str, suffix: str) -> str:
     return f"{stem}.{sha256[:HASH_CHARS]}{suffix}"
 
 
-def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: Progress) -> PackageFile:
+def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: Progress, kind: str | None = None, encoded: bytes | None = None) -> PackageFile:
     """Write `<stem>.<hash><suffix>` (stem may include a folder) and its .br copy where it pays."""
     sha256 = hashlib.sha256(data).hexdigest()
     path = hashed_name(stem, sha256, suffix)
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
-    encoded = brotli_encode(data, sha256, suffix, f"brotli {Path(path).name}", progress)
+    if encoded is None:
+        encoded = brotli_encode(data, sha256, suffix, f"brotli {Path(path).name}", progress, kind)
     if len(encoded) <= len(data) * (1 - MIN_SAVING):
         (root / f"{path}.br").write_bytes(encoded)
         return PackageFile(path, sha256, len(data), f"{path}.br", len(encoded))
     return PackageFile(path, sha256, len(data), None, None)
+
+
+def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str, label: str, progress: Progress) -> list[PackageFile]:
+    """add_hashed_file for each (stem, suffix, data), compressed in parallel across cores (brotli
+    releases the GIL while it works) under one progress bar; the results are in `items`' order and
+    each is the same bytes as compressing alone, so builds stay reproducible."""
+    quiet = Progress.quiet()
+    advancing = threading.Lock()
+    with progress.task(label, sum(len(data) for _, _, data in items), "bytes") as task:
+
+        def encode(item: tuple[str, str, bytes]) -> bytes:
+            stem, suffix, data = item
+            encoded = brotli_encode(data, hashlib.sha256(data).hexdigest(), suffix, stem, quiet, kind)
+            with advancing:
+                task.advance(len(data))
+            return encoded
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            encoded = list(pool.map(encode, items))
+    return [add_hashed_file(root, stem, suffix, data, progress, kind, blob) for (stem, suffix, data), blob in zip(items, encoded)]
 
 
 def describe_file(root: Path, path: str) -> PackageFile:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from pipeline.assets.chunks import chunk_bytes, write_chunked
 from pipeline.assets.files import PackageFile, add_hashed_file, describe_file
 from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
 from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
@@ -125,8 +126,17 @@ def start_package(recipe: Recipe) -> PackageContents:
 
 
 def write_models(staging: Path, contents: PackageContents, recipe: Recipe, variants: list[Variant], reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Progress) -> None:
-    """One content-hashed model file per variant (the repair passes capped its IR version for the runtime)."""
+    """One content-hashed model file per variant (the repair passes capped its IR version for the
+    runtime); a model over `[assets] chunk_mib` as its graph plus chunked weights (assets/chunks.py)."""
+    limit = chunk_bytes(recipe.chunk_mib)
     for variant in variants:
+        # fp16w stays one file: the loader widens the initializers inside the model's bytes
+        if not variant.widen and variant.model.ByteSize() > limit:
+            chunked = write_chunked(staging, f"model.{variant.name}", variant.model, limit, progress)
+            contents.add(chunked.graph, *chunked.chunks)
+            contents.model_paths[variant.name] = contents.check_paths[variant.name] = chunked.verify_path
+            contents.variants[variant.name] = {"precision": variant.precision, "model": chunked.graph.path, "requires": variant.requires, "externalData": chunked.external}
+            continue
         entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
         contents.add(entry)
         contents.model_paths[variant.name] = staging / entry.path

@@ -193,6 +193,10 @@ def print_summary(report: dict, package_dir: Path) -> None:
             manifest = {}
         for line in [*variant_lines(report, manifest), *chain_speed_lines(manifest)]:
             echo(line)
+        from pipeline.assets.chunks import chunk_lines
+
+        for line in chunk_lines(manifest):
+            echo(line)
         select = (manifest.get("loader") or {}).get("select")
         if select:
             why = (report.get("loader") or {}).get("why")

@@ -117,10 +117,9 @@ def reference_model(package: Path, manifest: dict) -> tuple[str, Path]:
     for precision in REFERENCE_PRECISIONS:
         for name, variant in manifest["variants"].items():
             if variant.get("precision") == precision:
-                path = package / variant["model"]
-                if not path.is_file():
-                    raise PackError(f"{path}: model file of variant {name!r} missing; rebuild the package")
-                return name, path
+                from pipeline.assets.chunks import runnable_model
+
+                return name, runnable_model(package, variant, name)
     raise PackError(f"{package / 'manifest.json'}: no fp32 or fp16 variant to compute a reference from; rebuild with an fp32 variant")
 
 
@@ -143,6 +142,7 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
     """The webgpu-kernels stage on the package's fp16/fp16w/fp32 variants as shipped (its WebGPU EP
     options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
     the defaults."""
+    from pipeline.assets.chunks import runnable_model
     from pipeline.precision.fp16w import widened_model_file
     from pipeline.verify.checks import webgpu_kernel_checks
 
@@ -155,7 +155,7 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
         if precision not in ("fp16", "fp16w", "fp32"):
             continue
         # fp16w: the widened model, as the loader hands it to onnxruntime-web
-        models[name] = widened_model_file(package / variant["model"]) if variant.get("widen") else package / variant["model"]
+        models[name] = widened_model_file(package / variant["model"]) if variant.get("widen") else runnable_model(package, variant, name)
         thresholds[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in references}
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
     return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)

@@ -1,6 +1,7 @@
 // load(): fetch the manifest, plan the attempts once (platform chain, adapter, refusals, bundle),
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
+import { planVariant, variantModel } from './chunks.js';
 import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
 import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
@@ -11,7 +12,6 @@ import {
   selectMode, startChoice, trialPlan, trialSlot, trustedWithoutCheck, writeDecision,
 } from './select.js';
 import { prepareFeeds, readSample } from './tensors.js';
-import { variantBytes } from './widen.js';
 
 const samePair = (a, b) => a.ep === b.ep && a.variant === b.variant;
 
@@ -177,11 +177,11 @@ export async function load(options = {}) {
 
   const runtime = loadRuntime({ files, manifest, bundleKey: bundle, override, threads, adapter, emit });
   const firstPath = manifest.variants[attempts[0].variant].model;
-  files.plan(firstPath);
+  planVariant(files, manifest, attempts[0].variant);
   emit({ type: 'bundle', bundle, files: runtime.planned, total: progress.total });
 
   // Runtime and the first model download side by side.
-  const firstModel = { path: firstPath, bytes: variantBytes(files, manifest, attempts[0].variant, signal, emit) };
+  const firstModel = { path: firstPath, bytes: variantModel(files, manifest, attempts[0].variant, signal) };
   firstModel.bytes.catch(() => {}); // awaited below; avoid an unhandled rejection if the runtime fails first
   const ort = await runtime.ort();
   await firstModel.bytes;
@@ -261,7 +261,7 @@ async function measureLater({ trial, runner, exclusive, isReleased, ort, manifes
     announce({ type: 'select', phase: 'start', candidates: trial.trusted.map(({ ep, variant }) => ({ ep, variant })), budgetMs });
     const current = runner.current;
     let { results, winner, trialMs } = await runTrials({
-      ort, manifest, candidates: trial.trusted, priors, first: null, last: current, modelBytes: (variant, sig) => variantBytes(files, manifest, variant, sig, emit),
+      ort, manifest, candidates: trial.trusted, priors, first: null, last: current, modelBytes: (variant, sig) => variantModel(files, manifest, variant, sig),
       feeds: prepareFeeds(ort, manifest, trial.sample.feeds), reference: trial.sample.reference, watchdogMs: runner.watchdogMs, budgetMs,
       sessionOptions: options.sessionOptions, emit: announce, signal, pause: () => trialSlot(signal).then(() => {}),
     });

@@ -2,9 +2,9 @@
 // fallback to the next attempt of the plan when a provider fails.
 
 import { PackIntegrityError, PackLoadError, WatchdogError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
+import { variantModel } from './chunks.js';
 import { verificationStatus } from './policy.js';
 import { declaredShapes, dummyFeeds, prepareFeeds, shapesOf } from './tensors.js';
-import { variantBytes } from './widen.js';
 
 export const DEFAULT_WATCHDOG_MS = 60000;
 // A session whose run hung may never release; do not wait for it longer than this.
@@ -49,9 +49,12 @@ export function epSpec(manifest, ep) {
 /** Session creation for one (ep, variant) under 3 × the watchdog; resolves to { session, createMs }. */
 export async function createSession({ ort, manifest, bytes, ep, variant, sessionOptions, watchdogMs }) {
   const options = { ...(sessionOptions || {}), executionProviders: [epSpec(manifest, ep)] };
+  // `bytes`: the model file, or variantModel()'s { bytes, externalData } (chunks.js).
+  const model = bytes instanceof Uint8Array ? { bytes } : bytes;
+  if (model.externalData) options.externalData = [...(options.externalData || []), ...model.externalData];
   const started = performance.now();
   const session = await serial(() =>
-    withWatchdog(ort.InferenceSession.create(bytes, options), 3 * watchdogMs, `${ep}/${variant} session creation`),
+    withWatchdog(ort.InferenceSession.create(model.bytes, options), 3 * watchdogMs, `${ep}/${variant} session creation`),
   );
   return { session, createMs: performance.now() - started };
 }
@@ -71,7 +74,7 @@ export class Runner {
   }
 
   modelBytes(variant, signal) {
-    return variantBytes(this.files, this.manifest, variant, signal, this.emit);
+    return variantModel(this.files, this.manifest, variant, signal);
   }
 
   /** A session opened elsewhere (the measured choice's trial) becomes the current one. */

@@ -1,0 +1,262 @@
+"""Chunked external data with byte-plane coding.
+
+A model whose file would be larger than `[assets] chunk_mib` ships as a graph without weights plus
+its weights as ONNX external data, cut into chunks of at most that size, each a content-hashed
+package file the loader fetches, checks and caches on its own; smaller models stay one file.
+
+Layout of the external data: every initializer of at least EXTERNAL_MIN_BYTES moves out, grouped
+by element width (8, 4, 2, then 1 byte; in graph order inside a group), so a chunk never mixes
+widths. A chunk of w-byte elements is coded as w byte planes (byte 0 of every element, then byte
+1, ...) before brotli: the plane holding sign and exponent is highly redundant, the low mantissa
+plane nearly random, and brotli finds far more in planes than in interleaved bytes
+(scripts/bench_coding.py). The loader re-interleaves them after the browser's native brotli
+decoding (web_template/loader/chunks.js).
+
+The build checks the round trip on the files it ships: every chunk file (and its .br copy) is read
+back, decoded and reassembled, and must hash to the external data the graph was cut from. The host
+checks then run onnxruntime on that reassembled copy, so they judge the exact bytes shipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import brotli
+import numpy as np
+import onnx
+from onnx import TensorProto, external_data_helper, numpy_helper
+
+from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, brotli_encode
+from pipeline.cache import atomic_write, cache_dir
+from pipeline.errors import PackError
+from pipeline.graph.model_io import model_bytes
+from pipeline.manifest import ExternalData
+from pipeline.progress import Progress
+
+MIB = 1 << 20
+# Smaller initializers stay in the graph (onnx's own default): moving them saves nothing.
+EXTERNAL_MIN_BYTES = 1024
+# Chunk boundaries fall on multiples of this, so every chunk holds whole elements of its width.
+ALIGN = 8
+WIDTHS = (8, 4, 2, 1)
+# Plane counts tried per element width where no one count wins (measured, scripts/bench_coding.py:
+# GTCRN's int64 indices compress best in 2 planes, worst in 8).
+PLANE_CANDIDATES = {8: (1, 2, 8)}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    offset: int  # in the external data
+    size: int
+    planes: int  # byte planes it is coded as (1: as is)
+
+
+def chunk_bytes(chunk_mib: float) -> int:
+    """The largest chunk in bytes for `[assets] chunk_mib`, a multiple of ALIGN."""
+    return max(ALIGN, int(chunk_mib * MIB) // ALIGN * ALIGN)
+
+
+def plan_chunks(groups: list[tuple[int, int, int]], limit: int) -> list[Chunk]:
+    """Chunks for the external data's groups, each (offset, length, width): a group of length L is
+    cut into ceil(L / limit) chunks of near-equal size (equal sizes fetch best in parallel), each
+    a multiple of ALIGN except the group's last, none over `limit`."""
+    if limit < ALIGN or limit % ALIGN:
+        raise ValueError(f"chunk limit {limit} is not a positive multiple of {ALIGN}")
+    chunks: list[Chunk] = []
+    for offset, length, width in groups:
+        if length <= 0:
+            continue
+        count = -(-length // limit)
+        step = -(-(-(-length // count)) // ALIGN) * ALIGN  # ceil(length / count), rounded up to ALIGN
+        start = offset
+        end = offset + length
+        while start < end:
+            size = min(step, end - start)
+            chunks.append(Chunk(start, size, width if width > 1 else 1))
+            start += size
+    return chunks
+
+
+def deinterleave(data: bytes | np.ndarray, planes: int) -> bytes:
+    """Byte k of every element, for k = 0 .. planes-1 (little-endian elements of `planes` bytes)."""
+    if planes == 1:
+        return bytes(data)
+    array = np.frombuffer(data, dtype=np.uint8)
+    return array.reshape(-1, planes).T.tobytes()
+
+
+def interleave(data: bytes, planes: int) -> bytes:
+    """The inverse of deinterleave."""
+    if planes == 1:
+        return bytes(data)
+    array = np.frombuffer(data, dtype=np.uint8)
+    return array.reshape(planes, -1).T.tobytes()
+
+
+def _width(tensor: TensorProto) -> int | None:
+    if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _raw(tensor: TensorProto) -> bytes:
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    array = numpy_helper.to_array(tensor)
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def split_external(model: onnx.ModelProto, stem: str) -> tuple[onnx.ModelProto, bytes, str, list[tuple[int, int, int]]]:
+    """(graph whose large initializers point at external data, the external data, its location
+    name, its groups (offset, length, width)). The location carries the data's hash, so the graph's
+    bytes (and every cache keyed by them) change whenever the weights do."""
+    graph = onnx.ModelProto()
+    graph.CopyFrom(model)
+    by_width: dict[int, list[tuple[TensorProto, bytes]]] = {w: [] for w in WIDTHS}
+    for tensor in external_data_helper._get_initializer_tensors(graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            raise PackError(f"model '{model.graph.name}': initializer {tensor.name!r} still points at external data; load the model with its data first")
+        width = _width(tensor)
+        if width not in WIDTHS:
+            continue
+        raw = _raw(tensor)
+        if len(raw) >= EXTERNAL_MIN_BYTES and len(raw) % width == 0:
+            by_width[width].append((tensor, raw))
+    pieces: list[bytes] = []
+    placed: list[tuple[TensorProto, bytes, int]] = []
+    groups: list[tuple[int, int, int]] = []
+    offset = 0
+    for width in WIDTHS:
+        if not by_width[width]:
+            continue
+        pad = -offset % ALIGN
+        pieces.append(bytes(pad))
+        offset += pad
+        start = offset
+        for tensor, raw in by_width[width]:
+            placed.append((tensor, raw, offset))
+            pieces.append(raw)
+            offset += len(raw)
+        groups.append((start, offset - start, width))
+    blob = b"".join(pieces)
+    location = f"{stem}.{hashlib.sha256(blob).hexdigest()[:16]}.weights"
+    for tensor, raw, at in placed:
+        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+            tensor.ClearField(field)
+        tensor.raw_data = raw
+        external_data_helper.set_external_data(tensor, location, offset=at, length=len(raw))
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.ClearField("raw_data")
+    return graph, blob, location, groups
+
+
+def best_coding(data: memoryview, chunk: Chunk) -> Chunk:
+    """The chunk with the plane count that compresses it best, for widths whose best count
+    varies: 8-byte elements (int64 indices and shapes, float64) try 1, 2 and 8 planes; fp16 and
+    fp32 weights always gained from 2 and 4 planes (scripts/bench_coding.py), so they are not tried.
+    The winner's brotli bytes stay in the brotli cache, so it is not compressed twice."""
+    candidates = PLANE_CANDIDATES.get(chunk.planes)
+    if not candidates:
+        return chunk
+    sizes = {}
+    for planes in candidates:
+        coded = deinterleave(data, planes)
+        sizes[planes] = len(brotli_encode(coded, hashlib.sha256(coded).hexdigest(), ".bin", "", Progress.quiet(), "weights"))
+    best = min(candidates, key=lambda planes: (sizes[planes], planes))
+    return Chunk(chunk.offset, chunk.size, best)
+
+
+@dataclass
+class ChunkedModel:
+    graph: PackageFile
+    chunks: list[PackageFile]
+    external: ExternalData
+    verify_path: Path  # graph beside its reassembled external data, for the host checks
+
+
+def _reassemble(staging: Path, external: ExternalData, expected_sha: str) -> bytes:
+    """The external data rebuilt from the chunk files as shipped (and their .br copies)."""
+    data = bytearray(external["size"])
+    for chunk in external["chunks"]:
+        path = staging / chunk["file"]
+        coded = path.read_bytes()
+        encoded = path.with_name(path.name + ".br")
+        if encoded.exists() and brotli.decompress(encoded.read_bytes()) != coded:
+            raise PackError(f"{encoded.name}: does not decode to {path.name}; this is a bug in pack, please report it")
+        raw = interleave(coded, chunk["coding"]["planes"])
+        if len(raw) != chunk["size"] or hashlib.sha256(raw).hexdigest() != chunk["sha256"]:
+            raise PackError(f"{path.name}: decodes to other bytes than offset {chunk['offset']} of the weights; this is a bug in pack, please report it")
+        data[chunk["offset"] : chunk["offset"] + chunk["size"]] = raw
+    if hashlib.sha256(data).hexdigest() != expected_sha:
+        raise PackError(f"{external['path']}: the chunks reassemble to other bytes than the model's external data; this is a bug in pack, please report it")
+    return bytes(data)
+
+
+def write_chunked(staging: Path, stem: str, model: onnx.ModelProto, limit: int, progress: Progress) -> ChunkedModel:
+    """The graph file, the chunk files (byte-plane coded, brotli copies compressed in parallel),
+    the manifest's `externalData` for them, and the round-trip-checked copy the host checks run."""
+    graph_model, blob, location, groups = split_external(model, stem)
+    blob_sha = hashlib.sha256(blob).hexdigest()
+    plan = [best_coding(memoryview(blob)[c.offset : c.offset + c.size], c) for c in plan_chunks(groups, limit)]
+    coded = [deinterleave(memoryview(blob)[c.offset : c.offset + c.size], c.planes) for c in plan]
+    files = add_hashed_files(staging, [(f"{stem}.part{i}", ".bin", data) for i, data in enumerate(coded)], "weights", f"brotli {stem} chunks", progress)
+    chunks = [
+        {"file": file.path, "offset": c.offset, "size": c.size, "sha256": hashlib.sha256(memoryview(blob)[c.offset : c.offset + c.size]).hexdigest(), "coding": {"planes": c.planes}}
+        for c, file in zip(plan, files)
+    ]
+    external: ExternalData = {"path": location, "size": len(blob), "sha256": blob_sha, "chunks": chunks}  # type: ignore[typeddict-item]
+    graph_bytes = model_bytes(graph_model)
+    graph = add_hashed_file(staging, stem, ".onnx", graph_bytes, progress)
+    verify_path = _runnable_copy(graph_bytes, location, _reassemble(staging, external, blob_sha))
+    return ChunkedModel(graph, files, external, verify_path)
+
+
+def _runnable_copy(graph_bytes: bytes, location: str, data: bytes) -> Path:
+    """The graph beside its external data in the cache (onnxruntime finds the data by the
+    location, relative to the model file); rewritten whenever it differs, so a run sees these bytes."""
+    folder = cache_dir("external-data", hashlib.sha256(graph_bytes).hexdigest())
+    model_path = folder / "model.onnx"
+    if not model_path.exists() or model_path.read_bytes() != graph_bytes:
+        atomic_write(model_path, graph_bytes)
+    target = folder / location
+    if not target.exists() or target.read_bytes() != data:
+        atomic_write(target, data)
+    return model_path
+
+
+def runnable_model(package: Path, variant: dict, name: str) -> Path:
+    """A model file onnxruntime can open for a variant of a built package: the model file itself,
+    or, for chunked weights, its graph beside the external data reassembled from the package's chunk files."""
+    path = package / variant["model"]
+    if not path.is_file():
+        raise PackError(f"{path}: model file of variant {name!r} missing; rebuild the package")
+    external = variant.get("externalData")
+    if external is None:
+        return path
+    for chunk in external["chunks"]:
+        if not (package / chunk["file"]).is_file():
+            raise PackError(f"{package / chunk['file']}: weight chunk of variant {name!r} missing; rebuild the package")
+    return _runnable_copy(path.read_bytes(), external["path"], _reassemble(package, external, external["sha256"]))
+
+
+def chunk_lines(manifest: dict) -> list[str]:
+    """One summary line per chunked variant: chunks, largest, raw and brotli bytes, plane counts."""
+    lines = []
+    for name, variant in manifest.get("variants", {}).items():
+        external = variant.get("externalData")
+        if not external:
+            continue
+        files = [manifest["files"][c["file"]] for c in external["chunks"]]
+        wire = sum((f["encodings"].get("br") or {"size": f["size"]})["size"] for f in files)
+        planes = sorted({c["coding"]["planes"] for c in external["chunks"]})
+        largest = max(f["size"] for f in files)
+        lines.append(
+            f"  weights {name}: {len(files)} chunks (largest {largest / MIB:.2f} MiB), {external['size']:,} B raw -> {wire:,} B brotli "
+            f"({100 * wire / max(external['size'], 1):.1f} %), byte planes {'/'.join(map(str, planes))}; reassembled sha256 matches"
+        )
+    return lines

@@ -1,0 +1,215 @@
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { afterEach, test } from 'node:test';
+
+import { chunkPlan, deinterleave, interleave, mapLimit, planVariant, variantModel } from '../../web_template/loader/chunks.js';
+import { PackIntegrityError, PackLoadError } from '../../web_template/loader/errors.js';
+import { CACHE_KEY_PREFIX, Files, ProgressTracker } from '../../web_template/loader/files.js';
+
+const realFetch = globalThis.fetch;
+afterEach(() => {
+  globalThis.fetch = realFetch;
+});
+
+const digest = (bytes) => createHash('sha256').update(bytes).digest('hex');
+
+test('byte planes: fp32 elements split into 4 planes, low byte first, and back', () => {
+  const values = new Float32Array([1, -2, 0.5]);
+  const bytes = new Uint8Array(values.buffer);
+  const planar = deinterleave(bytes, 4);
+  // plane 0 holds byte 0 of each element, plane 3 (sign and exponent) byte 3 of each.
+  assert.deepEqual(Array.from(planar.subarray(0, 3)), [bytes[0], bytes[4], bytes[8]]);
+  assert.deepEqual(Array.from(planar.subarray(9, 12)), [0x3f, 0xc0, 0x3f]);
+  assert.deepEqual(new Float32Array(interleave(planar, 4).buffer), values);
+});
+
+test('interleave writes into a larger buffer at an offset, for every plane count', () => {
+  for (const planes of [1, 2, 4, 8]) {
+    const bytes = Uint8Array.from({ length: planes * 5 }, (_, i) => (i * 37 + planes) & 255);
+    const out = new Uint8Array(bytes.length + 16).fill(7);
+    interleave(deinterleave(bytes, planes), planes, out, 8);
+    assert.deepEqual(Array.from(out.subarray(8, 8 + bytes.length)), Array.from(bytes), `planes ${planes}`);
+    assert.deepEqual([out[7], out[8 + bytes.length]], [7, 7]);
+  }
+  assert.throws(() => interleave(new Uint8Array(6), 4), /do not split into 4 byte planes/);
+});
+
+function chunkedManifest(chunks, size = 24) {
+  const files = { 'g.onnx': { sha256: 'a'.repeat(64), size: 3 } };
+  for (const c of chunks) if (!c.unlisted) files[c.file] = { sha256: c.sha256 || 'b'.repeat(64), size: c.fileSize ?? c.size };
+  return {
+    files,
+    variants: { fp32: { precision: 'fp32', model: 'g.onnx', requires: [], externalData: { path: 'w.weights', size, sha256: 'c'.repeat(64), chunks } } },
+  };
+}
+
+test('the chunk plan: offsets, sizes and planes checked against the manifest before any download', () => {
+  const chunks = [
+    { file: 'p0.bin', offset: 0, size: 16, coding: { planes: 4 } },
+    { file: 'p1.bin', offset: 16, size: 8, coding: { planes: 2 } },
+  ];
+  assert.deepEqual(chunkPlan(chunkedManifest(chunks), 'fp32'), {
+    path: 'w.weights',
+    size: 24,
+    chunks: [
+      { file: 'p0.bin', offset: 0, size: 16, planes: 4 },
+      { file: 'p1.bin', offset: 16, size: 8, planes: 2 },
+    ],
+  });
+  assert.equal(chunkPlan({ variants: { fp32: { model: 'g.onnx' } } }, 'fp32'), null);
+  const broken = (change, pattern) => {
+    const copy = chunks.map((c) => ({ ...c, coding: { ...c.coding } }));
+    change(copy);
+    assert.throws(() => chunkPlan(chunkedManifest(copy), 'fp32'), (e) => e instanceof PackLoadError && pattern.test(e.message));
+  };
+  broken((c) => (c[1].offset = 8), /chunks\[1\].*overlaps/);
+  broken((c) => (c[1].size = 16), /chunks\[1\].*outside 24 bytes/);
+  broken((c) => (c[0].coding.planes = 3), /chunks\[0\].coding.planes is 3/);
+  broken((c) => Object.assign(c[1], { file: 'nope.bin', unlisted: true }), /"nope.bin" is not listed/);
+  broken((c) => (c[1].fileSize = 7), /does not match its file/);
+});
+
+test('mapLimit runs at most `limit` tasks at once and keeps the order of results', async () => {
+  let running = 0;
+  let peak = 0;
+  const results = await mapLimit([5, 1, 4, 2, 3, 0], 3, async (ms) => {
+    running++;
+    peak = Math.max(peak, running);
+    await new Promise((r) => setTimeout(r, ms));
+    running--;
+    return ms * 10;
+  });
+  assert.equal(peak, 3);
+  assert.deepEqual(results, [50, 10, 40, 20, 30, 0]);
+});
+
+/** A package of one chunked variant: weights of fp32 then fp16 elements, coded as the build does. */
+function chunkedPackage() {
+  const fp32 = new Uint8Array(new Float32Array([1.5, -2.25, 3, 4, 5, 6]).buffer);
+  const fp16 = new Uint8Array(new Uint16Array([0x3c00, 0xc000, 0x3800, 0x4400]).buffer);
+  const weights = new Uint8Array([...fp32, ...fp16]);
+  const parts = [
+    { file: 'p0.bin', offset: 0, size: 16, planes: 4 },
+    { file: 'p1.bin', offset: 16, size: 8, planes: 4 },
+    { file: 'p2.bin', offset: 24, size: 8, planes: 2 },
+  ];
+  const served = { 'g.onnx': new Uint8Array([8, 9, 10]) };
+  const chunks = parts.map((p) => {
+    served[p.file] = deinterleave(weights.subarray(p.offset, p.offset + p.size), p.planes);
+    return { file: p.file, offset: p.offset, size: p.size, sha256: digest(weights.subarray(p.offset, p.offset + p.size)), coding: { planes: p.planes } };
+  });
+  const manifest = {
+    files: Object.fromEntries(Object.entries(served).map(([path, bytes]) => [path, { sha256: digest(bytes), size: bytes.length }])),
+    variants: { fp32: { precision: 'fp32', model: 'g.onnx', requires: [], externalData: { path: 'w.weights', size: weights.length, sha256: digest(weights), chunks } } },
+  };
+  return { manifest, served, weights };
+}
+
+function serve(served, { failOnce = new Set(), corrupt = new Set() } = {}) {
+  const requests = [];
+  globalThis.fetch = async (url) => {
+    const path = new URL(url).pathname.slice(1);
+    requests.push(path);
+    if (failOnce.has(path)) {
+      failOnce.delete(path);
+      throw new TypeError('Failed to fetch');
+    }
+    const bytes = Uint8Array.from(served[path]);
+    if (corrupt.has(path)) bytes[0] ^= 1;
+    return new Response(bytes);
+  };
+  return requests;
+}
+
+function store(manifest, cache = null) {
+  const events = [];
+  const progress = [];
+  const files = new Files({ baseUrl: new URL('https://cdn.test/'), manifest, cache, progress: new ProgressTracker((p) => progress.push(p)), emit: (e) => events.push(e), signal: null });
+  return { files, events, progress };
+}
+
+test('a chunked variant: chunks fetched, checked, re-interleaved into the external data onnxruntime-web gets', async () => {
+  const { manifest, served, weights } = chunkedPackage();
+  const requests = serve(served);
+  const { files, progress } = store(manifest);
+  planVariant(files, manifest, 'fp32');
+  const model = await variantModel(files, manifest, 'fp32', null);
+  assert.deepEqual(Array.from(model.bytes), [8, 9, 10]);
+  assert.equal(model.externalData.length, 1);
+  assert.equal(model.externalData[0].path, 'w.weights');
+  assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
+  assert.deepEqual(requests.sort(), ['g.onnx', 'p0.bin', 'p1.bin', 'p2.bin']);
+  // Progress in bytes, against the planned total of the graph and every chunk.
+  assert.deepEqual([progress.at(-1).loaded, progress.at(-1).total], [3 + 32, 3 + 32]);
+});
+
+test('a failed chunk is fetched again alone; the others are not refetched', async () => {
+  const { manifest, served, weights } = chunkedPackage();
+  const requests = serve(served, { failOnce: new Set(['p1.bin']) });
+  const { files, events } = store(manifest);
+  const model = await variantModel(files, manifest, 'fp32', null, { retryMs: 1 });
+  assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
+  assert.deepEqual(requests.filter((p) => p === 'p1.bin').length, 2);
+  for (const other of ['p0.bin', 'p2.bin', 'g.onnx']) assert.equal(requests.filter((p) => p === other).length, 1, other);
+  assert.deepEqual(events.filter((e) => e.type === 'retry').map((e) => [e.file, e.attempt]), [['p1.bin', 1]]);
+});
+
+test('a corrupted chunk is caught by its hash, names its file and is not retried', async () => {
+  const { manifest, served } = chunkedPackage();
+  const requests = serve(served, { corrupt: new Set(['p2.bin']) });
+  const { files } = store(manifest);
+  await assert.rejects(
+    variantModel(files, manifest, 'fp32', null, { retryMs: 1 }),
+    (e) => e instanceof PackIntegrityError && e.file === 'p2.bin' && /p2.bin: sha256 mismatch/.test(e.message),
+  );
+  assert.equal(requests.filter((p) => p === 'p2.bin').length, 1);
+});
+
+test('a chunk that keeps failing gives up after its attempts with the network error', async () => {
+  const { manifest, served } = chunkedPackage();
+  const requests = [];
+  globalThis.fetch = async (url) => {
+    const path = new URL(url).pathname.slice(1);
+    requests.push(path);
+    if (path === 'p0.bin') throw new TypeError('Failed to fetch');
+    return new Response(served[path]);
+  };
+  const { files } = store(manifest);
+  await assert.rejects(variantModel(files, manifest, 'fp32', null, { retryMs: 1, attempts: 3 }), /Failed to fetch/);
+  assert.equal(requests.filter((p) => p === 'p0.bin').length, 3);
+});
+
+test('a one-file variant is just its bytes', async () => {
+  const served = { 'm.onnx': new Uint8Array([1, 2]) };
+  serve(served);
+  const manifest = { files: { 'm.onnx': { sha256: digest(served['m.onnx']), size: 2 } }, variants: { fp32: { model: 'm.onnx' } } };
+  const { files } = store(manifest);
+  const model = await variantModel(files, manifest, 'fp32', null);
+  assert.deepEqual(Array.from(model.bytes), [1, 2]);
+  assert.equal(model.externalData, undefined);
+});
+
+test('each chunk is cached on its own: a load after a failed one fetches only what is missing', async () => {
+  const { manifest, served, weights } = chunkedPackage();
+  const entries = new Map();
+  const cache = {
+    match: async (key) => (entries.has(key) ? new Response(entries.get(key)) : undefined),
+    put: async (key, response) => entries.set(key, new Uint8Array(await response.arrayBuffer())),
+    delete: async (key) => entries.delete(key),
+  };
+  // First load: p2.bin keeps failing, the load fails, the other chunks stay cached.
+  const requests = [];
+  globalThis.fetch = async (url) => {
+    const path = new URL(url).pathname.slice(1);
+    requests.push(path);
+    if (path === 'p2.bin') throw new TypeError('Failed to fetch');
+    return new Response(served[path]);
+  };
+  await assert.rejects(variantModel(store(manifest, cache).files, manifest, 'fp32', null, { retryMs: 1, attempts: 2 }), /Failed to fetch/);
+  for (const file of ['p0.bin', 'p1.bin']) assert.ok(entries.has(CACHE_KEY_PREFIX + manifest.files[file].sha256), file);
+  // Second load: only the missing chunk goes to the network.
+  const again = serve(served);
+  const model = await variantModel(store(manifest, cache).files, manifest, 'fp32', null);
+  assert.deepEqual(again, ['p2.bin']);
+  assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
+});

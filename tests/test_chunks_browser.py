@@ -1,0 +1,136 @@
+"""A chunked, byte-plane-coded package through loader.js in headless Chromium (SwiftShader WebGPU
+and wasm): the same outputs as the one-file package, chunks fetched in parallel, a cut connection
+resumed from the failed chunk only, a corrupted chunk caught by its hash.
+
+Both packages come from `pack build` of one small model (tests/conftest.py chunked_packages)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, pages  # noqa: F401 (fixtures)
+from pipeline.verify.browser.server import running_server
+
+pytestmark = pytest.mark.browser
+
+# Counts the chunk downloads the page has open at once (fetch called, response not yet in).
+COUNT_CHUNK_FETCHES = """
+(() => {
+  const realFetch = window.fetch;
+  let open = 0;
+  window.__chunkFetches = { peak: 0, calls: 0 };
+  window.fetch = async function (input, init) {
+    const chunk = String((input && input.url) || input).includes('.part');
+    if (chunk) { open += 1; window.__chunkFetches.calls += 1; window.__chunkFetches.peak = Math.max(window.__chunkFetches.peak, open); }
+    try { return await realFetch.call(this, input, init); } finally { if (chunk) open -= 1; }
+  };
+})();
+"""
+
+
+def manifest_of(package: Path) -> dict:
+    return json.loads((package / "manifest.json").read_text())
+
+
+def chunk_files(package: Path, variant: str = "fp32") -> list[str]:
+    return [c["file"] for c in manifest_of(package)["variants"][variant]["externalData"]["chunks"]]
+
+
+def load(browser, server, options: dict, *, init_script: str | None = None, route=None, run: bool = True, more: tuple = ()):  # noqa: F811
+    """LOAD_AND_RUN in a fresh context; `more` are further (base URL, options) loads in the same page."""
+    context = browser.new_context()
+    try:
+        if init_script:
+            context.add_init_script(init_script)
+        page = context.new_page()
+        requested: list[str] = []
+        page.on("request", lambda request: requested.append(request.url.rsplit("/", 1)[-1]))
+        if route:
+            page.route("**/*.part*", route)
+        page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+        result = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": options, "run": run})
+        result["requested"] = requested
+        if init_script:
+            result["chunkFetches"] = page.evaluate("window.__chunkFetches")
+        result["more"] = [page.evaluate(LOAD_AND_RUN, {"base": base, "options": opts, "run": run}) for base, opts in more]
+        return result
+    finally:
+        context.close()
+
+
+SINGLE = "/single/"  # the one-file package, mounted beside the chunked one (one origin: one page loads both)
+
+
+@pytest.fixture(scope="module")
+def server(chunked_packages, pages):  # noqa: F811
+    with running_server(chunked_packages["chunked"], {TEST_PREFIX: pages, SINGLE: chunked_packages["single"]}) as running:
+        yield running
+
+
+@pytest.mark.parametrize("ep", ["wasm", "webgpu"])
+def test_chunked_outputs_equal_the_one_file_package_and_chunks_download_in_parallel(browser, server, ep):  # noqa: F811
+    """On wasm the connection of one chunk is also cut once: that chunk alone is fetched again."""
+    chunked, single = server, server.url + SINGLE[1:]
+    parts = chunk_files(Path(chunked.root))
+    cut, state = parts[1], {"cut": 0}
+
+    def cut_once(route):
+        if ep == "wasm" and route.request.url.endswith(cut) and state["cut"] == 0:
+            state["cut"] += 1
+            route.abort("connectionreset")
+        else:
+            route.continue_()
+
+    mark = len(chunked.requests)
+    options = {"executionProviders": [ep], "variant": "fp32", "prewarm": False}
+    # wasm also runs fp16, whose chunks are coded in two byte planes (SwiftShader has no shader-f16)
+    more = [(single, options)] + ([(chunked.url, {**options, "variant": "fp16"}), (single, {**options, "variant": "fp16"})] if ep == "wasm" else [])
+    ours = load(browser, chunked, options, init_script=COUNT_CHUNK_FETCHES, route=cut_once, more=more)
+    assert ours["ok"], ours
+    assert all(other["ok"] for other in ours["more"]), ours["more"]
+    theirs = ours["more"][0]
+    assert ours["info"]["ep"] == theirs["info"]["ep"] == ep
+    assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
+    if ep == "wasm":
+        assert {c["coding"]["planes"] for c in manifest_of(Path(chunked.root))["variants"]["fp16"]["externalData"]["chunks"]} == {2}
+        assert ours["more"][1]["info"]["variant"] == "fp16"
+        assert ours["more"][1]["outputs"]["y"]["bytes"] == ours["more"][2]["outputs"]["y"]["bytes"]
+    # every fp32 chunk served once, brotli-encoded, and more than one was open at a time
+    served = [r for r in chunked.requests[mark:] if r.path.lstrip("/") in parts]
+    assert sorted(r.path.lstrip("/") for r in served) == sorted(parts)
+    assert {r.encoding for r in served} == {"br"}
+    assert ours["chunkFetches"]["peak"] >= 2, ours["chunkFetches"]
+    # the cut chunk was requested again, alone; the others were not refetched
+    requested = Counter(name for name in ours["requested"] if name in parts)
+    retries = [(e["file"], e["attempt"]) for e in ours["events"] if e["type"] == "retry"]
+    if ep == "wasm":
+        assert state["cut"] == 1
+        assert requested == Counter({cut: 2, **{p: 1 for p in parts if p != cut}}), requested
+        assert retries == [(cut, 1)]
+    else:
+        assert requested == Counter(parts) and retries == []
+    # progress counts the bytes of the graph and every chunk, against the manifest's sizes
+    manifest = manifest_of(Path(chunked.root))
+    last = ours["progress"][-1]
+    assert last["loaded"] == last["total"]
+    assert last["total"] >= sum(manifest["files"][f]["size"] for f in parts) + manifest["files"][manifest["variants"]["fp32"]["model"]]["size"]
+
+
+def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, pages, tmp_path):  # noqa: F811
+    package = shutil.copytree(chunked_packages["chunked"], tmp_path / "corrupt")
+    bad = chunk_files(package)[2]
+    data = bytearray((package / bad).read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size, one bit changed
+    (package / bad).write_bytes(bytes(data))
+    (package / f"{bad}.br").unlink()
+    with running_server(package, {TEST_PREFIX: pages}) as server:
+        result = load(browser, server, {"executionProviders": ["wasm"], "variant": "fp32"}, run=False)
+    assert not result["ok"]
+    assert result["name"] == "PackIntegrityError", result
+    assert f"{bad}: sha256 mismatch" in result["message"] and "re-publish" in result["message"]
+    assert Counter(result["requested"])[bad] == 1  # an integrity failure is not retried

@@ -1,0 +1,136 @@
+// Chunked weights (manifest.json variants[v].externalData): the model file is the graph without
+// its weights; the weights are ONNX external data cut into chunk files. Chunks download in
+// parallel (bounded), each checked against its sha256 and cached in Cache Storage on its own
+// (Files); a chunk whose download fails is retried alone, the others are kept. Chunks coded as
+// byte planes (byte k of every element together; pipeline/assets/chunks.py) are re-interleaved
+// after the browser's native brotli decoding, into the one buffer onnxruntime-web receives as
+// session option `externalData: [{ path, data }]`.
+
+import { PackIntegrityError, PackLoadError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
+import { variantBytes } from './widen.js';
+
+// Chromium opens 6 connections per origin over HTTP/1.1; leave some for the runtime files.
+export const CHUNK_CONCURRENCY = 4;
+export const CHUNK_ATTEMPTS = 3;
+const RETRY_BASE_MS = 250;
+
+/** Interleave `planes` byte planes of `planar` into elements, written to `out` at `outOffset`. */
+export function interleave(planar, planes, out = new Uint8Array(planar.length), outOffset = 0) {
+  const length = planar.length;
+  if (planes === 1) {
+    out.set(planar, outOffset);
+    return out;
+  }
+  if (length % planes) throw new PackLoadError(`${length} bytes do not split into ${planes} byte planes`);
+  const count = length / planes;
+  for (let plane = 0; plane < planes; plane++) {
+    const base = plane * count;
+    let at = outOffset + plane;
+    for (let i = 0; i < count; i++, at += planes) out[at] = planar[base + i];
+  }
+  return out;
+}
+
+/** The inverse of interleave: byte k of every `planes`-byte element, for k = 0 .. planes-1. */
+export function deinterleave(bytes, planes) {
+  if (planes === 1) return Uint8Array.from(bytes);
+  if (bytes.length % planes) throw new PackLoadError(`${bytes.length} bytes are not whole ${planes}-byte elements`);
+  const count = bytes.length / planes;
+  const out = new Uint8Array(bytes.length);
+  for (let plane = 0; plane < planes; plane++) {
+    for (let i = 0; i < count; i++) out[plane * count + i] = bytes[i * planes + plane];
+  }
+  return out;
+}
+
+/**
+ * The checked chunk list of a variant, or null when its model is one file. Every chunk must name a
+ * listed file of its own size, lie inside the external data, not overlap the one before, and hold
+ * whole elements of its plane count; a manifest that breaks this is rejected before any download.
+ */
+export function chunkPlan(manifest, variant) {
+  const entry = manifest.variants && manifest.variants[variant];
+  const external = entry && entry.externalData;
+  if (!external) return null;
+  const where = `manifest.json variants.${variant}.externalData`;
+  const bad = (what) => new PackLoadError(`${where}: ${what}; rebuild the package`);
+  if (typeof external.path !== 'string' || !Number.isSafeInteger(external.size) || !Array.isArray(external.chunks) || !external.chunks.length) {
+    throw bad('needs path, size and a non-empty chunks list');
+  }
+  let end = 0;
+  const chunks = external.chunks.map((chunk, index) => {
+    const planes = chunk.coding && chunk.coding.planes;
+    const file = manifest.files && manifest.files[chunk.file];
+    if (![1, 2, 4, 8].includes(planes)) throw bad(`chunks[${index}].coding.planes is ${planes}, not 1, 2, 4 or 8`);
+    if (!file) throw bad(`chunks[${index}].file "${chunk.file}" is not listed in files`);
+    if (!Number.isSafeInteger(chunk.offset) || !Number.isSafeInteger(chunk.size) || chunk.offset < end || chunk.offset + chunk.size > external.size) {
+      throw bad(`chunks[${index}] (offset ${chunk.offset}, size ${chunk.size}) overlaps another or lies outside ${external.size} bytes`);
+    }
+    if (file.size !== chunk.size || chunk.size % planes) throw bad(`chunks[${index}] size ${chunk.size} does not match its file (${file.size}) or its ${planes} planes`);
+    end = chunk.offset + chunk.size;
+    return { file: chunk.file, offset: chunk.offset, size: chunk.size, planes };
+  });
+  return { path: external.path, size: external.size, chunks };
+}
+
+/** Plans the download sizes of a variant: its model file and any chunk files. */
+export function planVariant(files, manifest, variant) {
+  files.plan(manifest.variants[variant].model);
+  const plan = chunkPlan(manifest, variant);
+  if (plan) for (const chunk of plan.chunks) files.plan(chunk.file);
+}
+
+/** Runs `task(item)` over `items`, at most `limit` at a time; rejects with the first failure. */
+export async function mapLimit(items, limit, task) {
+  const results = new Array(items.length);
+  let next = 0;
+  let failed = null;
+  const worker = async () => {
+    while (next < items.length && !failed) {
+      const index = next++;
+      try {
+        results[index] = await task(items[index], index);
+      } catch (error) {
+        failed = failed || { error };
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, Math.min(limit, items.length)) }, worker));
+  if (failed) throw failed.error;
+  return results;
+}
+
+const retryable = (error, signal) => !(error instanceof PackIntegrityError) && !isAbort(error, signal);
+
+/** A chunk's verified bytes, its download retried alone after a network or HTTP failure. */
+async function fetchChunk(files, chunk, { signal, emit, attempts, retryMs }) {
+  for (let attempt = 1; ; attempt++) {
+    throwIfAborted(signal);
+    try {
+      return await files.get(chunk.file, signal);
+    } catch (error) {
+      if (attempt >= attempts || !retryable(error, signal)) throw error;
+      emit({ type: 'retry', file: chunk.file, attempt, error: messageOf(error) });
+      await sleep(retryMs * 2 ** (attempt - 1));
+    }
+  }
+}
+
+/**
+ * What onnxruntime-web needs to open a variant: { bytes } for a one-file model, { bytes,
+ * externalData: [{ path, data }] } for a chunked one (chunks fetched in parallel, verified,
+ * re-interleaved into place).
+ */
+export async function variantModel(files, manifest, variant, signal, { concurrency = CHUNK_CONCURRENCY, attempts = CHUNK_ATTEMPTS, retryMs = RETRY_BASE_MS } = {}) {
+  const plan = chunkPlan(manifest, variant);
+  if (!plan) return { bytes: await variantBytes(files, manifest, variant, signal, files.emit) }; // widened where fp16w
+  const graph = files.get(manifest.variants[variant].model, signal);
+  graph.catch(() => {}); // awaited below, after the chunks
+  const data = new Uint8Array(plan.size);
+  const emit = files.emit || (() => {});
+  await mapLimit(plan.chunks, concurrency, async (chunk) => {
+    const coded = await fetchChunk(files, chunk, { signal, emit, attempts, retryMs });
+    interleave(coded, chunk.planes, data, chunk.offset);
+  });
+  return { bytes: await graph, externalData: [{ path: plan.path, data }] };
+}
