@@ -30,7 +30,7 @@ from pipeline.verify.browser.chromium import launch_browser
 from pipeline.verify.browser.devices import adapter_class, device_key, device_label
 from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_in_browser
 from pipeline.verify.browser.plan import load_manifest, plan_runs
-from pipeline.verify.browser.remote import DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
+from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
 
 ATTEMPTS = 2  # the first connection and one retry
 GRACE_S = 60  # connecting and closing, beyond the budget, before a worker is abandoned
@@ -94,7 +94,9 @@ def verify_on_endpoints(
             try:
                 with ExitStack() as stack:
                     try:
-                        browser = stack.enter_context(open_browser(endpoint, gpu=gpu, remote_executable=remote_executable))
+                        left_ms = int(1000 * (deadline - time.monotonic()))
+                        browser = stack.enter_context(open_browser(endpoint, gpu=gpu, remote_executable=remote_executable,
+                                                                   timeout_ms=max(1000, min(CONNECT_TIMEOUT_MS, left_ms))))
                     except PackError as error:
                         raise _Unreachable(str(error)) from None
                     verify_in_browser(package_dir, references, thresholds, gpu=gpu, bundle=bundle, watchdog_ms=watchdog_ms,

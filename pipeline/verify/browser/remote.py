@@ -106,7 +106,7 @@ def launch_options(gpu: bool, executable: str | None) -> dict:
 
 
 @contextmanager
-def open_browser(endpoint: Endpoint, *, gpu: bool = False, remote_executable: str | None = None):
+def open_browser(endpoint: Endpoint, *, gpu: bool = False, remote_executable: str | None = None, timeout_ms: int = CONNECT_TIMEOUT_MS):
     """A Playwright `Browser` for `endpoint`, closed (or disconnected) on exit; sync API, this thread.
 
     Errors reaching an endpoint are PackError naming it by its label."""
@@ -121,10 +121,10 @@ def open_browser(endpoint: Endpoint, *, gpu: bool = False, remote_executable: st
         try:
             if endpoint.kind == CONNECT:
                 headers = {"x-playwright-launch-options": json.dumps(launch_options(gpu, remote_executable))}
-                browser = playwright.chromium.connect(endpoint.url, timeout=CONNECT_TIMEOUT_MS, headers=headers,
+                browser = playwright.chromium.connect(endpoint.url, timeout=timeout_ms, headers=headers,
                                                       expose_network="<loopback>")
             else:
-                browser = playwright.chromium.connect_over_cdp(endpoint.url, timeout=CONNECT_TIMEOUT_MS)
+                browser = playwright.chromium.connect_over_cdp(endpoint.url, timeout=timeout_ms)
                 browser = RoutedBrowser(browser)
         except PlaywrightError as error:
             raise PackError(f"{endpoint.label}: cannot connect ({scrub(first_line(error), endpoint)}); "
