@@ -416,9 +416,17 @@ def adapter_runs(checks: list[dict]) -> list[AdapterRuns]:
     for adapter, device_keys, group in classes.values():
         runs = runs_from_checks(group, "browser")
         if runs:
-            browsers = sorted({" ".join(p for p in (k.split("|")[0], k.split("|")[1], "on " + k.split("|")[2] if k.split("|")[2] else "") if p) for k in device_keys})
+            browsers = sorted({_browser_of(key) for key in device_keys})
             result.append({"adapter": adapter, "browsers": browsers, "runs": runs})
     return sorted(result, key=lambda e: json.dumps(e["adapter"], sort_keys=True))
+
+
+def _browser_of(device_key: str) -> str:
+    """"Chromium 150.0.7871.100 on Linux" from a device key (browser|version|os|adapter...)."""
+    parts = device_key.split("|")
+    if len(parts) < 3:
+        return device_key
+    return " ".join(part for part in (parts[0], parts[1], f"on {parts[2]}" if parts[2] else "") if part)
 
 
 def measurements_from(browser_report: dict | None) -> list[Measurement]:

@@ -150,3 +150,116 @@ def test_endpoint_policy_and_dead_or_silent_endpoints_never_hang(package, refere
     result.outcomes[0].finished = True  # as if the first had finished
     assert exit_policy(result, GridSettings(tuple(endpoints)))[0] is False
     assert exit_policy(result, GridSettings(tuple(endpoints), require_all=True))[0] is True
+
+
+def _with_adapter_failure(package: Path, folder: Path, adapter: dict) -> Path:
+    """A copy of the package whose manifest says webgpu/fp32 failed on `adapter`'s class (and
+    passed elsewhere), as a build verified on several browsers records it."""
+    import shutil
+
+    copy = Path(shutil.copytree(package, folder))
+    manifest = read_manifest(copy)
+    passed = [{"stage": "browser", "bundle": "webgpu", "ep": ep, "variant": "fp32", "status": "passed"} for ep in ("wasm", "webgpu")]
+    failed = {"stage": "browser", "bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "status": "failed", "detail": "y: rel_l2 0.4 > 0.001"}
+    manifest["verification"] = {"browser": True, "passed": False, "runs": passed, "adapters": [
+        {"adapter": adapter, "browsers": ["Chrome 150.0 on Windows"], "runs": [passed[0], failed]},
+        {"adapter": {"vendor": "apple", "architecture": "metal-3", "description": "", "fallback": False}, "browsers": ["Safari 26"], "runs": passed},
+    ]}
+    write_manifest(copy, manifest)
+    return copy
+
+
+@pytest.mark.browser
+def test_a_failure_on_one_adapter_class_steers_the_loader_on_that_class_only(package, tmp_path):
+    """(d) In this Chromium (SwiftShader: vendor google, architecture swiftshader) the loader skips
+    webgpu/fp32 when the manifest says it failed on google/swiftshader adapters, and runs it when
+    the failure was on another vendor's adapters."""
+    from pipeline.verify.browser.chromium import launch_browser
+    from tests.loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
+
+    pages = blank_pages_dir(tmp_path / "pages")
+    here = _with_adapter_failure(package, tmp_path / "here", {"vendor": "Google", "architecture": "swiftshader", "description": "", "fallback": True})
+    elsewhere = _with_adapter_failure(package, tmp_path / "elsewhere", {"vendor": "nvidia", "architecture": "hopper", "description": "", "fallback": False})
+    outcomes = {}
+    with launch_browser() as browser:
+        for name, root in (("here", here), ("elsewhere", elsewhere)):
+            with running_server(root, {TEST_PREFIX: pages}) as server:
+                page = browser.new_context().new_page()
+                page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+                outcomes[name] = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"cache": False}, "run": False})
+                page.context.close()
+    here_result, elsewhere_result = outcomes["here"], outcomes["elsewhere"]
+    assert here_result["ok"] and elsewhere_result["ok"], outcomes
+    assert (here_result["info"]["ep"], here_result["info"]["variant"]) == ("wasm", "fp32")
+    skipped = here_result["info"]["skipped"]
+    assert [(s["ep"], s["variant"]) for s in skipped] == [("webgpu", "fp32")]
+    assert skipped[0]["reason"] == "failed its browser check at build time on Google swiftshader adapters: y: rel_l2 0.4 > 0.001"
+    assert (elsewhere_result["info"]["ep"], elsewhere_result["info"]["variant"]) == ("webgpu", "fp32")
+    assert elsewhere_result["info"]["skipped"] == []
+
+
+def test_endpoint_options_parse_and_never_print_tokens(package):
+    from pipeline.verify.browser.remote import CDP, LOCAL, parse_endpoints, redact, scrub
+
+    endpoints = parse_endpoints([f"wss://grid.example:443/playwright?token={TOKEN}, local", "ws://10.0.0.2:3000/"], ["http://10.0.0.3:9222"])
+    assert [e.kind for e in endpoints] == [CONNECT, LOCAL, CONNECT, CDP]
+    assert [e.label for e in endpoints] == ["wss://grid.example:443/playwright?***", "local", "ws://10.0.0.2:3000/", "http://10.0.0.3:9222 (cdp)"]
+    assert parse_endpoints(["ws://a:1/,ws://a:1/"], None) == [Endpoint(CONNECT, "ws://a:1/")]
+    assert redact(f"wss://user:pw@cloud.example/v1/{TOKEN}/chromium") == "wss://cloud.example/v1/***/chromium"
+    message = f"WebSocket error: wss://user:pw@cloud.example/v1/{TOKEN}/chromium 401 (token {TOKEN}, pw)"
+    scrubbed = scrub(message, Endpoint(CONNECT, f"wss://user:pw@cloud.example/v1/{TOKEN}/chromium"))
+    assert TOKEN not in scrubbed and "pw@" not in scrubbed and "wss://cloud.example/v1/***/chromium" in scrubbed
+    # bad input: one line, exit 2, the token not echoed
+    for args, expected in (
+        (["--browser", f"http://grid:3000/?token={TOKEN}"], "error: --browser http://grid:3000/?***: not a ws:// or wss:// URL (or `local`)"),
+        (["--cdp", "grid:9222"], "error: --cdp grid:9222: not a ws:// or wss:// or http:// or https:// URL"),
+        (["--browser", "ws://grid:3000/", "--runtime", "1.30.0"], "error: --runtime with --browser/--cdp"),
+    ):
+        result = runner.invoke(app, ["verify", str(package), *args])
+        assert result.exit_code == 2 and TOKEN not in result.output, result.output
+        assert result.output.startswith(expected), result.output
+    built = runner.invoke(app, ["build", "model.onnx", "--no-browser"], env={"PACK_BROWSERS": "ws://grid:3000/"})
+    assert built.exit_code == 2 and "error: --no-browser with --browser/--cdp (or PACK_BROWSERS): choose one" in built.output
+
+
+def _check(device: str, adapter: dict | None, ep: str, variant: str, status: str, detail: str = "") -> dict:
+    check = {"stage": "browser", "bundle": "webgpu", "ep": ep, "variant": variant, "status": status, "output": "y",
+             "device": device, "adapter": adapter, "endpoint": f"ws://{device}/"}
+    return {**check, "detail": detail} if detail else check
+
+
+def test_manifest_records_per_adapter_class_and_merges_devices(package):
+    from pipeline.manifest import adapter_runs, refused, runs_from_checks, validate
+
+    nvidia = {"vendor": "nvidia", "architecture": "hopper", "description": "NVIDIA H200", "fallback": False}
+    apple = {"vendor": "apple", "architecture": "metal-3", "description": "", "fallback": False}
+    checks = [
+        _check("win-nvidia", nvidia, "webgpu", "fp16", "failed", "rel_l2 0.3 > 0.03"),
+        _check("win-nvidia", nvidia, "webgpu", "fp32", "passed"),
+        _check("mac", apple, "webgpu", "fp16", "passed"),
+        _check("mac", apple, "webgpu", "fp32", "failed", "NaN"),
+        _check("lost", apple, "webgpu", "fp16", "error", "ws://lost/: connection lost"),
+        _check("swiftshader", {"vendor": "google", "architecture": "swiftshader", "description": "", "fallback": True}, "webgpu", "fp16", "not-verifiable", "no shader-f16"),
+    ]
+    # one device's failure is that class's; the package-wide run passes where any device passed it
+    runs = runs_from_checks(checks, "browser")
+    assert [(r["variant"], r["status"]) for r in runs] == [("fp16", "passed"), ("fp32", "passed")]
+    only_failed = runs_from_checks([c for c in checks if c["device"] == "mac" and c["variant"] == "fp32"] + [checks[-1]], "browser")
+    assert [(r["variant"], r["status"]) for r in only_failed] == [("fp16", "not-verifiable"), ("fp32", "failed")]
+    adapters = adapter_runs(checks)
+    by_vendor = {entry["adapter"]["vendor"]: entry for entry in adapters}
+    assert set(by_vendor) == {"nvidia", "apple", "google"}
+    assert [(r["variant"], r["status"]) for r in by_vendor["nvidia"]["runs"]] == [("fp16", "failed"), ("fp32", "passed")]
+    assert by_vendor["nvidia"]["runs"][0]["detail"] == "y: rel_l2 0.3 > 0.03"
+    assert [(r["variant"], r["status"]) for r in by_vendor["apple"]["runs"]] == [("fp16", "passed"), ("fp32", "failed")]  # the error is no verdict
+    manifest = read_manifest(package)
+    manifest["verification"] = {"browser": True, "passed": False, "runs": runs, "adapters": adapters}
+    validate(manifest, "manifest.json")
+    assert refused(manifest, "webgpu", "webgpu", "fp16") is None
+    assert refused(manifest, "webgpu", "webgpu", "fp16", {"vendor": "NVIDIA", "architecture": "hopper", "description": ""})["status"] == "failed"
+    assert refused(manifest, "webgpu", "webgpu", "fp16", {"vendor": "nvidia", "architecture": "ampere", "description": ""}) is None
+    assert refused(manifest, "webgpu", "webgpu", "fp32", apple)["detail"] == "y: NaN"
+    with pytest.raises(Exception, match='key "verification.adapters\\[0\\].adapter.fallback"'):
+        broken = json.loads(json.dumps(manifest))
+        del broken["verification"]["adapters"][0]["adapter"]["fallback"]
+        validate(broken, "manifest.json")

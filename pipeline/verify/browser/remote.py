@@ -86,8 +86,8 @@ def parse_endpoints(browsers: list[str] | None, cdps: list[str] | None) -> list[
                     parts = urlsplit(item)
                     if parts.scheme not in schemes or not parts.hostname:
                         shown = redact(item) if "://" in item else item[:40]
-                        raise PackError(f"{option} {shown}: not a {'/'.join(s + '://' for s in schemes)}HOST:PORT/PATH URL"
-                                        + ("; or `local`" if option == "--browser" else "")
+                        raise PackError(f"{option} {shown}: not a {' or '.join(s + '://' for s in schemes)} URL"
+                                        + (" (or `local`)" if option == "--browser" else "")
                                         + " (a Playwright browser server: `npx playwright run-server --port 3000`, docs/remote.md)")
                     endpoint = Endpoint(CONNECT if option == "--browser" else CDP, item)
                 if endpoint not in endpoints:
