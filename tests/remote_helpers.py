@@ -72,8 +72,8 @@ class RemoteServer:
         self.process.wait(timeout=10)
 
 
-def start_remote_server(port: int = 3000) -> RemoteServer:
-    """A fresh namespace (veth pair with a /30 of its own) running `playwright run-server --unsafe`."""
+def _namespace() -> tuple[str, str]:
+    """A fresh network namespace joined to this one by a veth pair of its own /30: (name, its address)."""
     n = next(_counter)
     tag = f"{os.getpid() % 100000}x{n}"
     namespace, host_if, ns_if = f"packrs{tag}", f"pkh{tag}", f"pkn{tag}"
@@ -88,25 +88,75 @@ def start_remote_server(port: int = 3000) -> RemoteServer:
         _ip("netns", "exec", namespace, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
         _ip("netns", "exec", namespace, "ip", "link", "set", ns_if, "up")
         _ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
+    except BaseException:
+        stop_remote_server_namespace(namespace)
+        raise
+    return namespace, ns_ip
+
+
+def _wait_listening(process: subprocess.Popen, address: str, port: int, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited: {process.stdout.read().decode(errors='replace')[-500:]}")
+            time.sleep(0.2)
+    raise RuntimeError(f"{what} did not listen within 30 s")
+
+
+def start_remote_server(port: int = 3000) -> RemoteServer:
+    """A fresh namespace running `playwright run-server --unsafe` (launch options from the client)."""
+    namespace, ns_ip = _namespace()
+    try:
         process = subprocess.Popen(
             ["ip", "netns", "exec", namespace, sys.executable, "-m", "playwright", "run-server", "--port", str(port), "--host", "0.0.0.0", "--unsafe"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((ns_ip, port), timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None:
-                    raise RuntimeError(f"run-server exited: {process.stdout.read().decode(errors='replace')[-500:]}")
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("run-server did not listen within 30 s")
+        _wait_listening(process, ns_ip, port, "run-server")
     except BaseException:
         stop_remote_server_namespace(namespace)
         raise
     return RemoteServer(namespace, ns_ip, port, process)
+
+
+# Chromium's DevTools port listens on the namespace's loopback only: this relays it to the veth.
+_RELAY = """
+import asyncio, sys
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data); await w.drain()
+    finally:
+        w.close()
+async def handle(r, w):
+    tr, tw = await asyncio.open_connection("127.0.0.1", int(sys.argv[2]))
+    await asyncio.gather(pipe(r, tw), pipe(tr, w), return_exceptions=True)
+async def main():
+    async with await asyncio.start_server(handle, "0.0.0.0", int(sys.argv[1])) as server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def start_cdp_browser(profile: Path, port: int = 9223) -> RemoteServer:
+    """A fresh namespace running headless Chromium with its DevTools (CDP) port relayed on `port`."""
+    namespace, ns_ip = _namespace()
+    try:
+        subprocess.Popen(
+            ["ip", "netns", "exec", namespace, "/usr/bin/chromium", "--headless=new", "--no-sandbox", "--enable-unsafe-webgpu",
+             f"--user-data-dir={profile}", "--remote-debugging-port=9222", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        relay = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", _RELAY, str(port), "9222"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_listening(relay, ns_ip, port, "relay")
+    except BaseException:
+        stop_remote_server_namespace(namespace)
+        raise
+    return RemoteServer(namespace, ns_ip, port, relay)
 
 
 def stop_remote_server(server: RemoteServer) -> None:

@@ -263,3 +263,30 @@ def test_manifest_records_per_adapter_class_and_merges_devices(package):
         broken = json.loads(json.dumps(manifest))
         del broken["verification"]["adapters"][0]["adapter"]["fallback"]
         validate(broken, "manifest.json")
+
+
+@pytest.mark.browser
+def test_cdp_endpoint_gets_the_local_package_through_the_connection(package, tmp_path):
+    """--cdp: a Chromium reached only over CDP, in a namespace that cannot reach this machine's
+    loopback, loads the package's files from pack's local server: answered here, per request."""
+    from pipeline.verify.browser.remote import CDP, open_browser
+
+    reason = remote_helpers.available()
+    if reason:
+        pytest.skip(reason)
+    remote = remote_helpers.start_cdp_browser(tmp_path / "profile")
+    try:
+        with running_server(package) as server, open_browser(Endpoint(CDP, f"http://{remote.address}:{remote.port}")) as browser:
+            port = int(server.url.rstrip("/").rsplit(":", 1)[1])
+            inside = remote.in_namespace("python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)")
+            assert inside.returncode != 0 and "ConnectionRefusedError" in inside.stderr
+            page = browser.new_context().new_page()
+            page.goto(server.url + "manifest.json")
+            assert json.loads(page.evaluate("() => document.body.innerText"))["name"] == "test"
+            # a compressed file too: the page gets the decoded bytes
+            sample = read_manifest(package)["sample"]["file"]
+            size = page.evaluate("async (u) => (await (await fetch(u)).arrayBuffer()).byteLength", server.url + sample)
+            assert size == read_manifest(package)["files"][sample]["size"]
+            assert any(request.path == "/" + sample for request in server.requests)
+    finally:
+        remote_helpers.stop_remote_server(remote)
