@@ -213,7 +213,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])
     if not browser_ran:
         kernels_ran = any(c["stage"] == "webgpu-kernels" and c["status"] in ("passed", "failed") for c in report["checks"])
-        echo(f"NOT browser-verified (--no-browser): host{' and webgpu-kernels' if kernels_ran else ''} checks only")
+        why = "no browser finished" if grid else "--no-browser"
+        echo(f"NOT browser-verified ({why}): host{' and webgpu-kernels' if kernels_ran else ''} checks only")
     verdict = "PASSED" if report["passed"] else "FAILED"
     echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped"
          + (f", {errors} error" if (errors := sum(c['status'] == 'error' for c in report['checks'])) else ""))
