@@ -107,19 +107,25 @@ def _wait_listening(process: subprocess.Popen, address: str, port: int, what: st
     raise RuntimeError(f"{what} did not listen within 30 s")
 
 
-def start_remote_server(port: int = 3000) -> RemoteServer:
-    """A fresh namespace running `playwright run-server --unsafe` (launch options from the client)."""
-    namespace, ns_ip = _namespace()
+def start_remote_servers(count: int, port: int = 3000) -> list[RemoteServer]:
+    """`count` fresh namespaces, each running `playwright run-server --unsafe` (launch options from
+    the client), started side by side."""
+    servers: list[RemoteServer] = []
     try:
-        process = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, "-m", "playwright", "run-server", "--port", str(port), "--host", "0.0.0.0", "--unsafe"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        _wait_listening(process, ns_ip, port, "run-server")
+        for _ in range(count):
+            namespace, ns_ip = _namespace()
+            process = subprocess.Popen(
+                ["ip", "netns", "exec", namespace, sys.executable, "-m", "playwright", "run-server", "--port", str(port), "--host", "0.0.0.0", "--unsafe"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            servers.append(RemoteServer(namespace, ns_ip, port, process))
+        for server in servers:
+            _wait_listening(server.process, server.address, port, "run-server")
     except BaseException:
-        stop_remote_server_namespace(namespace)
+        for server in servers:
+            stop_remote_server_namespace(server.namespace)
         raise
-    return RemoteServer(namespace, ns_ip, port, process)
+    return servers
 
 
 # Chromium's DevTools port listens on the namespace's loopback only: this relays it to the veth.
