@@ -57,7 +57,9 @@ def device_lines(browser: dict, checks: list[dict]) -> list[str]:
         head = f"  {label}: {entry['status']} ({entry['seconds']:.1f} s"
         head += f", {entry['attempts']} attempts)" if entry["attempts"] != 1 else ")"
         out = [head] + [f"    error: {why}" for why in entry.get("errors") or []]
-        out += [f"  {check_line(check)}" for check in checks if check.get("endpoint") == label and check["stage"] == "browser"]
+        # an error check's detail is the endpoint's error, printed just above
+        out += [f"  {check_line({**check, 'detail': None} if check['status'] == 'error' else check)}"
+                for check in checks if check.get("endpoint") == label and check["stage"] == "browser"]
         eps = ((entry.get("browser") or {}).get("eps")) or {}
         for run_label, run in eps.items():
             times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms" for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if key in run)
@@ -70,7 +72,7 @@ def device_lines(browser: dict, checks: list[dict]) -> list[str]:
             lines.extend(endpoint_lines(endpoints[label]))
     for entry in browser["endpoints"]:
         if entry["device"] is None:
-            lines.append("device: unknown (never reached)")
+            lines.append("device: unknown (the browser did not report one: unreachable, or lost before its probe)")
             lines.extend(endpoint_lines(entry))
     return lines
 

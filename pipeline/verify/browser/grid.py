@@ -31,6 +31,7 @@ from pipeline.verify.browser.devices import adapter_class, device_key, device_la
 from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_in_browser
 from pipeline.verify.browser.plan import load_manifest, plan_runs
 from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
+from pipeline.verify.browser.runner import BrowserLost, connection_lost
 
 ATTEMPTS = 2  # the first connection and one retry
 GRACE_S = 60  # connecting and closing, beyond the budget, before a worker is abandoned
@@ -99,8 +100,15 @@ def verify_on_endpoints(
                                                                    timeout_ms=max(1000, min(CONNECT_TIMEOUT_MS, left_ms))))
                     except PackError as error:
                         raise _Unreachable(str(error)) from None
-                    verify_in_browser(package_dir, references, thresholds, gpu=gpu, bundle=bundle, watchdog_ms=watchdog_ms,
-                                      browser=browser, runtime=runtime, deadline=deadline, result=outcome.result)
+                    try:
+                        verify_in_browser(package_dir, references, thresholds, gpu=gpu, bundle=bundle, watchdog_ms=watchdog_ms,
+                                          browser=browser, runtime=runtime, deadline=deadline, result=outcome.result)
+                    except (PackError, BudgetSpent, BrowserLost):
+                        raise
+                    except Exception as error:
+                        if connection_lost(browser, error):
+                            raise BrowserLost(f"connection lost ({type(error).__name__}: {first_line(error)})") from None
+                        raise
                 outcome.finished = True
                 break
             except BudgetSpent as error:
@@ -109,7 +117,12 @@ def verify_on_endpoints(
             except PackError:
                 raise  # bad input (a package or option problem), not the endpoint's fault
             except Exception as error:  # noqa: BLE001 - unreachable, lost connection, crashed browser
-                why = str(error) if isinstance(error, _Unreachable) else f"{type(error).__name__}: {first_line(error)}"
+                if isinstance(error, _Unreachable):  # open_browser's message, less the label it starts with
+                    why = str(error).removeprefix(f"{endpoint.label}: ")
+                elif isinstance(error, BrowserLost):
+                    why = str(error)
+                else:
+                    why = f"{type(error).__name__}: {first_line(error)}"
                 outcome.errors.append(scrub(why, endpoint))
                 if time.monotonic() >= deadline:
                     break
@@ -164,7 +177,7 @@ def _merge(outcomes: list[EndpointOutcome], planned, require_all: bool) -> GridR
             checks.append({**check, **tags})
         if not outcome.finished:
             done = {(r["bundle"], r["ep"], r["variant"]) for r in report.get("runs", [])}
-            reason = "; retried: ".join(outcome.errors) or "no result"
+            reason = _reason(outcome.errors)
             for run in planned:
                 if (run.bundle, run.ep, run.variant) not in done:
                     checks.append({"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle,
@@ -186,6 +199,13 @@ def _merge(outcomes: list[EndpointOutcome], planned, require_all: bool) -> GridR
         "policy": "require-all" if require_all else "default",
     }
     return GridResult(checks, report, outcomes)
+
+
+def _reason(errors: list[str]) -> str:
+    """The last attempt's error, and the first's when it differs."""
+    plain = errors or ["no result"]
+    text = plain[-1] + (f" (after {len(plain)} attempts)" if len(plain) > 1 else "")
+    return text if plain[0] == plain[-1] else f"{text}; first attempt: {plain[0]}"
 
 
 def exit_policy(result, grid: GridSettings | None) -> tuple[bool, str | None]:

@@ -34,6 +34,12 @@ class BrowserLost(Exception):
     verdict on the package, so the caller reconnects or reports the endpoint's checks as `error`."""
 
 
+def connection_lost(browser, error: BaseException) -> bool:
+    """Whether `error` means the browser is gone. Playwright may raise TargetClosedError for the
+    calls in flight before it has processed the disconnection itself."""
+    return browser is not None and (not browser.is_connected() or type(error).__name__ == "TargetClosedError")
+
+
 class BrowserRunner:
     """Serve `root` with the runner page (and `runtimes`, each under its key) and open runner pages.
 
@@ -128,8 +134,7 @@ class RunnerPage:
             self.page.wait_for_function("() => window.__packResult !== null", timeout=limit_ms, polling=200)
             return self.page.evaluate("() => window.__packResult")
         except Exception as error:  # noqa: BLE001 - Playwright TimeoutError, or a crashed page
-            browser = self.page.context.browser
-            if browser is not None and not browser.is_connected():
+            if connection_lost(self.page.context.browser, error):
                 raise BrowserLost(f"connection to the browser lost during the run ({type(error).__name__})") from None
             if type(error).__name__ == "TimeoutError":
                 return {"ok": False, "stage": "watchdog", "hung": True,
