@@ -296,3 +296,25 @@ def test_cdp_endpoint_gets_the_local_package_through_the_connection(package, tmp
             assert any(request.path == "/" + sample for request in server.requests)
     finally:
         remote_helpers.stop_remote_server(remote)
+
+
+def test_build_verification_and_measurements_take_every_browser():
+    """What the build writes from a grid's checks and report: `verification.adapters` beside the
+    merged runs, an endpoint's error as no run, and each endpoint's production times."""
+    from pipeline.build import _verification
+    from pipeline.manifest import measurements_from
+
+    swiftshader = {"vendor": "google", "architecture": "swiftshader", "description": "", "fallback": True}
+    checks = [_check("a", swiftshader, "webgpu", "fp32", "passed"), _check("b", swiftshader, "webgpu", "fp32", "failed", "NaN"),
+              _check("c", None, "webgpu", "fp32", "error", "ws://c/: cannot connect")]
+    verification = _verification(checks)
+    assert verification["passed"] is False and verification["browser"] is True
+    assert [(r["ep"], r["status"]) for r in verification["runs"]] == [("webgpu", "passed")]
+    assert [[(r["ep"], r["status"]) for r in entry["runs"]] for entry in verification["adapters"]] == [[("webgpu", "failed")]]
+    assert "adapters" not in _verification([{k: v for k, v in checks[0].items() if k not in ("device", "adapter")}])
+    run = {"bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "status": "passed",
+           "timings_ms": {"session_create_ms": 9.0, "first_run_ms": 5.0, "steady_run_ms": 2.0}}
+    report = {"chromium": "150.0", "adapter": {"available": True, **swiftshader}, "runs": [run]}
+    grid = {"endpoints": [{"browser": report}, {"browser": {**report, "runs": [{**run, "timings_ms": {**run["timings_ms"], "steady_run_ms": 1.0}}]}},
+                          {"browser": None}]}
+    assert [m["steadyMs"] for m in measurements_from(grid)] == [1.0, 2.0]
