@@ -318,3 +318,18 @@ def test_build_verification_and_measurements_take_every_browser():
     grid = {"endpoints": [{"browser": report}, {"browser": {**report, "runs": [{**run, "timings_ms": {**run["timings_ms"], "steady_run_ms": 1.0}}]}},
                           {"browser": None}]}
     assert [m["steadyMs"] for m in measurements_from(grid)] == [1.0, 2.0]
+
+
+@pytest.mark.browser
+def test_a_budget_spent_mid_run_is_an_error_not_a_verdict(package, references):
+    """The per-endpoint budget also ends a browser that works: its unfinished runs are `error`
+    ("time budget spent"), never `failed` by a cut-short watchdog."""
+    from pipeline.verify.browser.remote import LOCAL
+
+    start = time.monotonic()
+    result = verify_on_endpoints(package, references, thresholds_for(package), [Endpoint(LOCAL)], budget_s=1)
+    assert time.monotonic() - start < 60
+    outcome = result.outcomes[0]
+    assert outcome.status == "error" and len(outcome.errors) == 1 and outcome.errors[0].startswith("time budget spent ")
+    assert "failed" not in {c["status"] for c in result.checks} and {c["status"] for c in result.checks} >= {"error"}
+    assert all(c["detail"].startswith("local: time budget spent ") for c in result.checks if c["status"] == "error")
