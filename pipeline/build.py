@@ -18,13 +18,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 import numpy as np
 import onnx
 
-from pipeline.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
+from pipeline.manifest import Manifest, Verification, adapter_runs, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.cache import file_sha256, staging_folder
@@ -60,6 +60,7 @@ class BuildOptions:
     gpu: bool = False
     lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
     reuse: bool = True  # link a stored passed build with the same inputs (pipeline/reuse.py)
+    grid: Any = None  # verify.browser.grid.GridSettings: --browser/--cdp endpoints; None: the local browser
 
 
 @dataclass
@@ -199,30 +200,30 @@ class BrowserOutcome:
     report: dict | None = None  # report.json "browser" (None under --no-browser)
     ep_options: dict | None = None  # the EP options the checks settled on
     steps: list[dict] = field(default_factory=list)
+    policy_failed: bool = False  # --browser endpoints ended in error beyond what the policy allows
 
 
 def _webgpu_failed(checks: list[dict]) -> bool:
     return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
 
 
-def _browser_verify(staging: Path, contents: PackageContents, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, progress: Progress) -> BrowserOutcome:
+def _browser_verify(staging: Path, contents: PackageContents, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, progress: Progress, grid=None) -> BrowserOutcome:
     """Browser verification through the package's loader. When WebGPU fails under the EP's default
     NHWC layout, the same package is tried with `preferredLayout: 'NCHW'` (onnxruntime-web 1.30's
     NHWC transform breaks some real graphs, GTCRN's Conv among them); if that passes, the package
     keeps it, and the step records both figures. The manifest on disk meanwhile is provisional:
     the final one is written once the verdict is known."""
-    from pipeline.verify.browser.chromium import launch_browser
-    from pipeline.verify.browser.harness import verify_in_browser
+    from pipeline.verify.browser.grid import browsers_for, exit_policy, verify_on_grid
 
     ep_options = contents.ep_options
     steps = []
-    with launch_browser(gpu=gpu) as browser:
-        result = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
+    with browsers_for(grid, gpu) as browser:
+        result = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
         if _webgpu_failed(result.checks) and "preferredLayout" not in ep_options.get("webgpu", {}):
             progress.note("webgpu failed with the NHWC layout; trying preferredLayout NCHW")
             nchw = {**ep_options, "webgpu": {**ep_options.get("webgpu", {}), "preferredLayout": "NCHW"}}
             write_manifest(staging, replace(contents, ep_options=nchw).manifest())
-            retry = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
+            retry = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
             fixed = not _webgpu_failed(retry.checks)
             failed_before = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in result.checks if c["ep"] == "webgpu" and c["status"] == "failed"]
             steps.append({
@@ -232,7 +233,10 @@ def _browser_verify(staging: Path, contents: PackageContents, reference: dict[st
             })
             if fixed:
                 result, ep_options = retry, nchw
-    return BrowserOutcome(result.checks, result.report, ep_options, steps)
+    policy_failed, why = exit_policy(result, grid)
+    if why:
+        progress.note(why)
+    return BrowserOutcome(result.checks, result.report, ep_options, steps, policy_failed)
 
 
 def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
@@ -250,7 +254,8 @@ def _verification(checks: list[dict]) -> Verification:
     passed = bool(ran) and all(c["status"] == "passed" for c in ran)
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in checks)
     runs = sorted((run for stage in ("browser", "host", "webgpu-kernels") for run in runs_from_checks(checks, stage)), key=run_sort_key)
-    return {"browser": browser_ran, "passed": passed, "runs": runs}
+    adapters = adapter_runs(checks)
+    return {"browser": browser_ran, "passed": passed, "runs": runs, **({"adapters": adapters} if adapters else {})}
 
 
 def _refused_pairs(manifest: Manifest) -> list[dict] | None:
@@ -340,7 +345,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         fetched = fetch_source(request, lock, progress)
         recipe.source = request.uri
         source_path = fetched.path
-    inputs_key = _build_inputs(recipe, options, fetched, lock).key() if options.reuse and reuse_enabled() else None
+    # Remote browsers are no input pack can hash (the device behind a URL changes): never reused.
+    inputs_key = _build_inputs(recipe, options, fetched, lock).key() if options.reuse and reuse_enabled() and options.grid is None else None
     if inputs_key is not None:
         reused = _reuse_stored(inputs_key, options, recipe)
         if reused is not None:
@@ -383,7 +389,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             write_manifest(staging, contents.manifest(thresholds=thresholds))
         with timer.stage("browser_verify"):
             if options.browser:
-                browser = _browser_verify(staging, contents, reference, browser_thresholds(made.variants, reference, recipe), options.gpu, progress)
+                browser = _browser_verify(staging, contents, reference, browser_thresholds(made.variants, reference, recipe), options.gpu, progress, options.grid)
                 contents.ep_options = browser.ep_options
             else:
                 browser = _browser_skipped(contents.manifest())
@@ -391,7 +397,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         verification = _verification(checks)
         report = {
             "name": recipe.name,
-            "passed": verification["passed"],
+            "passed": verification["passed"] and not browser.policy_failed,
             "refused": None,
             "checks": checks,
             "steps": repair_steps + made.steps + kernels.steps + browser.steps,

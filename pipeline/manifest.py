@@ -84,10 +84,17 @@ class Run(TypedDict):
     detail: NotRequired[str]  # the first failed check with figure and bound; absent when passed
 
 
+class AdapterRuns(TypedDict):
+    adapter: dict[str, Any]  # vendor, architecture, description, fallback
+    browsers: list[str]  # "Chromium 150.0.7871.100 on Linux"
+    runs: list[Run]  # the browser runs on devices of this adapter class
+
+
 class Verification(TypedDict):
     browser: bool
     passed: bool
     runs: list[Run]
+    adapters: NotRequired[list[AdapterRuns]]  # per adapter class, when verified on several browsers
 
 
 class Measurement(TypedDict):
@@ -329,14 +336,30 @@ def _matches(recorded: str, wanted: str) -> bool:
     return recorded == WILDCARD or wanted == WILDCARD or recorded == wanted
 
 
-def refused(manifest: Manifest, bundle: str, ep: str, variant: str) -> Run | None:
+def refused(manifest: Manifest, bundle: str, ep: str, variant: str, adapter: dict | None = None) -> Run | None:
     """The refusal rule: the first run recorded `failed` that matches (bundle, ep, variant),
-    a `*` in the run matching anything; None when the triple may be used.
-    (The loader's policy module implements the same rule in JS.)"""
-    for run in manifest["verification"]["runs"]:
+    a `*` in the run matching anything; with `adapter` (vendor, architecture, description) also
+    a failed run of `verification.adapters` for the same adapter class. None when the triple may
+    be used. (The loader's policy module implements the same rule in JS.)"""
+    runs = list(manifest["verification"]["runs"])
+    if adapter is not None:
+        for entry in manifest["verification"].get("adapters") or []:
+            if same_adapter_class(entry["adapter"], adapter):
+                runs += entry["runs"]
+    for run in runs:
         if run["status"] == "failed" and _matches(run["bundle"], bundle) and _matches(run["ep"], ep) and _matches(run["variant"], variant):
             return run
     return None
+
+
+def same_adapter_class(a: dict, b: dict) -> bool:
+    """Vendor and architecture match (description when both lack an architecture), case-blind:
+    `sameAdapterClass` in the loader's policy.js."""
+    key = lambda adapter: [str(adapter.get(k) or "").strip().lower() for k in ("vendor", "architecture", "description")]  # noqa: E731
+    (va, aa, da), (vb, ab, db) = key(a), key(b)
+    if va != vb:
+        return False
+    return aa == ab if (aa or ab) else da == db
 
 
 def failed_runs(manifest: Manifest) -> list[Run]:
@@ -358,9 +381,12 @@ def runs_from_checks(checks: list[dict], stage: str, bundle_of: dict[tuple[str, 
     a variant that fails on the host is refused everywhere. A run fails when any of its checks
     failed, is not-verifiable or skipped when one is (and none failed), and its detail is the
     first such check's output, figure and bound."""
+    devices = {check.get("device") for check in checks if check["stage"] == stage and check.get("device")}
+    if len(devices) > 1:
+        return _merged_device_runs([runs_from_checks([c for c in checks if c.get("device") == d], stage, bundle_of) for d in sorted(devices)])
     grouped: dict[tuple[str, str, str], list[dict]] = {}
     for check in checks:
-        if check["stage"] != stage:
+        if check["stage"] != stage or check["status"] == "error":  # an endpoint's error is no verdict
             continue
         if stage == "host":
             key = (WILDCARD, WILDCARD, check["variant"])
@@ -386,10 +412,65 @@ def runs_from_checks(checks: list[dict], stage: str, bundle_of: dict[tuple[str, 
     return sorted(runs, key=run_sort_key)
 
 
+def _merged_device_runs(per_device: list[list[Run]]) -> list[Run]:
+    """The runs of several devices as one: passed where any device passed it (the device that
+    failed it refuses it on its adapter class only: `adapter_runs`), failed where every device
+    that gave a verdict failed it, else the first device's status."""
+    merged: dict[tuple[str, str, str, str], list[Run]] = {}
+    for runs in per_device:
+        for run in runs:
+            merged.setdefault(run_sort_key(run), []).append(run)
+    result: list[Run] = []
+    for group in merged.values():
+        passed = next((r for r in group if r["status"] == "passed"), None)
+        verdicts = [r for r in group if r["status"] in ("passed", "failed")]
+        if passed is not None:
+            result.append(passed)
+        elif verdicts:
+            result.append(verdicts[0])
+        else:
+            result.append(group[0])
+    return sorted(result, key=run_sort_key)
+
+
+def adapter_runs(checks: list[dict]) -> list[AdapterRuns]:
+    """`verification.adapters`: per adapter class of the browsers that verified the package (checks
+    tagged by pipeline/verify/browser/grid.py), the browser runs on it: what passed and what
+    failed there. A run failed on any browser of the class is failed for the class."""
+    classes: dict[str, tuple[dict, set, list[dict]]] = {}
+    for check in checks:
+        adapter = check.get("adapter")
+        if check["stage"] != "browser" or not adapter or not check.get("device"):
+            continue
+        key = json.dumps([str(adapter.get(k) or "").lower() for k in ("vendor", "architecture", "description")] + [bool(adapter.get("fallback"))])
+        entry = classes.setdefault(key, (dict(adapter), set(), []))
+        entry[1].add(check["device"])
+        entry[2].append({k: v for k, v in check.items() if k != "device"})
+    result: list[AdapterRuns] = []
+    for adapter, device_keys, group in classes.values():
+        runs = runs_from_checks(group, "browser")
+        if runs:
+            browsers = sorted({_browser_of(key) for key in device_keys})
+            result.append({"adapter": adapter, "browsers": browsers, "runs": runs})
+    return sorted(result, key=lambda e: json.dumps(e["adapter"], sort_keys=True))
+
+
+def _browser_of(device_key: str) -> str:
+    """"Chromium 150.0.7871.100 on Linux" from a device key (browser|version|os|adapter...)."""
+    parts = device_key.split("|")
+    if len(parts) < 3:
+        return device_key
+    return " ".join(part for part in (parts[0], parts[1], f"on {parts[2]}" if parts[2] else "") if part)
+
+
 def measurements_from(browser_report: dict | None) -> list[Measurement]:
-    """Per-run times of the build's browser checks, for the loader to use as priors."""
+    """Per-run times of the build's browser checks, for the loader to use as priors (each
+    browser's, when the build verified on several: report.browser.endpoints)."""
     if not browser_report:
         return []
+    if "endpoints" in browser_report:
+        merged = [m for e in browser_report["endpoints"] for m in measurements_from(e.get("browser"))]
+        return sorted(merged, key=lambda m: (m["bundle"], m["ep"], m["variant"], json.dumps(m["adapter"], sort_keys=True), m["steadyMs"] or 0))
     adapter = browser_report.get("adapter") or {}
     adapter_class = (
         {key: str(adapter.get(key) or "") for key in ("vendor", "architecture", "description")}

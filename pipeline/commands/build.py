@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption, grid_settings
 from pipeline.commands.common import check_output_folder, cli_errors, print_json, progress_for
 from pipeline.errors import PackError
 
@@ -34,6 +35,11 @@ def build(
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
     no_reuse: Annotated[bool, typer.Option("--no-reuse", help="Build from scratch even when a passed build with the same inputs is stored (also PACK_BUILD_REUSE=off).")] = False,
     lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
+    browsers: BrowserOption = None,
+    cdps: CdpOption = None,
+    require_all: RequireAllOption = False,
+    browser_budget_s: BudgetOption = DEFAULT_BUDGET_S,
+    remote_chromium: RemoteChromiumOption = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 
@@ -49,12 +55,15 @@ def build(
             if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
                 raise PackError(f"--sha256 {sha256!r}: expected 64 hex digits (`sha256sum FILE` prints them)")
             sha256 = sha256.lower()
+        grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)
+        if grid is not None and no_browser:
+            raise PackError("--no-browser with --browser/--cdp (or PACK_BROWSERS): choose one")
         check_output_folder(out)
         check_cache_writable()
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
 
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock, reuse=not no_reuse)
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock, reuse=not no_reuse, grid=grid)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)

@@ -9,7 +9,7 @@ import typer
 
 from pipeline.verify.metrics import format_metrics
 
-MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip"}
+MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR "}
 
 
 def check_line(check: dict) -> str:
@@ -42,6 +42,38 @@ def browser_lines(browser: dict) -> list[str]:
             lines.append(f"    CPU fallback: {', '.join(nodes[:12])}{more}")
         if run.get("slowest_kernels"):
             lines.append(f"    slowest kernels: {', '.join(run['slowest_kernels'][:5])}")
+    return lines
+
+
+def device_lines(browser: dict, checks: list[dict]) -> list[str]:
+    """Several browsers (report.browser.endpoints/devices): per device its browser, OS and adapter,
+    the endpoints that ran on it, their checks and per-EP times; then endpoints that never
+    reported a device (unreachable)."""
+    lines = [f"browsers: {len(browser['endpoints'])}, on {len(browser['devices'])} device{'s' if len(browser['devices']) != 1 else ''}"]
+    endpoints = {entry["endpoint"]: entry for entry in browser["endpoints"]}
+
+    def endpoint_lines(entry: dict) -> list[str]:
+        label = entry["endpoint"]
+        head = f"  {label}: {entry['status']} ({entry['seconds']:.1f} s"
+        head += f", {entry['attempts']} attempts)" if entry["attempts"] != 1 else ")"
+        out = [head] + [f"    error: {why}" for why in entry.get("errors") or []]
+        # an error check's detail is the endpoint's error, printed just above
+        out += [f"  {check_line({**check, 'detail': None} if check['status'] == 'error' else check)}"
+                for check in checks if check.get("endpoint") == label and check["stage"] == "browser"]
+        eps = ((entry.get("browser") or {}).get("eps")) or {}
+        for run_label, run in eps.items():
+            times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms" for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if key in run)
+            out.append(f"    {run_label}: {run.get('status')}; {times or 'no timings'}")
+        return out
+
+    for device in browser["devices"]:
+        lines.append(f"device: {device['label']} ({device['status']})")
+        for label in device["endpoints"]:
+            lines.extend(endpoint_lines(endpoints[label]))
+    for entry in browser["endpoints"]:
+        if entry["device"] is None:
+            lines.append("device: unknown (the browser did not report one: unreachable, or lost before its probe)")
+            lines.extend(endpoint_lines(entry))
     return lines
 
 
@@ -177,13 +209,15 @@ def print_summary(report: dict, package_dir: Path) -> None:
     for item in report.get("refused") or []:
         echo(f"  {item['variant']} on {item['ep']} [{item['bundle']} bundle] refused (the loader will not pick it): {item['by']}")
     echo("checks:")
+    grid = "endpoints" in (report.get("browser") or {})  # several browsers: their checks go per device
     for check in report["checks"]:
-        echo(check_line(check))
+        if not (grid and check["stage"] == "browser"):
+            echo(check_line(check))
     if report.get("webgpu_kernels"):
         for line in webgpu_kernel_lines(report["webgpu_kernels"]):
             echo(line)
     if report.get("browser"):
-        for line in browser_lines(report["browser"]):
+        for line in (device_lines(report["browser"], report["checks"]) if grid else browser_lines(report["browser"])):
             echo(line)
     manifest_path = Path(package_dir) / "manifest.json"
     if manifest_path.is_file():
@@ -206,6 +240,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])
     if not browser_ran:
         kernels_ran = any(c["stage"] == "webgpu-kernels" and c["status"] in ("passed", "failed") for c in report["checks"])
-        echo(f"NOT browser-verified (--no-browser): host{' and webgpu-kernels' if kernels_ran else ''} checks only")
+        why = "no browser finished" if grid else "--no-browser"
+        echo(f"NOT browser-verified ({why}): host{' and webgpu-kernels' if kernels_ran else ''} checks only")
     verdict = "PASSED" if report["passed"] else "FAILED"
-    echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped")
+    echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped"
+         + (f", {errors} error" if (errors := sum(c['status'] == 'error' for c in report['checks'])) else ""))

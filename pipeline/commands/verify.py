@@ -16,8 +16,9 @@ import brotli
 import numpy as np
 import typer
 
+from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption, grid_settings
 from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
-from pipeline.commands.summary import MARKS, browser_lines, check_line, webgpu_kernel_lines
+from pipeline.commands.summary import MARKS, browser_lines, check_line, device_lines, webgpu_kernel_lines
 from pipeline.errors import PackError
 from pipeline.dtypes import NUMPY_DTYPES
 from pipeline.runtime import runtime_from_option
@@ -38,14 +39,23 @@ def verify(
     watchdog_ms: Annotated[Optional[int], typer.Option("--watchdog-ms", min=1000, help="Per-stage time limit in the browser; default: the manifest's loader.watchdogMs.")] = None,
     runtime: Annotated[Optional[list[str]], typer.Option("--runtime", help="Run on this onnxruntime-web instead of the shipped one: an exact npm version (dev builds too) or a local build's folder. Repeat to compare runtimes side by side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print checks and browser facts as JSON; no progress output.")] = False,
+    browsers: BrowserOption = None,
+    cdps: CdpOption = None,
+    require_all: RequireAllOption = False,
+    browser_budget_s: BudgetOption = DEFAULT_BUDGET_S,
+    remote_chromium: RemoteChromiumOption = None,
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
     with cli_errors():
         # Imported here: the browser harness and onnxruntime load only when this command runs.
         from pipeline.verify.browser.chromium import launch_browser
+        from pipeline.verify.browser.grid import exit_policy, verify_on_grid
         from pipeline.verify.browser.harness import verify_in_browser
         from pipeline.verify.host import reference_outputs
 
+        grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)
+        if grid is not None and runtime:
+            raise PackError("--runtime with --browser/--cdp: compare runtimes on one browser at a time; drop one of them")
         require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
@@ -58,7 +68,9 @@ def verify(
         progress.note(f"reference: {reference_path.name} on onnxruntime CPU")
         references = reference_outputs(reference_path, feeds)
         thresholds = recorded_thresholds(manifest)
-        if not runtimes:
+        if grid is not None:
+            result = verify_on_grid(grid, package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
+        elif not runtimes:
             result = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms)
         else:
             results = {}
@@ -80,10 +92,11 @@ def verify(
         lines[-1:-1] = [check_line(check) for check in kernel_checks] + webgpu_kernel_lines(kernel_facts)
     else:
         result.checks.extend(kernel_checks)
-        failed = result.failed
+        policy_failed, why = exit_policy(result, grid)
+        failed = result.failed or policy_failed
         document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
                     "checks": result.checks, "browser": result.report, "webgpu_kernels": kernel_facts}
-        lines = summary_lines(result, kernel_facts)
+        lines = summary_lines(result, kernel_facts, why, failed)
     if json_output:
         print_json(document)
     else:
@@ -198,13 +211,21 @@ def side_by_side_lines(results: dict[str, BrowserResult]) -> list[str]:
     return lines
 
 
-def summary_lines(result: BrowserResult, kernel_facts: dict | None = None) -> list[str]:
-    """Per-check lines, per-run browser facts, the webgpu-kernels facts, and a verdict."""
-    browser = browser_lines(result.report)
-    lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
+def summary_lines(result: BrowserResult, kernel_facts: dict | None = None, policy: str | None = None, failed: bool | None = None) -> list[str]:
+    """Per-check lines, per-run browser facts (per device on several browsers), the
+    webgpu-kernels facts, and a verdict."""
+    if "endpoints" in result.report:
+        other = [check_line(check) for check in result.checks if check["stage"] != "browser"]
+        lines = [*device_lines(result.report, result.checks), *(["checks:", *other] if other else [])]
+    else:
+        browser = browser_lines(result.report)
+        lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
     if kernel_facts:
         lines.extend(webgpu_kernel_lines(kernel_facts))
+    if policy:
+        lines.append(f"browsers: {policy}")
     counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
-    verdict = "FAILED" if result.failed else "PASSED"
-    lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable")
+    verdict = "FAILED" if (result.failed if failed is None else failed) else "PASSED"
+    errors = f", {counts['error']} error" if counts.get("error") else ""
+    lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable{errors}")
     return lines

@@ -186,3 +186,34 @@ test('wasmBundlePriors: the wasm EP as the build measured it on the wasm-only bu
   // Only the webgpu bundle measured: nothing for the wasm-only bundle.
   assert.equal(wasmBundlePriors(manifest({ measurements: [run('webgpu', 'webgpu', 48.4, swift), run('webgpu', 'wasm', 30, null)] }), swift).size, 0);
 });
+
+test('a run failed on one adapter class (verification.adapters) refuses it there only', () => {
+  const nvidia = { vendor: 'nvidia', architecture: 'hopper', description: '', fallback: false };
+  const fp16Failed = run('webgpu', 'webgpu', 'fp16', 'failed', { detail: 'y: rel_l2 0.3 > 0.03' });
+  const m = manifest({
+    verification: {
+      runs: [run('webgpu', 'webgpu', 'fp16', 'passed'), run('webgpu', 'webgpu', 'fp32', 'passed')],
+      adapters: [
+        { adapter: nvidia, browsers: ['Chrome 150 on Windows'], runs: [fp16Failed, run('webgpu', 'webgpu', 'fp32', 'passed')] },
+        { adapter: { vendor: 'apple', architecture: 'metal-3', description: '', fallback: false }, browsers: ['Safari 26'], runs: [run('webgpu', 'webgpu', 'fp16', 'passed')] },
+      ],
+    },
+  });
+  const onNvidia = { vendor: 'NVIDIA', architecture: 'hopper', description: 'H200' };
+  const onOtherNvidia = { vendor: 'nvidia', architecture: 'ampere', description: '' };
+  const onApple = { vendor: 'apple', architecture: 'metal-3', description: '' };
+  assert.deepEqual(refusingRun(m, 'webgpu', 'webgpu', 'fp16', onNvidia), { ...fp16Failed, adapter: nvidia });
+  assert.equal(refusingRun(m, 'webgpu', 'webgpu', 'fp16', onOtherNvidia), null);
+  assert.equal(refusingRun(m, 'webgpu', 'webgpu', 'fp16', onApple), null);
+  assert.equal(refusingRun(m, 'webgpu', 'webgpu', 'fp16'), null); // no adapter: the global runs only
+  assert.equal(refusalReason(refusingRun(m, 'webgpu', 'webgpu', 'fp16', onNvidia)),
+    'failed its browser check at build time on nvidia hopper adapters: y: rel_l2 0.3 > 0.03');
+  assert.equal(verificationStatus(m, 'webgpu', 'webgpu', 'fp16', onNvidia), 'failed');
+  assert.equal(verificationStatus(m, 'webgpu', 'webgpu', 'fp16', onApple), 'passed');
+  // the plan: fp32 on the failing class, fp16 on the others
+  const plan = (adapter) => planAttempts(m, { chain: ['webgpu', 'wasm'], features: F16, adapter }).attempts;
+  assert.deepEqual(plan(onNvidia), [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
+  assert.deepEqual(plan(onApple), [{ ep: 'webgpu', variant: 'fp16' }, { ep: 'wasm', variant: 'fp32' }]);
+  assert.deepEqual(candidatesFor(m, { chain: ['webgpu'], features: F16, bundle: 'webgpu', adapter: onNvidia }).map((c) => c.variant), ['fp32']);
+  assert.deepEqual(chooseVariant(m, 'webgpu', { features: F16, bundle: 'webgpu', adapter: onNvidia }).skipped.map((s) => s.variant), ['fp16']);
+});

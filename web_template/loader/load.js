@@ -87,7 +87,7 @@ export async function load(options = {}) {
     usable.length === 0
       ? { bundle: priorBundle, attempts: [], skipped: [], unfit: [] }
       : planAttempts(manifest, {
-          chain: usable, features, forced: options.variant, bundle: fixedBundle, allowRefused: Boolean(options.allowRefused),
+          chain: usable, features, forced: options.variant, bundle: fixedBundle, allowRefused: Boolean(options.allowRefused), adapter: adapterFacts,
           priors: mode === 'chain' && priors.size > 0 ? priors : null,
         });
   const { skipped } = plan;
@@ -123,7 +123,7 @@ export async function load(options = {}) {
       if (error instanceof PackLoadError && !manifest.sample) return { feeds: null, reference: null };
       throw error;
     });
-    let trusted = sample.feeds ? trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: runnable, features, bundle })) : [];
+    let trusted = sample.feeds ? trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: runnable, features, bundle, adapter: adapterFacts })) : [];
     const storage = options.storage === undefined ? defaultStorage() : options.storage;
     const key = trusted.length > 1 ? decisionKey({ packageHash: await packageHash(manifest), adapter: adapterFacts, browser: browserKey(nav) }) : null;
     const stored = key ? readDecision(storage, baseUrl.href, key, trusted) : null;

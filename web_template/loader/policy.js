@@ -65,25 +65,37 @@ function runsOf(manifest) {
 }
 
 /**
- * The refusal rule: the manifest.verification.runs entry that refuses (bundle, ep, variant), i.e.
- * any run with status 'failed' matching it ('*' matches anything), or null.
+ * The runs recorded for this adapter's class in manifest.verification.adapters (the build verified
+ * on several browsers): each tagged with its `adapter`. [] without an adapter.
  */
-export function refusingRun(manifest, bundle, ep, variant) {
-  return (
-    runsOf(manifest).find(
-      (run) => run.status === 'failed' && matches(run.bundle, bundle) && matches(run.ep, ep) && matches(run.variant, variant),
-    ) || null
-  );
+export function adapterRunsOf(manifest, adapter) {
+  const entries = manifest && manifest.verification && manifest.verification.adapters;
+  if (!adapter || !Array.isArray(entries)) return [];
+  return entries
+    .filter((entry) => entry && entry.adapter && Array.isArray(entry.runs) && sameAdapterClass(entry.adapter, adapter))
+    .flatMap((entry) => entry.runs.filter((run) => run && typeof run === 'object').map((run) => ({ ...run, adapter: entry.adapter })));
 }
 
-export function isRefused(manifest, bundle, ep, variant) {
-  return refusingRun(manifest, bundle, ep, variant) !== null;
+/**
+ * The refusal rule: the manifest.verification.runs entry that refuses (bundle, ep, variant), i.e.
+ * any run with status 'failed' matching it ('*' matches anything), or null. With `adapter` (the
+ * device's adapterInfo), a run that failed on this adapter class at build time refuses it too:
+ * a variant that failed on one vendor's GPUs is not chosen there, other adapters still get it.
+ */
+export function refusingRun(manifest, bundle, ep, variant, adapter = null) {
+  const failed = (run) => run.status === 'failed' && matches(run.bundle, bundle) && matches(run.ep, ep) && matches(run.variant, variant);
+  return runsOf(manifest).find(failed) || adapterRunsOf(manifest, adapter).find(failed) || null;
+}
+
+export function isRefused(manifest, bundle, ep, variant, adapter = null) {
+  return refusingRun(manifest, bundle, ep, variant, adapter) !== null;
 }
 
 /** "failed its browser check at build time: rel_l2 0.47 > 0.03" for a refusing run. */
 export function refusalReason(run) {
   const stage = run.stage || 'browser';
-  return `failed its ${stage} check at build time${run.detail ? `: ${run.detail}` : ''}`;
+  const where = run.adapter ? ` on ${[run.adapter.vendor, run.adapter.architecture || run.adapter.description].filter(Boolean).join(' ')} adapters` : '';
+  return `failed its ${stage} check at build time${where}${run.detail ? `: ${run.detail}` : ''}`;
 }
 
 /**
@@ -91,8 +103,8 @@ export function refusalReason(run) {
  * status of its browser run ('passed', 'not-verifiable'), else 'unverified' (no entry: built with
  * --no-browser, an older build, or a custom runtime).
  */
-export function verificationStatus(manifest, bundle, ep, variant) {
-  if (isRefused(manifest, bundle, ep, variant)) return 'failed';
+export function verificationStatus(manifest, bundle, ep, variant, adapter = null) {
+  if (isRefused(manifest, bundle, ep, variant, adapter)) return 'failed';
   const run = runsOf(manifest).find(
     (r) =>
       (r.stage || 'browser') === 'browser' &&
@@ -128,9 +140,9 @@ function variantOrder(manifest, ep, priors) {
  * Without `bundle` nothing is refused; with it, a refused variant is passed over (a forced one
  * too: it is reported, never run) unless `allowRefused` (the build's own verification re-runs).
  */
-export function chooseVariant(manifest, ep, { features = new Set(), forced, bundle, allowRefused = false, priors = null } = {}) {
+export function chooseVariant(manifest, ep, { features = new Set(), forced, bundle, allowRefused = false, priors = null, adapter = null } = {}) {
   const variants = manifest.variants || {};
-  const refusal = (name) => (bundle && !allowRefused ? refusingRun(manifest, bundle, ep, name) : null);
+  const refusal = (name) => (bundle && !allowRefused ? refusingRun(manifest, bundle, ep, name, adapter) : null);
   const wanted = typeof forced === 'string' ? forced : forced ? forced[ep] : undefined;
   if (wanted) {
     if (!variants[wanted]) {
@@ -188,8 +200,8 @@ function attemptsOn(manifest, chain, bundle, choice) {
  * without an adapter, unless its own refusals would cost an EP the first bundle allowed.
  * `bundle` fixes it (a runtime the app chose); `priors` order variants and attempts by time.
  */
-export function planAttempts(manifest, { chain, features = new Set(), forced, bundle = null, allowRefused = false, priors = null }) {
-  const choice = { features, forced, allowRefused, priors };
+export function planAttempts(manifest, { chain, features = new Set(), forced, bundle = null, allowRefused = false, priors = null, adapter = null }) {
+  const choice = { features, forced, allowRefused, priors, adapter };
   const first = bundle || bundleFor(manifest, chain);
   let plan = { bundle: first, ...attemptsOn(manifest, chain, first, choice) };
   const kept = plan.attempts.map((a) => a.ep);
@@ -219,12 +231,12 @@ export function orderByPriors(attempts, priors) {
  * the adapter can run and the build did not refuse, in chain order. `status` is what the build
  * recorded for the pair.
  */
-export function candidatesFor(manifest, { chain, features = new Set(), bundle }) {
+export function candidatesFor(manifest, { chain, features = new Set(), bundle, adapter = null }) {
   const candidates = [];
   for (const ep of chain) {
     for (const variant of variantOrder(manifest, ep, null)) {
-      if (!fitsAdapter(manifest, ep, variant, features) || isRefused(manifest, bundle, ep, variant)) continue;
-      candidates.push({ ep, variant, status: verificationStatus(manifest, bundle, ep, variant) });
+      if (!fitsAdapter(manifest, ep, variant, features) || isRefused(manifest, bundle, ep, variant, adapter)) continue;
+      candidates.push({ ep, variant, status: verificationStatus(manifest, bundle, ep, variant, adapter) });
     }
   }
   return candidates;

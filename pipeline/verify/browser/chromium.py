@@ -54,6 +54,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 PAGE_DIR = Path(__file__).parent / "page"
 GPU_HOOKS = PAGE_DIR / "gpu_hooks.js"
 ADAPTER_PROBE = PAGE_DIR / "adapter_probe.js"
+DEVICE_PROBE = PAGE_DIR / "device_probe.js"
 
 
 def chromium_path() -> str:
@@ -135,12 +136,17 @@ def new_watched_page(browser):
 
 def probe_adapter(page, attempts: int = 5, delay_ms: int = 200) -> dict:
     """WebGPU adapter facts of this page (features, fallback flag, vendor), retrying a null adapter."""
-    return page.evaluate(_adapter_probe_source(), {"attempts": attempts, "delayMs": delay_ms})
+    return page.evaluate(_probe_source(ADAPTER_PROBE), {"attempts": attempts, "delayMs": delay_ms})
 
 
-def _adapter_probe_source() -> str:
+def probe_device(page) -> dict:
+    """Browser brand, OS and user agent of this page (page/device_probe.js)."""
+    return page.evaluate(_probe_source(DEVICE_PROBE))
+
+
+def _probe_source(path: Path) -> str:
     # the file holds one function expression; its leading comment lines are not part of it
-    lines = ADAPTER_PROBE.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
     return "\n".join(line for line in lines if not line.startswith("//"))
 
 

@@ -22,6 +22,7 @@ from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime, resolve_runtime
 from pipeline.verify.browser import logs
+from pipeline.verify.browser.devices import device_facts
 from pipeline.verify.browser.plan import PlannedRun, load_manifest, plan_runs
 from pipeline.verify.browser.runner import BrowserRunner, RunnerPage, decode_tensor
 from pipeline.verify.metrics import LOWER_BOUNDS, compare, judge
@@ -31,6 +32,10 @@ DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
 STEADY_BUDGET_MS = 5_000
 OTHER_RUNTIME = "other"  # the mount key of a runtime that replaces the shipped one
+
+
+class BudgetSpent(Exception):
+    """An endpoint's time budget ran out before its runs did."""
 
 
 @dataclass
@@ -55,6 +60,8 @@ def verify_in_browser(
     browser=None,
     runtime: Runtime | None = None,
     profile: bool = True,
+    deadline: float | None = None,
+    result: BrowserResult | None = None,
 ) -> BrowserResult:
     """Verify `package_dir` in headless Chromium against fp32 `references` (output name -> array).
 
@@ -68,7 +75,10 @@ def verify_in_browser(
     same bundle key; `pack verify --runtime`). `bundle` (diagnostic) replaces the bundle of every
     run with that one of the shipped (or `runtime`'s) version ("root" = the JSEP build the
     package never ships), to show what it would do.
-    `browser` reuses an open Playwright browser (tests); otherwise one is launched and closed.
+    `browser` reuses an open Playwright browser (tests, remote endpoints); otherwise one is
+    launched and closed. `deadline` (time.monotonic()) is an endpoint's time budget: past it,
+    BudgetSpent. `result` collects into a caller's BrowserResult and skips the runs it holds
+    already (a reconnect resumes where the lost connection stopped).
     """
     progress = progress or Progress.quiet()
     package_dir = Path(package_dir)
@@ -80,31 +90,38 @@ def verify_in_browser(
     if runtime is not None and bundle is not None and bundle not in runtime.bundles:
         raise PackError(f"--bundle {bundle}: unknown; choose one of {', '.join(sorted(runtime.bundles))}")
 
-    result = BrowserResult()
+    result = result if result is not None else BrowserResult()
+    done = {(r["bundle"], r["ep"], r["variant"]) for r in (result.report or {}).get("runs", [])}
     launch_start = time.monotonic()
     with ExitStack() as stack:
         runner = stack.enter_context(BrowserRunner(
             package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser))
-        adapter = runner.probe_adapter()
+        adapter, navigator = runner.probe_device()
         result.report = {
             "chromium": runner.browser.version,
+            "device": device_facts(runner.browser.version, runner.browser.browser_type.name, adapter, navigator),
             "gpu": gpu,
             "adapter": adapter,
             "launch_ms": round(1000 * (time.monotonic() - launch_start)),
             "bundleOverride": bundle,
             "runtime": runtime_facts(manifest, runtime),
             "timing": "production settings (no profiling, default logging); profile pass separate",
-            "runs": [],
-            "eps": {},  # run label -> the figures a summary prints (see run_summary)
+            "runs": list((result.report or {}).get("runs", [])),
+            "eps": dict((result.report or {}).get("eps", {})),  # run label -> the figures a summary prints (see run_summary)
         }
         with progress.task("Browser checks", total=len(runs)) as task:
             for planned in runs:
+                if (planned.bundle, planned.ep, planned.variant) in done:
+                    task.advance()
+                    continue
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise BudgetSpent(f"time budget spent after {len(result.report['runs'])} of {len(runs)} runs")
                 if runtime is not None:
                     runtime_urls = runner.runtime_urls(OTHER_RUNTIME, bundle or planned.bundle)
                 else:
                     runtime_urls = planned.bundle  # the loader takes a shipped bundle by its key
                 checks, run_report = _verify_run(
-                    runner, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog, profile
+                    runner, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog, profile, deadline
                 )
                 if bundle is not None:
                     run_report["bundle"] = f"{bundle} (override of {planned.bundle})"
@@ -153,6 +170,7 @@ def run_summary(run_report: dict) -> dict:
 def _verify_run(
     runner: BrowserRunner, manifest: dict, planned: PlannedRun, runtime: str | dict, adapter: dict,
     references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int, profile: bool,
+    deadline: float | None = None,
 ) -> tuple[list[dict], dict]:
     variant = manifest["variants"][planned.variant]
     missing = _missing_features(planned.ep, variant, adapter)
@@ -174,8 +192,11 @@ def _verify_run(
     try:
         if planned.ep == "webgpu":
             page.probe_adapter()  # a fresh page may need its own retry before onnxruntime asks
-        outcome = page.run("package", dict(options, **{"pass": "timed"}), _limit_ms(watchdog_ms, STEADY_RUNS))
+        outcome = page.run("package", dict(options, **{"pass": "timed"}), _within(_limit_ms(watchdog_ms, STEADY_RUNS), deadline))
         stuck = outcome.get("hung") or outcome.get("crashed")
+        if outcome.get("hung") and deadline is not None and time.monotonic() >= deadline - 1:
+            # cut short by the endpoint's budget, not by the package's own watchdog: no verdict
+            raise BudgetSpent(f"time budget spent during {planned.ep}/{planned.variant} [{planned.bundle} bundle]")
         gpu_error_list = [] if stuck else page.gpu_errors()
         console = list(page.watch.lines)
         verbose = sum(1 for line in console if logs.is_verbose(line))
@@ -183,7 +204,7 @@ def _verify_run(
         # chain picks by default; a non-default wasm variant (wasm x fp16) is only checked and timed.
         # A run that failed gets it too (its placement says what ran where), unless its page hung.
         wanted = profile and not stuck and (planned.ep == "webgpu" or planned.default)
-        profiled = _profile_pass(page, options, watchdog_ms) if wanted else None
+        profiled = _profile_pass(page, options, watchdog_ms, deadline) if wanted else None
     finally:
         page.close()
 
@@ -257,11 +278,11 @@ def _verify_run(
     return checks, run_report
 
 
-def _profile_pass(page: RunnerPage, options: dict, watchdog_ms: int) -> dict:
+def _profile_pass(page: RunnerPage, options: dict, watchdog_ms: int, deadline: float | None = None) -> dict:
     """The labelled profiling pass: a second session on the same page with verbose logs and
     onnxruntime's profiler, one run. Its figures are placement and kernel times, never speed."""
     mark = page.watch.mark()
-    outcome = page.run("package", dict(options, **{"pass": "profile"}), _limit_ms(watchdog_ms, 0))
+    outcome = page.run("package", dict(options, **{"pass": "profile"}), _within(_limit_ms(watchdog_ms, 0), deadline))
     console = page.watch.since(mark)
     placement = logs.parse_placement(console)
     ep = options["ep"]
@@ -276,6 +297,13 @@ def _profile_pass(page: RunnerPage, options: dict, watchdog_ms: int) -> dict:
     if not outcome.get("ok"):
         facts["profile_pass"]["error"] = _short(outcome.get("error", "no result"))
     return facts
+
+
+def _within(limit_ms: int, deadline: float | None) -> int:
+    """`limit_ms`, cut to what is left of an endpoint's time budget (at least 1 s)."""
+    if deadline is None:
+        return limit_ms
+    return max(1000, min(limit_ms, int(1000 * (deadline - time.monotonic()))))
 
 
 def _limit_ms(watchdog_ms: int, steady_runs: int) -> int:

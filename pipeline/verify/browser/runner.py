@@ -20,13 +20,24 @@ import numpy as np
 from pipeline.dtypes import NUMPY_DTYPES, name_of_numpy
 from pipeline.errors import PackError
 from pipeline.runtime import Runtime
-from pipeline.verify.browser.chromium import PAGE_DIR, gpu_errors, launch_browser, new_watched_page, probe_adapter
+from pipeline.verify.browser.chromium import PAGE_DIR, gpu_errors, launch_browser, new_watched_page, probe_adapter, probe_device
 from pipeline.verify.browser.server import running_server
 
 MOUNT_PREFIX = "/__pack__/"
 PAGE_PREFIX = MOUNT_PREFIX + "page/"
 RUNTIME_PREFIX = MOUNT_PREFIX + "runtime/"
 MODEL_PREFIX = MOUNT_PREFIX + "models/"
+
+
+class BrowserLost(Exception):
+    """The browser went away under a run (a remote endpoint died or its connection dropped): not a
+    verdict on the package, so the caller reconnects or reports the endpoint's checks as `error`."""
+
+
+def connection_lost(browser, error: BaseException) -> bool:
+    """Whether `error` means the browser is gone. Playwright may raise TargetClosedError for the
+    calls in flight before it has processed the disconnection itself."""
+    return browser is not None and (not browser.is_connected() or type(error).__name__ == "TargetClosedError")
 
 
 class BrowserRunner:
@@ -99,6 +110,14 @@ class BrowserRunner:
         finally:
             runner_page.close()
 
+    def probe_device(self) -> tuple[dict, dict]:
+        """(adapter facts, browser/OS facts) of one fresh page."""
+        runner_page = self.open_page()
+        try:
+            return runner_page.probe_adapter(), probe_device(runner_page.page)
+        finally:
+            runner_page.close()
+
 
 class RunnerPage:
     """One page of the runner: start a run, wait for its result, read what the page logged."""
@@ -118,6 +137,8 @@ class RunnerPage:
             self.page.wait_for_function("() => window.__packResult !== null", timeout=limit_ms, polling=200)
             return self.page.evaluate("() => window.__packResult")
         except Exception as error:  # noqa: BLE001 - Playwright TimeoutError, or a crashed page
+            if connection_lost(self.page.context.browser, error):
+                raise BrowserLost(f"connection to the browser lost during the run ({type(error).__name__})") from None
             if type(error).__name__ == "TimeoutError":
                 return {"ok": False, "stage": "watchdog", "hung": True,
                         "error": f"watchdog: no result within {limit_ms} ms ({type(error).__name__})"}
