@@ -50,10 +50,11 @@ class Plan:
 
 
 def window(shape: list[int], keep: set[int], budget: int = FREE_ELEMENTS) -> list[int]:
-    """Sizes that keep the axes in `keep` whole and cut the others (last axis first) to about
-    `budget` elements together."""
+    """Sizes that keep the axes in `keep` whole and cut the others (last axis first) so that the
+    window holds about `budget` elements (at least one row of the kept axes)."""
     sizes = list(shape)
-    left = budget
+    # the kept axes count against the budget too: a row of a long reduction is costly already
+    left = max(1, budget // max(1, math.prod(shape[a] for a in keep)))
     for axis in reversed(range(len(shape))):
         if axis in keep:
             continue
