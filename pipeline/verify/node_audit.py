@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,9 @@ from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
 
 WORKER_MODULE = "pipeline.verify.node_audit_worker"
-NODES_PER_SESSION = 48
+# Nodes per session: onnxruntime's WebGPU EP compiles each distinct kernel once per session, and
+# real models repeat their kernels, so large groups cost far less than many small ones.
+NODES_PER_SESSION = 256
 # A node with no cutting rule runs whole when the values it reads are at most this many elements.
 WHOLE_ELEMENTS = 1 << 20
 SKIPPED_OPS = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Range", "EyeLike", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "NonZero", "Unique"})
@@ -126,16 +127,24 @@ def audit_variants(reference_model: Path, variants: dict[str, tuple[Path, str]],
     reference model's host values on `feeds`."""
     import onnx
 
-    started = time.perf_counter()
+    started = last = time.perf_counter()
     timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        timings[name] = round(now - last, 2)
+        last = now
+
     reference = onnx.load(str(reference_model))
     jobs, not_audited = _plan(reference, feeds)
+    lap("plan_s")
     if progress:
         progress.note(f"node audit: {len(jobs)} nodes to audit, {len(not_audited)} not auditable; one host run for their inputs")
     with tempfile.TemporaryDirectory(prefix="pack-node-audit-") as tmp_name:
         tmp = Path(tmp_name)
         values = _host_values(reference, jobs, feeds, tmp)
-        timings["host_s"] = round(time.perf_counter() - started, 2)
+        lap("host_s")
         if isinstance(values, str):
             why = f"the host run of the fp32 model for the audit failed: {values}"
             return AuditResult({name: [NodeVerdict("*", "*", [], "not-verifiable", why)] for name in variants}, not_audited, timings)
@@ -144,9 +153,11 @@ def audit_variants(reference_model: Path, variants: dict[str, tuple[Path, str]],
             models[name] = (onnx.load(str(path)), precision)
         built, more = _node_models(models, jobs, values)
         not_audited.extend(more)
+        lap("build_s")
         ran = _run_groups(built, {name: model for name, (model, _) in models.items()}, tmp, ep_options or {}, progress)
-        timings["kernels_s"] = round(time.perf_counter() - started - timings["host_s"], 2)
+        lap("kernels_s")
         verdicts = {name: _verdicts(built, ran, name, precision) for name, (_, precision) in variants.items()}
+    lap("judge_s")
     timings["total_s"] = round(time.perf_counter() - started, 2)
     return AuditResult(verdicts, not_audited, timings)
 
@@ -178,26 +189,30 @@ def _attributes(node) -> dict:
 
 
 def _infer(model, feeds: dict[str, np.ndarray]):
-    """Shapes and element types of every tensor at the feeds' shapes: {name: (elem_type, dims|None)}."""
+    """Shapes and element types of every tensor at the feeds' shapes: {name: (elem_type, dims|None)}.
+    The weights' bytes are set aside while inference runs (it needs their dims and types only)."""
     import onnx
 
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
-    for tensor in light.graph.initializer:
-        tensor.ClearField("raw_data")  # inference needs the dims and types, not the weights
-        for key in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
-            tensor.ClearField(key)
+    stored = [(tensor, tensor.raw_data) for tensor in model.graph.initializer if tensor.raw_data]
+    for tensor, _ in stored:
         tensor.raw_data = b""
-    for value in light.graph.input:
+    saved_inputs = [onnx.ValueInfoProto() for _ in model.graph.input]
+    for copy, value in zip(saved_inputs, model.graph.input):
+        copy.CopyFrom(value)
         if value.name in feeds:
             shape = value.type.tensor_type.shape
             shape.ClearField("dim")
             for n in feeds[value.name].shape:
                 shape.dim.add().dim_value = n
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - best effort: unknown shapes make their nodes not auditable
-        inferred = light
+        inferred = model
+    finally:
+        for tensor, raw in stored:
+            tensor.raw_data = raw
+        for value, copy in zip(model.graph.input, saved_inputs):
+            value.CopyFrom(copy)
     known: dict[str, tuple[int, list[int] | None]] = {}
     for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         tensor_type = value.type.tensor_type
@@ -210,19 +225,40 @@ def _infer(model, feeds: dict[str, np.ndarray]):
     return known
 
 
-def _constants(model) -> dict[str, np.ndarray]:
-    """Initializers and Constant-node values by tensor name (weights stay as stored)."""
-    import onnx
+class _Constants(dict):
+    """Initializers and Constant-node values by tensor name, converted to arrays on first use."""
 
-    values = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute:
-            attribute = node.attribute[0]
-            if attribute.name == "value":
-                values[node.output[0]] = onnx.numpy_helper.to_array(attribute.t)
-            elif attribute.name in ("value_float", "value_int", "value_floats", "value_ints"):
-                values[node.output[0]] = np.array(onnx.helper.get_attribute_value(attribute))
-    return values
+    def __init__(self, model):
+        import onnx
+
+        super().__init__()
+        self._protos = {t.name: t for t in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type == "Constant" and node.attribute:
+                self._protos[node.output[0]] = node.attribute[0]
+        self._onnx = onnx
+
+    def __contains__(self, name) -> bool:
+        return name in self._protos
+
+    def __missing__(self, name):
+        proto = self._protos[name]
+        onnx = self._onnx
+        if isinstance(proto, onnx.AttributeProto):
+            value = onnx.numpy_helper.to_array(proto.t) if proto.name == "value" else np.array(onnx.helper.get_attribute_value(proto))
+        else:
+            value = onnx.numpy_helper.to_array(proto)
+        self[name] = value
+        return value
+
+    def size(self, name: str) -> int:
+        proto = self._protos[name]
+        dims = proto.t.dims if isinstance(proto, self._onnx.AttributeProto) and proto.name == "value" else getattr(proto, "dims", [])
+        return math.prod(dims)
+
+
+def _constants(model) -> _Constants:
+    return _Constants(model)
 
 
 def _plan(reference, feeds: dict[str, np.ndarray]) -> tuple[list[_Job], list[dict]]:
@@ -249,7 +285,7 @@ def _plan(reference, feeds: dict[str, np.ndarray]) -> tuple[list[_Job], list[dic
             not_audited.append({**entry, "why": "shape inference leaves an input's shape unknown"})
             continue
         attrs = {**_attributes(node), "_opset": opset}
-        small = {i: [int(v) for v in np.asarray(constants[name]).ravel()] for i, name in enumerate(node.input) if name in constants and np.asarray(constants[name]).size <= 16 and np.asarray(constants[name]).dtype.kind in "iu"}
+        small = {i: [int(v) for v in np.asarray(constants[name]).ravel()] for i, name in enumerate(node.input) if name in constants and constants.size(name) <= 16 and np.asarray(constants[name]).dtype.kind in "iu"}
         plan = node_slicing.plan_node(node.op_type, attrs, shapes, small)
         if isinstance(plan, str):
             elements = sum(math.prod(shapes[i]) for i in fed)
@@ -274,10 +310,9 @@ def _host_values(reference, jobs: list[_Job], feeds: dict[str, np.ndarray], tmp:
     import onnx
     from onnx import helper, numpy_helper
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(reference)
-    graph = probe.graph
-    existing_outputs = {o.name for o in graph.output}
+    graph = reference.graph  # the probe: the reference plus Slice outputs, undone after saving
+    counts = (len(graph.node), len(graph.initializer))
+    outputs = list(graph.output)
     del graph.output[:]
     wanted: dict[str, str] = {}  # key -> probe output name
     for job in jobs:
@@ -297,10 +332,15 @@ def _host_values(reference, jobs: list[_Job], feeds: dict[str, np.ndarray], tmp:
                 graph.initializer.extend([starts, ends])
                 graph.node.append(helper.make_node("Slice", [name, starts.name, ends.name], [out], name=f"{out}_slice"))
             graph.output.append(helper.make_value_info(out, onnx.TypeProto()))
-    del existing_outputs
     path = tmp / "probe.onnx"
-    large = probe.ByteSize() > (1 << 31) - (1 << 24)
-    onnx.save(probe, str(path), save_as_external_data=large, location="probe.data" if large else None)
+    try:
+        large = reference.ByteSize() > (1 << 31) - (1 << 24)
+        onnx.save(reference, str(path), save_as_external_data=large, location="probe.data" if large else None)
+    finally:
+        del graph.node[counts[0]:]
+        del graph.initializer[counts[1]:]
+        del graph.output[:]
+        graph.output.extend(outputs)
     run = run_model(path, feeds)
     if run.outputs is None:
         return run.error or "no outputs"
@@ -396,8 +436,8 @@ def _one_node(job: _Job, node, model_name: str, constants, producers, reference_
         source, casts = traced
         if source in constants:
             value = _cut(np.asarray(constants[source]), win)
-            if i == 3 and "_sizes" in plan.attributes:
-                value = np.array(plan.attributes["_sizes"], dtype=value.dtype)
+            if i == 3 and "_resize_channels" in plan.attributes:
+                value = np.array([1, plan.attributes["_resize_channels"], *value.ravel()[2:]], dtype=value.dtype)
             for to in casts:
                 value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
             initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), local))
@@ -407,6 +447,8 @@ def _one_node(job: _Job, node, model_name: str, constants, producers, reference_
         value = values[_value_key(source, win)]
         for to in casts:
             value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+        if i == 3 and "_resize_channels" in plan.attributes:  # Resize `sizes` of the cut input
+            value = np.array([1, plan.attributes["_resize_channels"], *np.asarray(value).ravel()[2:]], dtype=value.dtype)
         if model_name != "reference" and not casts:
             elem = known.get(tensor, (0, None))[0] if known else 0
             if elem:

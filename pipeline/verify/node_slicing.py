@@ -261,16 +261,16 @@ def _plan_conv(op: str, attrs: dict, shapes: list[list[int] | None]) -> Plan | s
 
 
 def _plan_resize(shapes: list[list[int] | None], constants: dict[int, list[int]]) -> Plan | str:
+    """Resize scales the spatial axes only (scales/sizes of 1 on N and C, as images have): a few
+    channels of the first image, every position; `sizes`, when given, is cut to match."""
     x = shapes[0]
     if len(x) < 3:
         return "Resize of rank < 3"
+    scales = constants.get(2)
+    if scales and any(s != 1 for s in scales[:2]):
+        return "Resize scales the batch or channel axis"
     wx = list(x)
     wx[0] = 1
     wx[1] = min(x[1], CONV_CHANNELS)
     windows: list[list[int] | None] = [wx] + [None] * (len(shapes) - 1)
-    sizes_input = 3
-    if len(shapes) > sizes_input and shapes[sizes_input] is not None:
-        if sizes_input not in constants:
-            return "Resize sizes are not a constant"
-        return Plan(windows, {"_sizes": [1, wx[1], *constants[sizes_input][2:]]}, how=f"{wx[1]} channels")
-    return Plan(windows, how=f"{wx[1]} channels")
+    return Plan(windows, {"_resize_channels": wx[1]}, how=f"{wx[1]} channels")
