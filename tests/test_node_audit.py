@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.commands.summary import webgpu_kernel_lines
 from pipeline.manifest import runs_from_checks
 from pipeline.progress import Progress
 from pipeline.precision.fp16 import convert_with_keeps
@@ -166,5 +167,8 @@ def test_the_stage_audits_models_over_the_whole_run_limit(hazards, monkeypatch):
     assert "layout" not in facts  # neither op is one the NHWC layout rewrites: no NCHW retry
     assert facts["runs"]["fp16"]["audit"]["failed"] == 2
     assert {v["node"] for v in facts["audit"]["variants"]["fp16"]["failed"]} == {"long_matmul", "long_mean"}
+    lines = webgpu_kernel_lines(facts)
+    assert any(line.strip().startswith("fp16: node audit, 5 nodes on WebGPU (2 failed") for line in lines), lines
+    assert any(line.strip().startswith("long_mean (ReduceMean) at [[2, 70000]]") for line in lines), lines
     run = next(r for r in runs_from_checks(checks, "webgpu-kernels") if r["variant"] == "fp16")
     assert run["status"] == "failed" and failed["node"] in run["detail"] and "at [[" in run["detail"]
