@@ -172,3 +172,15 @@ def test_the_stage_audits_models_over_the_whole_run_limit(hazards, monkeypatch):
     assert any(line.strip().startswith("long_mean (ReduceMean) at [[2, 70000]]") for line in lines), lines
     run = next(r for r in runs_from_checks(checks, "webgpu-kernels") if r["variant"] == "fp16")
     assert run["status"] == "failed" and failed["node"] in run["detail"] and "at [[" in run["detail"]
+
+
+@needs_kernels
+def test_a_whole_run_that_does_not_finish_in_time_is_audited_instead(hazards, monkeypatch):
+    folder, feeds = hazards
+    monkeypatch.setenv("PACK_WEBGPU_KERNELS_TIMEOUT_S", "0.05")  # no whole run can finish
+    models = {"fp16": folder / "fp16.onnx", "fp32": folder / "fp32.onnx"}
+    reference = reference_outputs(folder / "fp32.onnx", feeds)
+    thresholds = {v: {o: threshold_for("tensor", v, "webgpu") for o in reference} for v in models}
+    checks, facts = webgpu_kernel_checks(models, reference, feeds, thresholds, {}, Progress.quiet())
+    assert [(c["variant"], c["status"]) for c in checks] == [("fp16", "failed"), ("fp32", "passed")]
+    assert "did not finish within 0.05 s" in checks[0]["detail"] and checks[0]["op"] in ("MatMul", "ReduceMean")

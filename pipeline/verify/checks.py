@@ -189,28 +189,34 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
 
 
 def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict, reference_model: Path | None) -> tuple[list[dict], dict, object]:
-    checks: list[dict] = []
+    """Whole runs of the variants lavapipe can run; a node audit of those over its limits and of
+    those whose whole run did not finish in time."""
+    by_variant: dict[str, list[dict]] = {}
     runs: dict = {}
-    heavy = {variant: why for variant, path in models.items() if (why := webgpu_kernels.whole_run_limit(path, feeds))}
-    audit = None
-    if heavy and reference_model is not None:
-        progress.note(f"{webgpu_kernels.STAGE}: {next(iter(heavy.values())).split(':')[0]}; auditing {', '.join(heavy)} node by node")
-        audit = node_audit.audit_variants(reference_model, {variant: (models[variant], variant) for variant in heavy}, feeds, ep_options, progress)
+    audited = {variant: why for variant, path in models.items() if (why := webgpu_kernels.whole_run_limit(path, feeds))}
     for variant, model_path in models.items():
         base = {"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": variant}
-        if audit is not None and variant in heavy:
-            check, runs[variant] = audit_check(base, audit, variant, heavy[variant])
-            checks.append(check)
+        if variant in audited and reference_model is not None:
             continue
         progress.note(f"{webgpu_kernels.STAGE} check {variant}: {webgpu_kernels.DESCRIPTION}")
         run = webgpu_kernels.run_on_webgpu(model_path, feeds, ep_options)
         runs[variant] = {"webgpu_nodes": run.webgpu_nodes, "cpu_fallback_nodes": run.cpu_fallback_nodes, **run.timings_ms}
-        if run.not_verifiable:
-            checks.append({**base, "status": "not-verifiable", "metrics": {}, "threshold": {}, "detail": run.not_verifiable})
+        if run.not_verifiable and run.not_verifiable.startswith(webgpu_kernels.TIMED_OUT) and reference_model is not None:
+            audited[variant] = run.not_verifiable
+        elif run.not_verifiable:
+            by_variant[variant] = [{**base, "status": "not-verifiable", "metrics": {}, "threshold": {}, "detail": run.not_verifiable}]
         elif run.outputs is None:
-            checks.append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": run.error or "no outputs"})
+            by_variant[variant] = [{**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": run.error or "no outputs"}]
         else:
-            checks.extend(output_checks(base, reference, run.outputs, thresholds[variant], kinds))
+            by_variant[variant] = output_checks(base, reference, run.outputs, thresholds[variant], kinds)
+    audit = None
+    if audited and reference_model is not None:
+        progress.note(f"{webgpu_kernels.STAGE}: {next(iter(audited.values())).split(':')[0]}; auditing {', '.join(audited)} node by node")
+        audit = node_audit.audit_variants(reference_model, {variant: (models[variant], variant) for variant in audited}, feeds, ep_options, progress)
+        for variant, why in audited.items():
+            check, runs[variant] = audit_check({"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": variant}, audit, variant, why)
+            by_variant[variant] = [check]
+    checks = [check for variant in models for check in by_variant.get(variant, [])]
     return checks, runs, audit
 
 

@@ -47,6 +47,16 @@ WORKER_MODULE = "pipeline.verify.node_audit_worker"
 NODES_PER_SESSION = 256
 # A node with no cutting rule runs whole when the values it reads are at most this many elements.
 WHOLE_ELEMENTS = 1 << 20
+DEFAULT_AUDIT_TIMEOUT_S = 900
+
+
+def audit_timeout_s() -> float:
+    """The time one audit child may take for all its sessions (`PACK_WEBGPU_KERNELS_AUDIT_TIMEOUT_S`)."""
+    import os
+
+    return float(os.environ.get("PACK_WEBGPU_KERNELS_AUDIT_TIMEOUT_S") or DEFAULT_AUDIT_TIMEOUT_S)
+
+
 SKIPPED_OPS = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Range", "EyeLike", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "NonZero", "Unique"})
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
 FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -576,10 +586,11 @@ def _spawn(jobs_path: Path, done_path: Path) -> str | None:
     from pipeline.verify.host import _signal_name
 
     command = [sys.executable, "-m", WORKER_MODULE, str(jobs_path), str(done_path)]
+    limit = audit_timeout_s()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=webgpu_kernels.run_timeout_s(), env=webgpu_kernels.worker_env())
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=webgpu_kernels.worker_env())
     except subprocess.TimeoutExpired:
-        return f"not verifiable: the audit did not finish within {webgpu_kernels.run_timeout_s():g} s (PACK_WEBGPU_KERNELS_TIMEOUT_S raises the limit)"
+        return f"not verifiable: the node audit did not finish within {limit:g} s (PACK_WEBGPU_KERNELS_AUDIT_TIMEOUT_S raises the limit)"
     if done.returncode < 0:
         return _signal_name(done.returncode)
     if done.returncode != 0:

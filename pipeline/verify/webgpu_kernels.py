@@ -39,6 +39,7 @@ MAX_BUFFER_BYTES = 128 << 20
 # 0.38 GMAC, in 254 ms): above this much work per run a model is too heavy to check there.
 DEFAULT_MAX_GMAC = 20.0
 DEFAULT_TIMEOUT_S = 300
+TIMED_OUT = "onnxruntime's WebGPU EP did not finish within"  # a whole run too slow: the stage audits nodes instead
 
 
 def max_gmac() -> float:
@@ -300,7 +301,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=run_timeout_s(), env=worker_env())
         except subprocess.TimeoutExpired:
-            why = f"onnxruntime's WebGPU EP did not finish within {run_timeout_s():g} s on lavapipe: not verifiable there (PACK_WEBGPU_KERNELS_TIMEOUT_S raises the limit)"
+            why = f"{TIMED_OUT} {run_timeout_s():g} s on lavapipe: not verifiable there (PACK_WEBGPU_KERNELS_TIMEOUT_S raises the limit)"
             return WebGpuRun(None, why, "all", not_verifiable=why)
         if done.returncode < 0:
             signal = _signal_name(done.returncode)
