@@ -58,8 +58,10 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
     max_abs = float(np.max(np.abs(diff), initial=0.0))
     # the reference's own span (as compare.js computes it), not widened to include zero
     value_range = float(np.max(ref_f) - np.min(ref_f)) if ref_f.size else 0.0
-    ref_norm = float(np.linalg.norm(ref_f))
-    err_norm = float(np.linalg.norm(diff))
+    # sums of squares without BLAS: np.linalg.norm goes through a threaded dot that stalls for
+    # seconds per call on a loaded machine (the node audit compares hundreds of outputs)
+    ref_norm = math.sqrt(float(np.sum(np.square(ref_f))))
+    err_norm = math.sqrt(float(np.sum(np.square(diff))))
     metrics["max_abs"] = max_abs
     metrics["max_abs_of_range"] = max_abs / value_range if value_range > 0 else (0.0 if max_abs == 0 else math.inf)
     metrics["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
