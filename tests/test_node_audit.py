@@ -7,6 +7,8 @@ whole node it keeps); the audit itself needs the webgpu-kernels stage and skips 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -166,6 +168,7 @@ def test_the_stage_audits_models_over_the_whole_run_limit(hazards, monkeypatch):
     assert set(failed["failed_ops"]) == {"MatMul", "ReduceMean"}
     assert "layout" not in facts  # neither op is one the NHWC layout rewrites: no NCHW retry
     assert facts["runs"]["fp16"]["audit"]["failed"] == 2
+    json.dumps(facts)  # report.json holds them as they are
     assert {v["node"] for v in facts["audit"]["variants"]["fp16"]["failed"]} == {"long_matmul", "long_mean"}
     lines = webgpu_kernel_lines(facts)
     assert any(line.strip().startswith("fp16: node audit, 5 nodes on WebGPU (2 failed") for line in lines), lines
