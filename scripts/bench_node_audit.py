@@ -58,7 +58,17 @@ def main() -> None:
     args = parser.parse_args()
     reason = webgpu_kernels.unavailable_reason()
     if reason:
-        sys.exit(f"error: webgpu-kernels not available: {reason}")
+        print(f"error: webgpu-kernels not available: {reason}", file=sys.stderr)
+        sys.exit(2)
+    for package in args.packages:
+        manifest = package / "manifest.json"
+        if not manifest.is_file():
+            print(f"error: {manifest} not found; give a package folder built by `pack build ... --no-browser`", file=sys.stderr)
+            sys.exit(2)
+        precisions = {v.get("precision") for v in json.loads(manifest.read_text())["variants"].values()}
+        if "fp32" not in precisions:
+            print(f"error: {package} has no fp32 variant to audit against; build it with variants = ['fp16', 'fp32']", file=sys.stderr)
+            sys.exit(2)
     results = [bench(package, args.runs) for package in args.packages]
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
