@@ -187,3 +187,13 @@ def test_a_whole_run_that_does_not_finish_in_time_is_audited_instead(hazards, mo
     checks, facts = webgpu_kernel_checks(models, reference, feeds, thresholds, {}, Progress.quiet())
     assert [(c["variant"], c["status"]) for c in checks] == [("fp16", "failed"), ("fp32", "passed")]
     assert "did not finish within 0.05 s" in checks[0]["detail"] and checks[0]["op"] in ("MatMul", "ReduceMean")
+
+
+@needs_kernels
+def test_a_node_that_crashes_the_worker_is_named_and_the_others_are_still_audited(hazards, monkeypatch):
+    folder, feeds = hazards
+    monkeypatch.setattr(node_audit, "WORKER_MODULE", "tests.node_audit_crashing_worker")
+    verdicts = {v.node: v for v in node_audit.node_verdicts(folder / "fp32.onnx", folder / "fp16.onnx", feeds)}
+    assert verdicts["relu"].status == "failed" and verdicts["relu"].detail == "crashed the worker (SIGSEGV)"
+    assert {n for n, v in verdicts.items() if v.status == "failed"} == {"relu", "long_matmul", "long_mean"}
+    assert verdicts["conv"].status == "passed" and verdicts["centre"].status == "passed"
