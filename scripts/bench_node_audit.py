@@ -28,7 +28,7 @@ from pipeline.verify import node_audit, webgpu_kernels  # noqa: E402
 def bench(package: Path, runs: int) -> dict:
     manifest = json.loads((package / "manifest.json").read_text())
     feeds = sample_feeds(package, manifest)
-    variants = {name: (package / v["model"], v["precision"]) for name, v in manifest["variants"].items() if v.get("precision") in ("fp16", "fp32")}
+    variants = {name: (package / v["model"], v["precision"]) for name, v in manifest["variants"].items() if v.get("precision") in ("fp16", "fp16w", "fp32")}
     reference = variants["fp32"][0]
     limit = webgpu_kernels.whole_run_limit(reference, feeds)
     print(f"{package.name}: {webgpu_kernels.estimated_macs(reference, feeds) / 1e9:.1f} GMAC per run; whole run: {limit or 'within the limit'}")

@@ -35,9 +35,9 @@ _DB_BOUNDS = {
 _IMAGE_P999 = {"fp32": 1e-3, "fp16": 2e-2, "fp16w": 5e-3}
 _IMAGE_BLOCK = {"fp32": 1e-3, "fp16": 1e-2, "fp16w": 5e-3}
 # Integer images (uint8): float rounding inside the model flips a rounding step on some pixels
-# (MI-GAN 512²: 0.26 % one level off); one level is allowed on this share, errors beyond one level
-# are judged by the bounds above.
-_ONE_LEVEL_SHARE = 0.01
+# (MI-GAN 512²: 0.19-0.26 % one level off in fp16); one level is allowed on this share, errors beyond
+# one level are judged by the bounds above.
+_ONE_LEVEL_SHARE = {"fp32": 5e-3, "fp16": 2e-2, "fp16w": 1e-2}
 # Precisions that are not float (quantized uint8/int8 shipped as-is) are compared loosely.
 _QUANTIZED = {"max_abs_of_range": 0.1, "rel_l2": 0.1}
 
@@ -57,7 +57,7 @@ def threshold_for(kind: str, precision: str, ep: str, override: dict | None = No
             del bounds["max_abs_of_range"]
             bounds["p999_abs_of_range"] = _IMAGE_P999[precision] * (3 if fp16_accumulation else 1)
             bounds["block_mae_of_range"] = _IMAGE_BLOCK[precision] * (3 if fp16_accumulation else 1)
-            bounds["one_level_share"] = _ONE_LEVEL_SHARE
+            bounds["one_level_share"] = _ONE_LEVEL_SHARE[precision]
         if fp16_accumulation and kind in _DB_BOUNDS:
             for key in _DB_BOUNDS[kind]["fp16"]:
                 bounds[key] = bounds[key] - 10.0
