@@ -33,7 +33,7 @@ DEFAULT_CHUNK_MIB = 16.0
 MIN_CHUNK_MIB, MAX_CHUNK_MIB = 0.0625, 512
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
-THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db")
+THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db", "block_mae_of_range", "one_level_share")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Generated sample inputs that look like real data (pipeline/assets/patterns.py makes them), and the
 # keys each pattern takes besides `shape`, `dtype` and `range`.

@@ -1,11 +1,12 @@
 """Measure the metric figures behind the default thresholds (docs/precision.md).
 
 For each target (a recipe name/file, or a model with --kind), on onnxruntime CPU and the recipe's
-sample inputs: the fp16 variant's figures against fp32, and the same figures for the two breakages
-the thresholds must keep failing (all zeros, as JSEP's broken kernels return; and an output one
-element short along the last axis, as the negative-step Slice off-by-one gives).
+sample inputs: the fp16 variant's figures against fp32, and the same figures for the breakages the
+thresholds must keep failing (all zeros, as JSEP's broken kernels return; an output one element
+short along the last axis, as the negative-step Slice off-by-one gives; for images, one wrong 8x8
+patch, off by a tenth of the range, in the middle).
 
-Usage: python scripts/measure_fp16_metrics.py gtcrn tests/data/ffc_block.onnx --kind image
+Usage: python scripts/measure_fp16_metrics.py gtcrn tests/data/ffc_block.onnx --kind image [--webgpu]
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from pipeline.source import resolve_source  # noqa: E402
 from pipeline.verify.host import run_model  # noqa: E402
 from pipeline.verify.metrics import compare  # noqa: E402
 
-SHOWN = ("max_abs_of_range", "p999_abs_of_range", "rel_l2", "psnr_db", "snr_db", "seg_snr_db")
+SHOWN = ("max_abs_of_range", "p999_abs_of_range", "block_mae_of_range", "one_level_share", "rel_l2", "psnr_db", "snr_db", "seg_snr_db")
 
 
 def _line(label: str, metrics: dict) -> str:
     if not metrics.get("shape_ok", True):
-        return f"    {label:<10} shape {metrics['shape']} vs {metrics['expected_shape']}"
-    return f"    {label:<10} " + "  ".join(f"{key} {metrics[key]:.4g}" for key in SHOWN if key in metrics)
+        return f"    {label:<12} shape {metrics['shape']} vs {metrics['expected_shape']}"
+    return f"    {label:<12} " + "  ".join(f"{key} {metrics[key]:.4g}" for key in SHOWN if key in metrics)
 
 
-def measure(target: str, kind: str | None) -> None:
+def measure(target: str, kind: str | None, webgpu: bool = False) -> None:
     recipe = load_build_recipe(BuildOptions(target=target))
     source = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, Progress.quiet())
     model, _ = _repair(load_model(source), recipe)
@@ -49,23 +50,50 @@ def measure(target: str, kind: str | None) -> None:
             files[name] = Path(tmp) / f"{name}.onnx"
             files[name].write_bytes(model_bytes(variant))
         reference, actual = run_model(files["fp32"], feeds).outputs, run_model(files["fp16"], feeds).outputs
+        on_webgpu = None
+        if webgpu:  # the fp16 variant on onnxruntime's WebGPU kernels (lavapipe): fp16 accumulation
+            from pipeline.verify.webgpu_kernels import run_on_webgpu
+
+            run = run_on_webgpu(files["fp16"], feeds)
+            on_webgpu = run.outputs
+            if on_webgpu is None:
+                print(f"  fp16 on webgpu-kernels: {run.error}")
     print(f"{target} ({source.name})")
     for name, expected in reference.items():
         spec = recipe.outputs.get(name)
         output_kind = kind or (spec.kind if spec else "tensor")
         print(f"  {name} [{output_kind}] {list(expected.shape)}")
         print(_line("fp16", compare(expected, actual[name], output_kind)))
+        if on_webgpu is not None:
+            print(_line("fp16 webgpu", compare(expected, on_webgpu[name], output_kind)))
         print(_line("zeros", compare(expected, np.zeros_like(expected), output_kind)))
         print(_line("one short", compare(expected, expected[..., :-1], output_kind)))
+        if output_kind == "image" and expected.ndim >= 2:
+            print(_line("patch", compare(expected, wrong_patch(expected), output_kind)))
+
+
+def wrong_patch(image: np.ndarray) -> np.ndarray:
+    """`image` with an 8x8 patch in the middle of the last two axes off by a tenth of its range."""
+    patch = image.astype(np.float64).copy()
+    h, w = image.shape[-2] // 2, image.shape[-1] // 2
+    step = 0.1 * (float(image.max()) - float(image.min())) or 0.1
+    region = patch[..., h:h + 8, w:w + 8]
+    middle = (float(image.max()) + float(image.min())) / 2
+    patch[..., h:h + 8, w:w + 8] = np.where(region > middle, region - step, region + step)  # away from saturation
+    if image.dtype.kind in "iu":
+        info = np.iinfo(image.dtype)
+        return np.clip(np.round(patch), info.min, info.max).astype(image.dtype)
+    return patch.astype(image.dtype)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="+")
     parser.add_argument("--kind", choices=("tensor", "image", "audio"), help="output kind for bare models")
+    parser.add_argument("--webgpu", action="store_true", help="also run the fp16 variant on the webgpu-kernels stage's WebGPU EP (lavapipe)")
     args = parser.parse_args()
     for target in args.targets:
-        measure(target, args.kind if target.endswith(".onnx") else None)
+        measure(target, args.kind if target.endswith(".onnx") else None, args.webgpu)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,55 @@ def test_segmental_snr_catches_a_broken_quiet_passage_that_whole_snr_hides():
 def test_recipe_overrides_accept_the_new_metric_names():
     assert threshold_for("image", "fp16", "cpu", {"p999_abs_of_range": 0.05})["p999_abs_of_range"] == 0.05
     assert threshold_for("audio", "fp16", "webgpu")["seg_snr_db"] == 10.0
+
+
+def _image_512(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0, 255, (1, 3, 512, 512)).astype(np.float32)
+
+
+def _lama_like_fp16(reference: np.ndarray) -> np.ndarray:
+    """The LaMa-style 512² fp16 output that used to be refused: PSNR ~55 dB, p99.9 3.1 of 255
+    levels (fine noise everywhere, 0.2 % of the pixels 3.1 levels off)."""
+    rng = np.random.default_rng(1)
+    noisy = reference + rng.normal(0, 0.4, reference.shape)
+    outliers = rng.random(reference.shape) < 0.002
+    return (noisy + outliers * rng.choice([-3.1, 3.1], reference.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("ep", ["cpu", "wasm", "webgpu"])
+def test_visually_lossless_fp16_passes_while_zeros_one_short_and_a_wrong_patch_fail(ep):
+    reference = _image_512()
+    threshold = threshold_for("image", "fp16", ep)
+    lossless = compare(reference, _lama_like_fp16(reference), "image")
+    assert 54 < lossless["psnr_db"] < 57 and 3.0 / 255 < lossless["p999_abs_of_range"] < 3.2 / 255
+    assert judge(lossless, threshold) == (True, None)
+    assert not judge(lossless, threshold_for("image", "fp32", ep))[0]  # it is not fp32-exact
+    assert not judge(compare(reference, np.zeros_like(reference), "image"), threshold)[0]
+    passed, reason = judge(compare(reference, reference[..., :-1], "image"), threshold)
+    assert not passed and reason.startswith("shape")
+    patch = reference.copy()
+    patch[0, :, 200:208, 300:308] += 25.5  # one 8x8 patch a tenth of the range off: 0.02 % of the pixels
+    metrics = compare(reference, patch, "image")
+    assert metrics["p999_abs_of_range"] == 0 and metrics["psnr_db"] > 50  # neither sees it...
+    passed, reason = judge(metrics, threshold)
+    assert not passed and "block_mae_of_range" in reason  # ...the worst block does
+
+
+@pytest.mark.parametrize("precision,ep", [("fp32", "cpu"), ("fp16", "wasm"), ("fp16", "webgpu")])
+def test_uint8_images_allow_one_level_on_a_small_share_of_pixels(precision, ep):
+    rng = np.random.default_rng(2)
+    reference = rng.integers(10, 245, (1, 3, 512, 512)).astype(np.uint8)
+    threshold = threshold_for("image", precision, ep)
+    flips = rng.random(reference.shape) < 0.0026  # MI-GAN 512²: 0.26 % of the pixels one level off
+    one_level = (reference.astype(np.int16) + flips * rng.choice([-1, 1], reference.shape)).astype(np.uint8)
+    metrics = compare(reference, one_level, "image")
+    assert 0.002 < metrics["one_level_share"] < 0.003 and metrics["p999_abs_of_range"] == 0
+    assert judge(metrics, threshold) == (True, None)
+    many = (reference.astype(np.int16) + (rng.random(reference.shape) < 0.05)).astype(np.uint8)
+    passed, reason = judge(compare(reference, many, "image"), threshold)
+    assert not passed and "one_level_share" in reason
+    patch = reference.copy()
+    patch[0, 0, 100:108, 100:108] += 10  # ten levels on one 8x8 patch
+    passed, reason = judge(compare(reference, patch, "image"), threshold)
+    assert not passed and "block_mae_of_range" in reason
+    assert not judge(compare(reference, np.zeros_like(reference), "image"), threshold)[0]

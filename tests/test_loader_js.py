@@ -51,10 +51,17 @@ def test_compare_js_matches_the_python_metrics():
         for scale in (0.0, 1e-4, 1e-2, 0.5):
             actual = (reference + scale * rng.standard_normal(700)).astype(np.float32)
             cases.append((kind, reference, actual))
+    image = rng.uniform(0, 1, (2, 20, 19)).astype(np.float32)  # blocks with ragged edges
+    noisy = (image + rng.normal(0, 0.01, image.shape)).astype(np.float32)
+    noisy[1, 9:17, 3:11] += 0.2
+    cases.append(("image", image, noisy))
+    pixels = rng.integers(0, 256, (3, 17, 21)).astype(np.uint8)
+    shifted = np.clip(pixels.astype(np.int16) + rng.choice([-2, -1, 0, 0, 0, 1], pixels.shape), 0, 255).astype(np.uint8)
+    cases.append(("image", pixels, shifted))
     with_nan = cases[0][2].copy()
     with_nan[5] = np.nan
     cases.append(("tensor", cases[0][1], with_nan))
-    encode = lambda a: {"type": "float32", "dims": list(a.shape), "data": [None if np.isnan(v) else float(v) for v in a]}  # noqa: E731
+    encode = lambda a: {"type": str(a.dtype), "dims": list(a.shape), "data": [None if np.isnan(v) else float(v) for v in a.ravel()]}  # noqa: E731
     js = _js_metrics([{"kind": k, "reference": encode(r), "actual": encode(a)} for k, r, a in cases])
     for (kind, reference, actual), got in zip(cases, js):
         expected = compare(reference, actual, kind)

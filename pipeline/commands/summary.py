@@ -138,12 +138,24 @@ def webgpu_kernel_lines(facts: dict) -> list[str]:
     where = facts.get("adapter") or "not available"
     lines = [f"webgpu-kernels: {facts.get('description')} ({where})"]
     for variant, run in (facts.get("runs") or {}).items():
+        if "audit" in run:
+            lines.extend(audit_lines(variant, run["audit"], (facts.get("audit") or {}).get("variants", {}).get(variant, {})))
+            continue
         nodes = run.get("cpu_fallback_nodes") or []
         times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms" for key in ("session_create_ms", "first_run_ms") if key in run)
         lines.append(f"  {variant}: {run.get('webgpu_nodes', 0)} nodes on WebGPU, {len(nodes)} on the CPU EP{'; ' + times if times else ' (cached)'}")
         if nodes:
             more = f" (+{len(nodes) - 12} more)" if len(nodes) > 12 else ""
             lines.append(f"    CPU fallback: {', '.join(nodes[:12])}{more}")
+    return lines
+
+
+def audit_lines(variant: str, run: dict, facts: dict) -> list[str]:
+    """A variant the webgpu-kernels stage audited node by node: counts, time, failed nodes."""
+    lines = [f"  {variant}: node audit, {run['nodes']} nodes on WebGPU ({run['failed']} failed, {run['not_verifiable']} not verifiable, "
+             f"{run['not_audited']} not auditable) in {run.get('total_s', 0):.0f} s"]
+    for verdict in (facts.get("failed") or [])[:8]:
+        lines.append(f"    {verdict['node']} ({verdict['op']}) at {verdict['shape']}: {verdict['detail']}")
     return lines
 
 

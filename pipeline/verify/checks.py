@@ -16,11 +16,13 @@ from pipeline.precision.kept import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
-from pipeline.verify import webgpu_kernels
+from pipeline.verify import node_audit, webgpu_kernels
 from pipeline.verify.host import HostRun, run_model
 from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import threshold_for
 
+# Ops whose kernels onnxruntime's NHWC layout transform rewrites on WebGPU.
+LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "Resize", "InstanceNormalization", "BatchNormalization", "DepthToSpace", "SpaceToDepth", "GridSample"})
 # A quantized source is its own reference: its host check bounds non-finite values only.
 SELF_REFERENCE_BOUNDS = {"nan": 0, "inf": 0}
 
@@ -152,7 +154,7 @@ def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray
     return KernelOutcome(checks, facts, facts["ep_options"], steps)
 
 
-def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict | None = None, retry_layout: bool = True) -> tuple[list[dict], dict]:
+def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict | None = None, retry_layout: bool = True, reference_model: Path | None = None) -> tuple[list[dict], dict]:
     """The `webgpu-kernels` stage: each variant in `models` on onnxruntime's WebGPU kernels outside
     the browser, on lavapipe, against `thresholds[variant][output]`. Returns the checks and the
     stage's facts (adapter, EP options; per variant: nodes on WebGPU, CPU fallback, times).
@@ -160,39 +162,86 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
     As in the browser, a failure under the EP's default NHWC layout is retried with
     `preferredLayout: NCHW` (onnxruntime's NHWC transform breaks some real graphs' Conv, GTCRN's
     among them); when that passes, it is the result and facts["layout"] says why. `pack verify`
-    checks a package as shipped (`retry_layout=False`)."""
+    checks a package as shipped (`retry_layout=False`).
+
+    A variant too heavy to run whole on lavapipe is audited node by node against
+    `reference_model` (default: the `fp32` variant's file); see pipeline.verify.node_audit."""
     ep_options = dict(ep_options or {})
+    reference_model = reference_model or models.get("fp32")
     reason = webgpu_kernels.unavailable_reason()
     facts: dict = {"description": webgpu_kernels.DESCRIPTION, "adapter": webgpu_kernels.adapter_name() if reason is None else None, "ep_options": ep_options, "runs": {}}
     if reason:
         return [{"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": v, "status": "skipped", "metrics": {}, "threshold": {}, "detail": f"not available: {reason}"} for v in models], facts
-    checks, facts["runs"] = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, ep_options)
+    checks, facts["runs"], audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, ep_options, reference_model)
     failed = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in checks if c["status"] == "failed"]
-    if failed and retry_layout and "preferredLayout" not in ep_options:
+    # a node audit's failures in ops the NHWC transform does not touch are not the layout's doing
+    layout_failure = any(c["status"] == "failed" and (not c.get("failed_ops") or set(c["failed_ops"]) & LAYOUT_OPS) for c in checks)
+    if failed and layout_failure and retry_layout and "preferredLayout" not in ep_options:
         progress.note(f"{webgpu_kernels.STAGE}: failed with the NHWC layout; trying preferredLayout NCHW")
         nchw = {**ep_options, "preferredLayout": "NCHW"}
-        retry, runs = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw)
+        retry, runs, retry_audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw, reference_model)
         if not any(c["status"] == "failed" for c in retry):
-            checks, facts["runs"], facts["ep_options"] = retry, runs, nchw
+            checks, facts["runs"], facts["ep_options"], audit = retry, runs, nchw, retry_audit
             facts["layout"] = {"what": "webgpu preferredLayout NCHW: passes on webgpu-kernels where NHWC failed", "nhwc_failures": failed}
+    if audit is not None:
+        facts["audit"] = audit.facts()
     return checks, facts
 
 
-def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict) -> tuple[list[dict], dict]:
-    checks: list[dict] = []
+def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict, reference_model: Path | None) -> tuple[list[dict], dict, object]:
+    """Whole runs of the variants lavapipe can run; a node audit of those over its limits and of
+    those whose whole run did not finish in time."""
+    by_variant: dict[str, list[dict]] = {}
     runs: dict = {}
+    audited = {variant: why for variant, path in models.items() if (why := webgpu_kernels.whole_run_limit(path, feeds))}
     for variant, model_path in models.items():
         base = {"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": variant}
+        if variant in audited and reference_model is not None:
+            continue
         progress.note(f"{webgpu_kernels.STAGE} check {variant}: {webgpu_kernels.DESCRIPTION}")
         run = webgpu_kernels.run_on_webgpu(model_path, feeds, ep_options)
         runs[variant] = {"webgpu_nodes": run.webgpu_nodes, "cpu_fallback_nodes": run.cpu_fallback_nodes, **run.timings_ms}
-        if run.not_verifiable:
-            checks.append({**base, "status": "not-verifiable", "metrics": {}, "threshold": {}, "detail": run.not_verifiable})
+        if run.not_verifiable and run.not_verifiable.startswith(webgpu_kernels.TIMED_OUT) and reference_model is not None:
+            audited[variant] = run.not_verifiable
+        elif run.not_verifiable:
+            by_variant[variant] = [{**base, "status": "not-verifiable", "metrics": {}, "threshold": {}, "detail": run.not_verifiable}]
         elif run.outputs is None:
-            checks.append({**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": run.error or "no outputs"})
+            by_variant[variant] = [{**base, "status": "failed", "metrics": {}, "threshold": {}, "detail": run.error or "no outputs"}]
         else:
-            checks.extend(output_checks(base, reference, run.outputs, thresholds[variant], kinds))
-    return checks, runs
+            by_variant[variant] = output_checks(base, reference, run.outputs, thresholds[variant], kinds)
+    audit = None
+    if audited and reference_model is not None:
+        progress.note(f"{webgpu_kernels.STAGE}: {next(iter(audited.values())).split(':')[0]}; auditing {', '.join(audited)} node by node")
+        audit = node_audit.audit_variants(reference_model, {variant: (models[variant], variant) for variant in audited}, feeds, ep_options, progress)
+        for variant, why in audited.items():
+            check, runs[variant] = audit_check({"stage": webgpu_kernels.STAGE, "ep": "webgpu", "variant": variant}, audit, variant, why)
+            by_variant[variant] = [check]
+    checks = [check for variant in models for check in by_variant.get(variant, [])]
+    return checks, runs, audit
+
+
+def audit_check(base: dict, audit: "node_audit.AuditResult", variant: str, why_audited: str) -> tuple[dict, dict]:
+    """The stage's check of a variant judged by the node audit (failed when any node failed, naming
+    the worst), and its runs entry for report.json."""
+    verdicts = audit.verdicts.get(variant, [])
+    failed = sorted(audit.failed(variant), key=lambda v: -v.metrics.get("rel_l2", 1e9))
+    unverifiable = [v for v in verdicts if v.status == "not-verifiable"]
+    run = {"audit": {"nodes": len(verdicts), "failed": len(failed), "not_verifiable": len(unverifiable), "not_audited": len(audit.not_audited), **audit.timings_s}}
+    audited = f"node audit of {len(verdicts)} nodes ({why_audited.split(':')[0]})"
+    if failed:
+        more = f" (+{len(failed) - 1} more: " + ", ".join(f"{v.node} ({v.op})" for v in failed[1:6]) + (", ..." if len(failed) > 6 else "") + ")" if len(failed) > 1 else ""
+        detail = f"node {failed[0].line()}{more}; {audited}"
+        check = {**base, "status": "failed", "metrics": failed[0].metrics, "threshold": failed[0].threshold, "detail": detail,
+                 "node": failed[0].node, "op": failed[0].op, "shape": failed[0].shape, "failed_ops": sorted({v.op for v in failed})}
+    elif not verdicts or unverifiable and len(unverifiable) == len(verdicts):
+        why = unverifiable[0].detail if unverifiable else "no node could be audited"
+        check = {**base, "status": "not-verifiable", "metrics": {}, "threshold": {}, "detail": f"{why_audited}; the node audit could not run: {why}"}
+    else:
+        worst = max((v for v in verdicts if "rel_l2" in v.metrics), key=lambda v: v.metrics["rel_l2"], default=None)
+        figure = f"; worst {worst.line()}" if worst else ""
+        skipped = f"; {len(unverifiable)} nodes not verifiable there, {len(audit.not_audited)} not auditable (report.json webgpu_kernels.audit)" if unverifiable or audit.not_audited else ""
+        check = {**base, "status": "passed", "metrics": worst.metrics if worst else {}, "threshold": worst.threshold if worst else {}, "detail": f"{audited}: every node within bounds{figure}{skipped}"}
+    return check, run
 
 
 def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> Callable[[Path], tuple[bool, str]]:

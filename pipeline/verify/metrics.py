@@ -3,10 +3,14 @@
 Metric names are the keys used in report.json: `max_abs`, `max_abs_of_range` (max abs error as a
 fraction of the reference's value range: the figure fp16 accumulation error scales with), `rel_l2`,
 `psnr_db` and `p999_abs_of_range` (images: the 99.9th percentile of |error| as a fraction of the
-range, what a person can see, where `max_abs_of_range` is one pixel), `snr_db` and `seg_snr_db`
+range, what a person can see, where `max_abs_of_range` is one pixel; `block_mae_of_range`, the
+worst mean |error| over any 8x8 window of the last two axes as a fraction of the range, which sees a
+wrong patch too small for the 99.9th percentile), `snr_db` and `seg_snr_db`
 (audio: SNR over the whole signal, and the mean SNR of 256-sample segments, each clamped to
 [-10, 35] dB, so a quiet passage that breaks is not hidden by loud ones), `nan`/`inf` (non-finite
-values the reference does not have), `shape_ok`. Threshold keys are the same names: upper bounds for
+values the reference does not have), `shape_ok`. Integer images (uint8 pixels) also get `one_level_share` (the share of elements exactly one level off: float rounding
+inside the model flips a rounding step on some of them) and their `p999_abs_of_range` and
+`block_mae_of_range` count only errors beyond one level. Threshold keys are the same names: upper bounds for
 errors, lower bounds for dB figures. docs/precision.md has the measurements behind the defaults.
 """
 
@@ -19,6 +23,7 @@ import numpy as np
 LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db")  # higher is better; every other threshold is an upper bound
 SEGMENT = 256  # samples per segment of the segmental SNR (16 ms at 16 kHz)
 SEG_SNR_RANGE = (-10.0, 35.0)  # the usual per-segment clamp: silence cannot dominate the mean
+BLOCK = 8  # pixels per side of the blocks of block_mae_of_range
 
 
 def _finite_db(value: float) -> float:
@@ -50,18 +55,28 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
     diff = np.where(both, act - ref, 0.0)
     ref_f = np.where(ref_finite, ref, 0.0)
     max_abs = float(np.max(np.abs(diff), initial=0.0))
-    value_range = float(np.max(ref_f, initial=0.0) - np.min(ref_f, initial=0.0))
-    ref_norm = float(np.linalg.norm(ref_f))
-    err_norm = float(np.linalg.norm(diff))
+    # the reference's own span (as compare.js computes it), not widened to include zero
+    value_range = float(np.max(ref_f) - np.min(ref_f)) if ref_f.size else 0.0
+    # sums of squares without BLAS: np.linalg.norm goes through a threaded dot that stalls for
+    # seconds per call on a loaded machine (the node audit compares hundreds of outputs)
+    ref_norm = math.sqrt(float(np.sum(np.square(ref_f))))
+    err_norm = math.sqrt(float(np.sum(np.square(diff))))
     metrics["max_abs"] = max_abs
     metrics["max_abs_of_range"] = max_abs / value_range if value_range > 0 else (0.0 if max_abs == 0 else math.inf)
     metrics["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if reference.dtype.kind in "iu" and kind == "image":
+        steps = np.abs(diff)
+        metrics["one_level_share"] = float(np.count_nonzero(steps == 1)) / max(diff.size, 1)
+        beyond = np.where(steps <= 1, 0.0, steps)  # one rounding step is judged by its share alone
+    else:
+        beyond = np.abs(diff)
     if kind == "image":
         mse = err_norm**2 / max(diff.size, 1)
         peak = value_range if value_range > 0 else 1.0
         metrics["psnr_db"] = _finite_db(math.inf if mse == 0 else 10 * math.log10(peak**2 / mse))
-        p999 = float(np.percentile(np.abs(diff), 99.9)) if diff.size else 0.0
+        p999 = float(np.percentile(beyond, 99.9)) if diff.size else 0.0
         metrics["p999_abs_of_range"] = p999 / peak
+        metrics["block_mae_of_range"] = _worst_block_mae(beyond) / peak
     elif kind == "audio":
         metrics["snr_db"] = _finite_db(math.inf if err_norm == 0 else 20 * math.log10(max(ref_norm, 1e-30) / err_norm))
         metrics["seg_snr_db"] = _segmental_snr(ref_f, diff)
@@ -69,6 +84,20 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
         if math.isinf(metrics[key]):
             metrics[key] = 1e9
     return metrics
+
+
+def _worst_block_mae(error: np.ndarray) -> float:
+    """The largest mean of `error` over any BLOCK x BLOCK window of the last two axes (every
+    position, so a patch is seen wherever it lies; a 1-D output has windows of BLOCK² values)."""
+    if error.size == 0:
+        return 0.0
+    rows = error.reshape(-1, *error.shape[-2:]) if error.ndim >= 2 else error.reshape(1, 1, -1)
+    bh = min(BLOCK, rows.shape[1]) if error.ndim >= 2 else 1
+    bw = min(BLOCK if error.ndim >= 2 else BLOCK * BLOCK, rows.shape[2])
+    integral = np.zeros((rows.shape[0], rows.shape[1] + 1, rows.shape[2] + 1))
+    integral[:, 1:, 1:] = rows.cumsum(axis=1).cumsum(axis=2)
+    sums = integral[:, bh:, bw:] - integral[:, :-bh, bw:] - integral[:, bh:, :-bw] + integral[:, :-bh, :-bw]
+    return float(sums.max() / (bh * bw))
 
 
 def _segmental_snr(reference: np.ndarray, diff: np.ndarray) -> float:

@@ -28,8 +28,16 @@ _DB_BOUNDS = {
     "image": {"fp32": {"psnr_db": 60.0}, "fp16": {"psnr_db": 35.0}, "fp16w": {"psnr_db": 45.0}},
     "audio": {"fp32": {"snr_db": 50.0, "seg_snr_db": 30.0}, "fp16": {"snr_db": 25.0, "seg_snr_db": 20.0}, "fp16w": {"snr_db": 35.0, "seg_snr_db": 25.0}},
 }
-# Images: the 99.9th percentile of |error| replaces the single worst pixel (docs/precision.md).
-_IMAGE_P999 = {"fp32": 1e-3, "fp16": 1e-2, "fp16w": 5e-3}
+# Images (docs/precision.md, "Calibration"): the 99.9th percentile of |error| replaces the single
+# worst pixel; fp16 that is visually lossless (PSNR >= 50 dB) has a few levels of 255 there, so fp16
+# allows 5 levels (2e-2). The worst 8x8 block's mean |error| sees a wrong patch too small for the
+# percentile (an 8x8 patch is 0.02 % of a 512x512 image): 2.5 levels on average over a block for fp16.
+_IMAGE_P999 = {"fp32": 1e-3, "fp16": 2e-2, "fp16w": 5e-3}
+_IMAGE_BLOCK = {"fp32": 1e-3, "fp16": 1e-2, "fp16w": 5e-3}
+# Integer images (uint8): float rounding inside the model flips a rounding step on some pixels
+# (MI-GAN 512²: 0.19-0.26 % one level off in fp16); one level is allowed on this share, errors beyond
+# one level are judged by the bounds above.
+_ONE_LEVEL_SHARE = {"fp32": 5e-3, "fp16": 2e-2, "fp16w": 1e-2}
 # Precisions that are not float (quantized uint8/int8 shipped as-is) are compared loosely.
 _QUANTIZED = {"max_abs_of_range": 0.1, "rel_l2": 0.1}
 
@@ -48,6 +56,8 @@ def threshold_for(kind: str, precision: str, ep: str, override: dict | None = No
             # One pixel off by a few levels is invisible; a patch of wrong pixels (0.1 % of them) is not.
             del bounds["max_abs_of_range"]
             bounds["p999_abs_of_range"] = _IMAGE_P999[precision] * (3 if fp16_accumulation else 1)
+            bounds["block_mae_of_range"] = _IMAGE_BLOCK[precision] * (3 if fp16_accumulation else 1)
+            bounds["one_level_share"] = _ONE_LEVEL_SHARE[precision]
         if fp16_accumulation and kind in _DB_BOUNDS:
             for key in _DB_BOUNDS[kind]["fp16"]:
                 bounds[key] = bounds[key] - 10.0

@@ -39,6 +39,7 @@ MAX_BUFFER_BYTES = 128 << 20
 # 0.38 GMAC, in 254 ms): above this much work per run a model is too heavy to check there.
 DEFAULT_MAX_GMAC = 20.0
 DEFAULT_TIMEOUT_S = 300
+TIMED_OUT = "onnxruntime's WebGPU EP did not finish within"  # a whole run too slow: the stage audits nodes instead
 
 
 def max_gmac() -> float:
@@ -233,6 +234,20 @@ def _compute_sizes_and_work(model_path: Path, feed_shapes: dict[str, tuple[str, 
     return sizes, macs
 
 
+def whole_run_limit(model_path: Path, feeds: dict[str, np.ndarray]) -> str | None:
+    """Why `model_path` cannot run whole on lavapipe at the feeds' shapes (a tensor over its
+    storage-buffer limit, or more work than it does in reasonable time), or None. The stage audits
+    such a model node by node instead (pipeline.verify.node_audit)."""
+    too_big = oversized_tensor(model_path, feeds)
+    if too_big:
+        name, size = too_big
+        return f"tensor '{name}' is {size / (1 << 20):.1f} MiB, over lavapipe's {MAX_BUFFER_BYTES >> 20} MiB storage-buffer limit: not verifiable there"
+    work = estimated_macs(model_path, feeds) / 1e9
+    if work > max_gmac():
+        return f"about {work:.1f} GMAC per run, over the {max_gmac():g} GMAC lavapipe (a CPU rasterizer) checks in reasonable time: not verifiable there (PACK_WEBGPU_KERNELS_MAX_GMAC raises it; `pack verify --gpu` checks it on a GPU)"
+    return None
+
+
 def _run_key(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict) -> str:
     salt = f"{metadata.version('onnxruntime-ep-webgpu')}|{mesa_version()}|{json.dumps(ep_options, sort_keys=True)}|"
     return host_run_key(model_path, feeds, salt)
@@ -249,16 +264,10 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
     reason = unavailable_reason()
     if reason:
         return WebGpuRun(None, f"webgpu-kernels not available: {reason}", not_verifiable=f"not available: {reason}")
-    too_big = oversized_tensor(model_path, feeds)
-    if too_big:
-        name, size = too_big
-        why = f"tensor '{name}' is {size / (1 << 20):.1f} MiB, over lavapipe's {MAX_BUFFER_BYTES >> 20} MiB storage-buffer limit: not verifiable there"
+    why = whole_run_limit(model_path, feeds)
+    if why:
         return WebGpuRun(None, why, not_verifiable=why)
     ep_options = dict(ep_options or {})
-    work = estimated_macs(model_path, feeds) / 1e9
-    if work > max_gmac():
-        why = f"about {work:.1f} GMAC per run, over the {max_gmac():g} GMAC lavapipe (a CPU rasterizer) checks in reasonable time: not verifiable there (PACK_WEBGPU_KERNELS_MAX_GMAC raises it; `pack verify --gpu` checks it on a GPU)"
-        return WebGpuRun(None, why, not_verifiable=why)
     cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds, ep_options)}.npz"
     if cached.exists():
         with np.load(cached, allow_pickle=False) as result:
@@ -292,7 +301,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=run_timeout_s(), env=worker_env())
         except subprocess.TimeoutExpired:
-            why = f"onnxruntime's WebGPU EP did not finish within {run_timeout_s():g} s on lavapipe: not verifiable there (PACK_WEBGPU_KERNELS_TIMEOUT_S raises the limit)"
+            why = f"{TIMED_OUT} {run_timeout_s():g} s on lavapipe: not verifiable there (PACK_WEBGPU_KERNELS_TIMEOUT_S raises the limit)"
             return WebGpuRun(None, why, "all", not_verifiable=why)
         if done.returncode < 0:
             signal = _signal_name(done.returncode)

@@ -1,12 +1,16 @@
 // Output comparison with the build's fp32 reference, the same figures as pipeline/verify/metrics.py:
-// max_abs, max_abs_of_range, rel_l2, psnr_db and p999_abs_of_range (images), snr_db and seg_snr_db
-// (audio), nan/inf, shape_ok; thresholds are upper bounds except the dB figures (lower bounds).
+// max_abs, max_abs_of_range, rel_l2, psnr_db, p999_abs_of_range and block_mae_of_range (images:
+// the worst mean error over any 8x8 window;
+// integer images also one_level_share, their p99.9 and block figures counting errors beyond one
+// level only), snr_db and seg_snr_db (audio), nan/inf, shape_ok; thresholds are upper bounds except
+// the dB figures (lower bounds).
 
 import { numbers } from './tensors.js';
 
 export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db', 'seg_snr_db']);
 const SEGMENT = 256; // samples per segment of the segmental SNR
 const SEG_SNR_RANGE = [-10, 35]; // per-segment clamp: silence cannot dominate the mean
+const BLOCK = 8; // pixels per side of the blocks of block_mae_of_range
 const INTEGER_TYPES = ['int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64', 'bool'];
 
 // JSON has no infinity: an exact match is reported as a large finite figure.
@@ -70,8 +74,15 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   if (kind === 'image') {
     const mse = errNorm ** 2 / Math.max(ref.length, 1);
     const peak = range > 0 ? range : 1;
+    let beyond = diffs.map(Math.abs);
+    if (INTEGER_TYPES.includes(reference.type) && reference.type !== 'bool') {
+      // one rounding step is judged by its share alone
+      metrics.one_level_share = beyond.filter((d) => d === 1).length / Math.max(beyond.length, 1);
+      beyond = beyond.map((d) => (d <= 1 ? 0 : d));
+    }
     metrics.psnr_db = finiteDb(mse === 0 ? Infinity : 10 * Math.log10(peak ** 2 / mse));
-    metrics.p999_abs_of_range = percentile(diffs.map(Math.abs), 99.9) / peak;
+    metrics.p999_abs_of_range = percentile(beyond, 99.9) / peak;
+    metrics.block_mae_of_range = worstBlockMae(beyond, Array.from(reference.dims, Number)) / peak;
   } else if (kind === 'audio') {
     metrics.snr_db = finiteDb(errNorm === 0 ? Infinity : 20 * Math.log10(Math.max(refNorm, 1e-30) / errNorm));
     const dims = Array.from(reference.dims, Number);
@@ -89,6 +100,35 @@ function percentile(values, q) {
   const low = Math.floor(index);
   const high = Math.ceil(index);
   return sorted[low] + (sorted[high] - sorted[low]) * (index - low);
+}
+
+/** The largest mean error over any BLOCK x BLOCK window of the last two axes (a 1-D output has
+ * windows of BLOCK² values), from an integral image, as metrics.py's _worst_block_mae. */
+function worstBlockMae(error, dims) {
+  if (error.length === 0) return 0;
+  const [h, w] = dims.length >= 2 ? dims.slice(-2) : [1, error.length];
+  const bh = dims.length >= 2 ? Math.min(BLOCK, h) : 1;
+  const bw = Math.min(dims.length >= 2 ? BLOCK : BLOCK * BLOCK, w);
+  let worst = 0;
+  const integral = new Float64Array((h + 1) * (w + 1));
+  for (let start = 0; start < error.length; start += h * w) {
+    // cumulative sums along rows, then columns, in the order numpy's cumsum takes
+    for (let i = 0; i < h; i++) {
+      let row = 0;
+      for (let j = 0; j < w; j++) {
+        row += error[start + i * w + j];
+        integral[(i + 1) * (w + 1) + j + 1] = row;
+      }
+    }
+    for (let j = 1; j <= w; j++) for (let i = 1; i <= h; i++) integral[i * (w + 1) + j] += integral[(i - 1) * (w + 1) + j];
+    for (let i = bh; i <= h; i++) {
+      for (let j = bw; j <= w; j++) {
+        const sum = integral[i * (w + 1) + j] - integral[(i - bh) * (w + 1) + j] - integral[i * (w + 1) + j - bw] + integral[(i - bh) * (w + 1) + j - bw];
+        if (sum > worst) worst = sum;
+      }
+    }
+  }
+  return worst / (bh * bw);
 }
 
 /** Mean per-segment SNR along the last axis (rows of `row` samples), each clamped; silent segments skipped. */

@@ -1,0 +1,53 @@
+"""Export the LaMa and MI-GAN architectures of make_flagship_models.py at the real 512x512 size,
+wider than the committed test exports, for calibrating the image thresholds (docs/precision.md).
+
+Random weights with fixed seeds, as make_flagship_models.py. Needs PyTorch (CPU) and onnxscript.
+Usage: python scripts/make_image_calibration_models.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import onnx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_flagship_models import LaMa, MIGAN, OPSET, _randomise_norm_statistics  # noqa: E402
+
+SIZE = 512
+
+
+def examples() -> dict:
+    torch.manual_seed(1)
+    image = torch.rand(1, 3, SIZE, SIZE)
+    mask = torch.zeros(1, 1, SIZE, SIZE)
+    mask[..., 128:320, 160:384] = 1
+    pixels = (image * 255).round().to(torch.uint8)
+    known = torch.full((1, 1, SIZE, SIZE), 255, dtype=torch.uint8)
+    known[..., 96:288, 192:416] = 0
+    return {
+        "lama512": (lambda: LaMa(width=32, blocks=3), (image, mask), ["output"]),
+        "migan512": (lambda: MIGAN(width=32), (pixels, known), ["result"]),
+    }
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (factory, example, outputs) in examples().items():
+        torch.manual_seed(0)
+        module = factory().eval()
+        with torch.no_grad():
+            _randomise_norm_statistics(module)
+        program = torch.onnx.export(module, example, dynamo=True, opset_version=OPSET, input_names=["image", "mask"], output_names=outputs, optimize=True, verbose=False)
+        model = program.model_proto
+        for node in model.graph.node:
+            del node.metadata_props[:]
+        model.producer_version = ""
+        onnx.save(model, str(out / f"{name}.onnx"))
+        print(out / f"{name}.onnx")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
