@@ -6,13 +6,11 @@
 // after the browser's native brotli decoding, into the one buffer onnxruntime-web receives as
 // session option `externalData: [{ path, data }]`.
 
-import { PackIntegrityError, PackLoadError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
+import { PackLoadError } from './errors.js';
 import { variantBytes } from './widen.js';
 
 // Chromium opens 6 connections per origin over HTTP/1.1; leave some for the runtime files.
 export const CHUNK_CONCURRENCY = 4;
-export const CHUNK_ATTEMPTS = 3;
-const RETRY_BASE_MS = 250;
 
 /** Interleave `planes` byte planes of `planar` into elements, written to `out` at `outOffset`. */
 export function interleave(planar, planes, out = new Uint8Array(planar.length), outOffset = 0) {
@@ -100,36 +98,20 @@ export async function mapLimit(items, limit, task) {
   return results;
 }
 
-const retryable = (error, signal) => !(error instanceof PackIntegrityError) && !isAbort(error, signal);
-
-/** A chunk's verified bytes, its download retried alone after a network or HTTP failure. */
-async function fetchChunk(files, chunk, { signal, emit, attempts, retryMs }) {
-  for (let attempt = 1; ; attempt++) {
-    throwIfAborted(signal);
-    try {
-      return await files.get(chunk.file, signal);
-    } catch (error) {
-      if (attempt >= attempts || !retryable(error, signal)) throw error;
-      emit({ type: 'retry', file: chunk.file, attempt, error: messageOf(error) });
-      await sleep(retryMs * 2 ** (attempt - 1));
-    }
-  }
-}
-
 /**
  * What onnxruntime-web needs to open a variant: { bytes } for a one-file model, { bytes,
  * externalData: [{ path, data }] } for a chunked one (chunks fetched in parallel, verified,
  * re-interleaved into place).
  */
-export async function variantModel(files, manifest, variant, signal, { concurrency = CHUNK_CONCURRENCY, attempts = CHUNK_ATTEMPTS, retryMs = RETRY_BASE_MS } = {}) {
+export async function variantModel(files, manifest, variant, signal, { concurrency = CHUNK_CONCURRENCY } = {}) {
   const plan = chunkPlan(manifest, variant);
   if (!plan) return { bytes: await variantBytes(files, manifest, variant, signal, files.emit) }; // widened where fp16w
   const graph = files.get(manifest.variants[variant].model, signal);
   graph.catch(() => {}); // awaited below, after the chunks
   const data = new Uint8Array(plan.size);
-  const emit = files.emit || (() => {});
   await mapLimit(plan.chunks, concurrency, async (chunk) => {
-    const coded = await fetchChunk(files, chunk, { signal, emit, attempts, retryMs });
+    // Files.get retries a transient failure of this chunk alone (files.js) and checks its sha256.
+    const coded = await files.get(chunk.file, signal);
     interleave(coded, chunk.planes, data, chunk.offset);
   });
   return { bytes: await graph, externalData: [{ path: plan.path, data }] };
