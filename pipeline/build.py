@@ -27,6 +27,7 @@ import onnx
 from pipeline.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
+from pipeline.assets.delivery import delivery_sizes
 from pipeline.cache import staging_folder
 from pipeline.errors import PackError
 from pipeline.graph import registry
@@ -350,8 +351,13 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
         final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
-        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        add_plain_files(staging, contents, ["report.json"])
-        write_manifest(staging, contents.manifest(**final))
+        for _ in range(4):  # report.json states the package's sizes, its own and the manifest's included: settle them
+            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            add_plain_files(staging, contents, ["report.json"])
+            manifest = contents.manifest(**final)
+            sizes = delivery_sizes(manifest, write_manifest(staging, manifest).stat().st_size)
+            if report.get("delivery") == sizes:
+                break
+            report["delivery"] = sizes
         _finish(staging, destination)
     return BuildResult(destination, report)

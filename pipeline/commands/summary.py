@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from pipeline.assets.delivery import delivery_lines
 from pipeline.verify.metrics import format_metrics
 
 MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip"}
@@ -176,6 +177,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
         if select:
             why = (report.get("loader") or {}).get("why")
             echo(f"loader: select {select}" + (f" ({why})" if why else ""))
+    for line in delivery_lines(report.get("delivery")):
+        echo(line)
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in report.get("timings", {}).items())
     echo(f"timings: {timings}")
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])

@@ -73,25 +73,29 @@ def check_package(target: Target, plan: PackagePlan, origins: list[str], cors_re
     context = _ssl_context()
     for obj in probes:
         for origin in origins:
-            _check_object(target, plan.name, obj, origin, cors_required, context, result)
+            if not _check_object(target, plan.name, obj, origin, cors_required, context, result):
+                break  # unreachable or refused: the next GET would only say the same
+        if result.errors and not result.lines:
+            break
     if result.errors:
         result.status = "failed"
     return result
 
 
-def _check_object(target: Target, package: str, obj: PlannedObject, origin: str, cors_required: bool, context, result: PackageCheck) -> None:
+def _check_object(target: Target, package: str, obj: PlannedObject, origin: str, cors_required: bool, context, result: PackageCheck) -> bool:
+    """Record what one GET showed; False when no 200 came back."""
     url = target.url(target.key(package, obj.path))
     try:
         answer = _get(url, origin, context)
     except OSError as error:
         result.errors.append(f"{url}: anonymous GET failed ({_reason(error)}); check --public-url / PACK_PUBLIC_URL and that the host is reachable")
-        return
+        return False
     if answer.status in (401, 403):
         result.errors.append(f"{url}: {answer.status} to an anonymous GET: the bucket is not public, so browsers get {answer.status}; {_public_fix(target)}")
-        return
+        return False
     if answer.status != 200:
         result.errors.append(f"{url}: {answer.status} to an anonymous GET (expected 200); check --public-url / PACK_PUBLIC_URL points at this bucket{' and prefix' if target.prefix else ''}")
-        return
+        return False
     allowed = answer.headers.get("access-control-allow-origin")
     cors_ok = allowed in ("*", origin)
     if not cors_ok:
@@ -109,7 +113,7 @@ def _check_object(target: Target, package: str, obj: PlannedObject, origin: str,
         decoded = _decode(answer.body, encoding)
     except ValueError as error:
         result.errors.append(f"{url}: Content-Encoding {encoding}: {error}; the stored object is damaged, publish again")
-        return
+        return True
     digest = hashlib.sha256(decoded).hexdigest()
     if digest != obj.sha256:
         if obj.stage is Stage.MANIFEST:
@@ -119,13 +123,14 @@ def _check_object(target: Target, package: str, obj: PlannedObject, origin: str,
             )
         else:
             result.errors.append(f"{url}: body decodes to sha256 {digest[:16]}…, manifest.json says {obj.sha256[:16]}…; publish again, and check --public-url points at this bucket")
-            return
+            return True
     if obj.content_encoding and encoding != obj.content_encoding:
         # Cloudflare may decode br for clients that do not ask for it; this GET asked.
         result.warnings.append(f"{url}: served with Content-Encoding {encoding or 'none'} although it is stored as {obj.content_encoding}: browsers download {len(answer.body):,} B instead of {obj.size:,} B")
     encoded = f", Content-Encoding {encoding}" if encoding else ""
     cors = f"Origin {origin} allowed" if cors_ok else f"Origin {origin} not allowed"
     result.lines.append(f"  {'FAIL' if cors_required and not cors_ok else 'ok  '} {url}: 200 anonymous{encoded}, {len(answer.body):,} B, sha256 {'matches' if digest == obj.sha256 else 'differs'}; {cors}")
+    return True
 
 
 def _get(url: str, origin: str, context) -> _Answer:
