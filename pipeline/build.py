@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -28,7 +25,7 @@ from pipeline.manifest import Manifest, Verification, describe_run, measurements
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
-from pipeline.cache import staging_folder
+from pipeline.cache import staging_folder, swap_into_place as _finish
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
@@ -254,26 +251,6 @@ def _refused_pairs(manifest: Manifest) -> list[dict] | None:
         if run is not None:
             refusals.append({"bundle": platform_run.bundle, "ep": platform_run.ep, "variant": platform_run.variant, "by": describe_run(run)})
     return refusals or None
-
-
-def _finish(staging: Path, destination: Path) -> None:
-    """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
-    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
-    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        old = None
-        if destination.is_symlink() or destination.exists():
-            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-            destination.rename(old)
-        staging.rename(destination)
-        if old is not None:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def build(options: BuildOptions, progress: Progress) -> BuildResult:

@@ -67,6 +67,26 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
         raise
 
 
+def swap_into_place(staging: Path, destination: Path) -> None:
+    """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
+    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
+    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        old = None
+        if destination.is_symlink() or destination.exists():
+            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+            destination.rename(old)
+        staging.rename(destination)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def cache_root() -> Path:
     configured = os.environ.get(CACHE_ENV)
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pack"
