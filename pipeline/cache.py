@@ -15,7 +15,7 @@ import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from pipeline.errors import PackError
 
@@ -127,6 +127,30 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def remembered_digest(path: Path, kind: str, compute: Callable[[Path], str | None]) -> str | None:
+    """`compute(path)`, remembered in the cache for this file as it is on disk now: keyed by its
+    device, inode, size, mtime and ctime (any write changes the ctime, which no tool can set), so
+    an unchanged file is not read again (`pack publish` re-validating a package). `kind` names
+    what is computed ("sha256", "br-decoded-sha256"). Computed afresh when the cache is unusable."""
+    before = path.stat()
+    identity = "\0".join(map(str, (kind, os.path.realpath(path), before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns)))
+    try:
+        memo = cache_dir("digests") / hashlib.sha256(identity.encode()).hexdigest()
+        known = memo.read_text(encoding="ascii").strip() if memo.is_file() else None
+    except (OSError, PackError, UnicodeDecodeError):
+        memo, known = None, None
+    if known:
+        return known if known != "-" else None
+    value = compute(path)
+    after = path.stat()
+    if memo is not None and (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (before.st_size, before.st_mtime_ns, before.st_ctime_ns):
+        try:
+            atomic_write(memo, (value or "-").encode("ascii"))
+        except OSError:
+            pass  # a cache that cannot be written only costs the next run a re-read
+    return value
 
 
 @contextmanager

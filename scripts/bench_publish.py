@@ -115,6 +115,7 @@ def timed(command: list[str]) -> tuple[float, str]:
 def compare_with_aws(aws: str, root: Path, plan, endpoint: str, scratch: Path, repeat: int) -> dict:
     """Fresh-process wall times of `pack publish` and `aws s3 sync`: full, then unchanged; best of `repeat`."""
     tree = sync_tree(plan, scratch / "sync" / plan.name)
+    copies = scratch / "copies"
     admin = make_client(Target(bucket="admin", endpoint_url=endpoint, region="us-east-1"))
     rows: dict[str, list[float]] = {"pack_full_s": [], "pack_unchanged_s": [], "aws_full_s": [], "aws_unchanged_s": []}
     for round_ in range(repeat):
@@ -123,7 +124,10 @@ def compare_with_aws(aws: str, root: Path, plan, endpoint: str, scratch: Path, r
             admin.create_bucket(Bucket=bucket)
             admin.put_bucket_policy(Bucket=bucket, Policy=public_read_policy(bucket))
             if tool == "pack":
-                command = [sys.executable, "-c", "from pipeline.cli import app; app()", "publish", str(root), "--bucket", bucket, "--endpoint-url", endpoint, "--json"]
+                # A fresh copy (new inodes): the full publish validates files it has never seen, as after a build.
+                fresh = copies / f"{round_}" / root.name
+                shutil.copytree(root, fresh)
+                command = [sys.executable, "-c", "from pipeline.cli import app; app()", "publish", str(fresh), "--bucket", bucket, "--endpoint-url", endpoint, "--json"]
             else:
                 command = [aws, "s3", "sync", str(tree), f"s3://{bucket}/{plan.name}/", "--endpoint-url", endpoint, "--only-show-errors"]
             full, out = timed(command)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 
 runner = CliRunner()
-COMMANDS = ["build", "recipes", "publish", "verify", "inspect", "diagnose", "serve"]
+COMMANDS = ["build", "recipes", "publish", "verify", "inspect", "diagnose", "serve", "export"]
 HEAVY = ("onnx", "onnxruntime", "playwright")
 
 

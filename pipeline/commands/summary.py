@@ -8,12 +8,13 @@ from pathlib import Path
 import typer
 
 from pipeline.assets.delivery import delivery_lines
-from pipeline.verify.metrics import format_metrics
 
 MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip"}
 
 
 def check_line(check: dict) -> str:
+    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+
     bundle = check.get("bundle")
     run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle != check["ep"] else "")
     output = f" {check['output']}" if check.get("output") else ""

@@ -10,6 +10,7 @@ domain (R2, passed as --public-url); a missing CORS answer needs `--cors ORIGIN`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import ssl
@@ -70,7 +71,7 @@ def check_package(target: Target, plan: PackagePlan, origins: list[str], cors_re
     manifest = next(obj for obj in plan.objects if obj.stage is Stage.MANIFEST)
     hashed = [obj for obj in plan.objects if obj.stage is Stage.HASHED]
     probes = [manifest] + ([min(hashed, key=lambda obj: (obj.content_encoding is None, obj.size))] if hashed else [])
-    context = _ssl_context()
+    context = _ssl_context(os.environ.get("AWS_CA_BUNDLE") or None) if any(target.url(o.path).startswith("https:") for o in probes) else None
     for obj in probes:
         for origin in origins:
             if not _check_object(target, plan.name, obj, origin, cors_required, context, result):
@@ -167,10 +168,10 @@ def _public_fix(target: Target) -> str:
     )
 
 
-def _ssl_context() -> ssl.SSLContext:
+@functools.cache
+def _ssl_context(bundle: str | None) -> ssl.SSLContext:
     """The system's CAs, plus AWS_CA_BUNDLE (a private CA in front of the bucket) where set."""
     context = ssl.create_default_context()
-    bundle = os.environ.get("AWS_CA_BUNDLE")
     if bundle and os.path.isfile(bundle):
         context.load_verify_locations(cafile=bundle)
     return context
