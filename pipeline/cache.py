@@ -129,18 +129,37 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def remembered_digest(path: Path, kind: str, compute: Callable[[Path], str | None]) -> str | None:
-    """`compute(path)`, remembered in the cache for this file as it is on disk now: keyed by its
-    device, inode, size, mtime and ctime (any write changes the ctime, which no tool can set), so
-    an unchanged file is not read again (`pack publish` re-validating a package). `kind` names
-    what is computed ("sha256", "br-decoded-sha256"). Computed afresh when the cache is unusable."""
-    before = path.stat()
-    identity = "\0".join(map(str, (kind, os.path.realpath(path), before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns)))
+def _digest_memo(path: Path, kind: str, state: os.stat_result) -> Path | None:
+    """Where a digest of this file as it is on disk is remembered: keyed by device, inode, size,
+    mtime and ctime (any write changes the ctime, which no tool can set back; a rename, such as
+    the build's staging folder moved into place, changes none of them). None: no usable cache."""
+    identity = "\0".join(map(str, (kind, state.st_dev, state.st_ino, state.st_size, state.st_mtime_ns, state.st_ctime_ns)))
     try:
-        memo = cache_dir("digests") / hashlib.sha256(identity.encode()).hexdigest()
-        known = memo.read_text(encoding="ascii").strip() if memo.is_file() else None
-    except (OSError, PackError, UnicodeDecodeError):
-        memo, known = None, None
+        return cache_dir("digests") / hashlib.sha256(identity.encode()).hexdigest()
+    except PackError:
+        return None
+
+
+def remember_digest(path: Path, kind: str, value: str) -> None:
+    """Record `value` as `kind` of the file as written just now (the build knows its files' hashes)."""
+    memo = _digest_memo(path, kind, path.stat())
+    if memo is not None:
+        try:
+            atomic_write(memo, value.encode("ascii"))
+        except OSError:
+            pass  # a cache that cannot be written only costs a later re-read
+
+
+def remembered_digest(path: Path, kind: str, compute: Callable[[Path], str | None]) -> str | None:
+    """`compute(path)`, remembered for this file as it is on disk now (see _digest_memo), so an
+    unchanged file is not read again (`pack publish` re-validating a package). `kind` names what
+    is computed ("sha256", "br-decoded-sha256"). Computed afresh when the cache is unusable."""
+    before = path.stat()
+    memo = _digest_memo(path, kind, before)
+    try:
+        known = memo.read_text(encoding="ascii").strip() if memo is not None and memo.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        known = None
     if known:
         return known if known != "-" else None
     value = compute(path)

@@ -6,8 +6,9 @@ publish time and throughput, and the time of a no-change re-publish (which must 
 With --aws, the same run also compares `pack publish` with `aws s3 sync` (awscli from PyPI, in
 its own virtual environment: the bench installs it into .cache/bench-awscli when no `aws` is
 given or on PATH), both as fresh processes against the same server and the same bodies (the
-stored bytes of each object, .br bodies included): a full publish into an empty bucket, then an
-unchanged one. pack does what sync does not (sha256 metadata, headers, upload order, the manifest
+stored bytes of each object, .br bodies included): a full publish into an empty bucket (pack: of
+a fresh copy of the package, with the hashes `pack build` records for the files it writes), then
+an unchanged one. pack does what sync does not (sha256 metadata, headers, upload order, the manifest
 last, the check from the outside); sync compares sizes and mtimes only.
 
     .venv/bin/python scripts/bench_publish.py [--size-mb 200] [--part-size-mb 8 16] [--aws [PATH]] [--repeat 3] [--json]
@@ -33,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pipeline.cache import remember_digest  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.publish.plan import plan_package  # noqa: E402
 from pipeline.publish.publisher import publish  # noqa: E402
@@ -103,6 +105,14 @@ def sync_tree(plan, folder: Path) -> Path:
     return folder
 
 
+def as_built(root: Path, manifest: dict) -> None:
+    for path, entry in manifest["files"].items():
+        if entry["cache"] == "immutable":
+            remember_digest(root / path, "sha256", entry["sha256"])
+            if entry["encodings"]:
+                remember_digest(root / entry["encodings"]["br"]["path"], "br-decoded-sha256", entry["sha256"])
+
+
 def timed(command: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -124,9 +134,11 @@ def compare_with_aws(aws: str, root: Path, plan, endpoint: str, scratch: Path, r
             admin.create_bucket(Bucket=bucket)
             admin.put_bucket_policy(Bucket=bucket, Policy=public_read_policy(bucket))
             if tool == "pack":
-                # A fresh copy (new inodes): the full publish validates files it has never seen, as after a build.
+                # A fresh copy (new inodes), with the hashes `pack build` records for the content-hashed
+                # files it writes (pipeline/assets/files.py): the full publish starts as after a build.
                 fresh = copies / f"{round_}" / root.name
                 shutil.copytree(root, fresh)
+                as_built(fresh, plan.manifest)
                 command = [sys.executable, "-c", "from pipeline.cli import app; app()", "publish", str(fresh), "--bucket", bucket, "--endpoint-url", endpoint, "--json"]
             else:
                 command = [aws, "s3", "sync", str(tree), f"s3://{bucket}/{plan.name}/", "--endpoint-url", endpoint, "--only-show-errors"]
