@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import typer.main
 import yaml
 
-from pipeline.cli import app
+from pipeline.cli import COMMANDS, load_command
 
 REPO = Path(__file__).resolve().parent.parent
 ACTION = REPO / "action.yml"
@@ -19,7 +18,7 @@ GLOBAL_ENV = {"PACK_CACHE_DIR"}
 
 
 def _commands() -> dict[str, object]:
-    return typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    return {name: load_command(name) for name in COMMANDS}
 
 
 def _options(command) -> tuple[set[str], set[str]]:
