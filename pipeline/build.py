@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -27,7 +24,8 @@ import onnx
 from pipeline.manifest import Manifest, Verification, adapter_runs, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
-from pipeline.cache import file_sha256, staging_folder
+from pipeline.assets.delivery import delivery_sizes
+from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
@@ -268,26 +266,6 @@ def _refused_pairs(manifest: Manifest) -> list[dict] | None:
     return refusals or None
 
 
-def _finish(staging: Path, destination: Path) -> None:
-    """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
-    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
-    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        old = None
-        if destination.is_symlink() or destination.exists():
-            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-            destination.rename(old)
-        staging.rename(destination)
-        if old is not None:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
 def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock) -> BuildInputs:
     """Everything this build's result depends on (pipeline/reuse.py)."""
     from pipeline.verify.browser.chromium import chromium_path
@@ -417,9 +395,14 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
         final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
-        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        add_plain_files(staging, contents, ["report.json"])
-        write_manifest(staging, contents.manifest(**final))
+        for _ in range(4):  # report.json states the package's sizes, its own and the manifest's included: settle them
+            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            add_plain_files(staging, contents, ["report.json"])
+            manifest = contents.manifest(**final)
+            sizes = delivery_sizes(manifest, write_manifest(staging, manifest).stat().st_size)
+            if report.get("delivery") == sizes:
+                break
+            report["delivery"] = sizes
         if inputs_key is not None and report["passed"]:
             store_package(inputs_key, staging)
         _finish(staging, destination)

@@ -15,7 +15,7 @@ import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from pipeline.errors import PackError
 
@@ -67,6 +67,26 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
         raise
 
 
+def swap_into_place(staging: Path, destination: Path) -> None:
+    """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
+    stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
+    SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        old = None
+        if destination.is_symlink() or destination.exists():
+            old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+            destination.rename(old)
+        staging.rename(destination)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def cache_root() -> Path:
     configured = os.environ.get(CACHE_ENV)
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pack"
@@ -107,6 +127,49 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _digest_memo(path: Path, kind: str, state: os.stat_result) -> Path | None:
+    """Where a digest of this file as it is on disk is remembered: keyed by device, inode, size,
+    mtime and ctime (any write changes the ctime, which no tool can set back; a rename, such as
+    the build's staging folder moved into place, changes none of them). None: no usable cache."""
+    identity = "\0".join(map(str, (kind, state.st_dev, state.st_ino, state.st_size, state.st_mtime_ns, state.st_ctime_ns)))
+    try:
+        return cache_dir("digests") / hashlib.sha256(identity.encode()).hexdigest()
+    except PackError:
+        return None
+
+
+def remember_digest(path: Path, kind: str, value: str) -> None:
+    """Record `value` as `kind` of the file as written just now (the build knows its files' hashes)."""
+    memo = _digest_memo(path, kind, path.stat())
+    if memo is not None:
+        try:
+            atomic_write(memo, value.encode("ascii"))
+        except OSError:
+            pass  # a cache that cannot be written only costs a later re-read
+
+
+def remembered_digest(path: Path, kind: str, compute: Callable[[Path], str | None]) -> str | None:
+    """`compute(path)`, remembered for this file as it is on disk now (see _digest_memo), so an
+    unchanged file is not read again (`pack publish` re-validating a package). `kind` names what
+    is computed ("sha256", "br-decoded-sha256"). Computed afresh when the cache is unusable."""
+    before = path.stat()
+    memo = _digest_memo(path, kind, before)
+    try:
+        known = memo.read_text(encoding="ascii").strip() if memo is not None and memo.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        known = None
+    if known:
+        return known if known != "-" else None
+    value = compute(path)
+    after = path.stat()
+    if memo is not None and (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (before.st_size, before.st_mtime_ns, before.st_ctime_ns):
+        try:
+            atomic_write(memo, (value or "-").encode("ascii"))
+        except OSError:
+            pass  # a cache that cannot be written only costs the next run a re-read
+    return value
 
 
 @contextmanager

@@ -9,12 +9,12 @@ codes against (the browser loader, `pack verify`, `pack publish`, the test helpe
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Literal, NotRequired, TypedDict
 
-import jsonschema
 
 from pipeline.errors import PackError
 
@@ -192,9 +192,21 @@ def make_manifest(
 
 
 @functools.cache
-def _validator() -> jsonschema.Draft202012Validator:
-    schema = json.loads(resources.files(__package__).joinpath("manifest.schema.json").read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
+def _schema_text() -> str:
+    return resources.files(__package__).joinpath("manifest.schema.json").read_text(encoding="utf-8")
+
+
+@functools.cache
+def _validator():  # -> jsonschema.Draft202012Validator; imported here, as commands that never validate need it not
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(_schema_text()))
+
+
+def _first_error(manifest: Any):
+    import jsonschema.exceptions
+
+    return jsonschema.exceptions.best_match(_validator().iter_errors(manifest))
 
 
 def key_path(parts: Iterable[Any]) -> str:
@@ -210,8 +222,9 @@ def key_path(parts: Iterable[Any]) -> str:
     return text
 
 
-def validate(manifest: Any, where: str | Path) -> Manifest:
-    """`manifest` unchanged when it is a valid schema-2 manifest; else PackError naming the key."""
+def validate(manifest: Any, where: str | Path, schema_checked: bool = False) -> Manifest:
+    """`manifest` unchanged when it is a valid schema-2 manifest; else PackError naming the key.
+    `schema_checked`: these exact bytes already passed this schema (see read_manifest)."""
     if not isinstance(manifest, dict):
         raise PackError(f"{where}: not a JSON object; rebuild the package with this version of pack")
     if manifest.get("schema") != SCHEMA_VERSION:
@@ -219,7 +232,7 @@ def validate(manifest: Any, where: str | Path) -> Manifest:
             f'{where}: key "schema": {manifest.get("schema")!r} is not {SCHEMA_VERSION}; '
             "rebuild the package with this version of pack"
         )
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(manifest))
+    error = None if schema_checked else _first_error(manifest)
     if error is not None:
         parts = list(error.absolute_path)
         message = error.message
@@ -314,7 +327,23 @@ def read_manifest(package_dir: Path) -> Manifest:
         manifest = json.loads(text)
     except ValueError as error:
         raise PackError(f"{path}: not valid JSON ({error}); rebuild the package") from None
-    return validate(manifest, path)
+    # The schema's verdict on these bytes is remembered (content-addressed): a re-publish of an
+    # unchanged package neither loads jsonschema nor walks the schema again.
+    from pipeline.cache import cache_dir
+
+    verdict = hashlib.sha256(f"{_schema_text()}\0{text}".encode("utf-8")).hexdigest()
+    try:
+        memo = cache_dir("valid-manifests") / verdict
+        known = memo.is_file()
+    except (OSError, PackError):
+        memo, known = None, False
+    valid = validate(manifest, path, schema_checked=known)
+    if memo is not None and not known:
+        try:
+            memo.touch()
+        except OSError:
+            pass
+    return valid
 
 
 def write_manifest(package_dir: Path, manifest: Manifest) -> Path:

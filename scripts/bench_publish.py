@@ -3,7 +3,15 @@
 Measures, for a package of about --size-mb MB: validation (hash + brotli check) time, first
 publish time and throughput, and the time of a no-change re-publish (which must upload nothing).
 
-    .venv/bin/python scripts/bench_publish.py [--size-mb 200] [--part-size-mb 8 16] [--json]
+With --aws, the same run also compares `pack publish` with `aws s3 sync` (awscli from PyPI, in
+its own virtual environment: the bench installs it into .cache/bench-awscli when no `aws` is
+given or on PATH), both as fresh processes against the same server and the same bodies (the
+stored bytes of each object, .br bodies included): a full publish into an empty bucket (pack: of
+a fresh copy of the package, with the hashes `pack build` records for the files it writes), then
+an unchanged one. pack does what sync does not (sha256 metadata, headers, upload order, the manifest
+last, the check from the outside); sync compares sizes and mtimes only.
+
+    .venv/bin/python scripts/bench_publish.py [--size-mb 200] [--part-size-mb 8 16] [--aws [PATH]] [--repeat 3] [--json]
 
 Numbers depend on the machine: moto keeps objects in memory and is the bottleneck on loopback,
 so the throughput is a floor for what the client side sustains, not a network figure.
@@ -14,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,11 +34,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pipeline.cache import remember_digest  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.publish.plan import plan_package  # noqa: E402
 from pipeline.publish.publisher import publish  # noqa: E402
 from pipeline.publish.s3 import Target, make_client  # noqa: E402
-from tests.publish_helpers import ACCESS_KEY, SECRET_KEY, write_package  # noqa: E402
+from tests.publish_helpers import ACCESS_KEY, SECRET_KEY, public_read_policy, write_package  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -71,10 +81,86 @@ def time_cli_republish(root: Path, target: Target, part_mb: int) -> float:
     return elapsed
 
 
+def ensure_awscli(given: str | None) -> str:
+    """`aws` to run: the one given, else one on PATH, else awscli from PyPI in .cache/bench-awscli."""
+    if given:
+        return given
+    found = shutil.which("aws")
+    if found:
+        return found
+    venv = REPO / ".cache" / "bench-awscli"
+    aws = venv / "bin" / "aws"
+    if not aws.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "awscli"], check=True)
+    return str(aws)
+
+
+def sync_tree(plan, folder: Path) -> Path:
+    """The bodies pack stores, laid out under their keys, for `aws s3 sync` to upload."""
+    for obj in plan.objects:
+        target = folder / obj.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(obj.source, target)
+    return folder
+
+
+def as_built(root: Path, manifest: dict) -> None:
+    for path, entry in manifest["files"].items():
+        if entry["cache"] == "immutable":
+            remember_digest(root / path, "sha256", entry["sha256"])
+            if entry["encodings"]:
+                remember_digest(root / entry["encodings"]["br"]["path"], "br-decoded-sha256", entry["sha256"])
+
+
+def timed(command: list[str]) -> tuple[float, str]:
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:4])}… failed ({done.returncode}): {done.stderr[-2000:]}")
+    return elapsed, done.stdout
+
+
+def compare_with_aws(aws: str, root: Path, plan, endpoint: str, scratch: Path, repeat: int) -> dict:
+    """Fresh-process wall times of `pack publish` and `aws s3 sync`: full, then unchanged; best of `repeat`."""
+    tree = sync_tree(plan, scratch / "sync" / plan.name)
+    copies = scratch / "copies"
+    admin = make_client(Target(bucket="admin", endpoint_url=endpoint, region="us-east-1"))
+    rows: dict[str, list[float]] = {"pack_full_s": [], "pack_unchanged_s": [], "aws_full_s": [], "aws_unchanged_s": []}
+    for round_ in range(repeat):
+        for tool in ("pack", "aws"):
+            bucket = f"cmp-{tool}-{round_}"
+            admin.create_bucket(Bucket=bucket)
+            admin.put_bucket_policy(Bucket=bucket, Policy=public_read_policy(bucket))
+            if tool == "pack":
+                # A fresh copy (new inodes), with the hashes `pack build` records for the content-hashed
+                # files it writes (pipeline/assets/files.py): the full publish starts as after a build.
+                fresh = copies / f"{round_}" / root.name
+                shutil.copytree(root, fresh)
+                as_built(fresh, plan.manifest)
+                command = [sys.executable, "-c", "from pipeline.cli import app; app()", "publish", str(fresh), "--bucket", bucket, "--endpoint-url", endpoint, "--json"]
+            else:
+                command = [aws, "s3", "sync", str(tree), f"s3://{bucket}/{plan.name}/", "--endpoint-url", endpoint, "--only-show-errors"]
+            full, out = timed(command)
+            unchanged, again = timed(command)
+            if tool == "pack":
+                assert json.loads(out)["uploaded"] == len(plan.objects) and json.loads(again)["uploaded"] == 0
+            rows[f"{tool}_full_s"].append(full)
+            rows[f"{tool}_unchanged_s"].append(unchanged)
+    best = {key: round(min(values), 2) for key, values in rows.items()}
+    best["full_ratio"] = round(best["pack_full_s"] / best["aws_full_s"], 2)
+    best["unchanged_ratio"] = round(best["pack_unchanged_s"] / best["aws_unchanged_s"], 2)
+    best["all_runs_s"] = {key: [round(v, 2) for v in values] for key, values in rows.items()}
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=200, help="package size (decoded bytes), MB")
     parser.add_argument("--part-size-mb", type=int, nargs="+", default=[8], help="multipart part sizes to compare")
+    parser.add_argument("--aws", nargs="?", const="", default=None, metavar="PATH", help="also compare with `aws s3 sync` (PATH to aws; default: PATH or awscli from PyPI)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the comparison (the best time of each is reported)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
 
@@ -82,6 +168,8 @@ def main() -> None:
     port = free_port()
     server = start_moto(port)
     results = []
+    comparison = None
+    aws = ensure_awscli(args.aws or None) if args.aws is not None else None
     try:
         with tempfile.TemporaryDirectory() as scratch:
             # Mostly an incompressible model (as real fp32 weights are), plus a compressible one with a .br.
@@ -100,6 +188,7 @@ def main() -> None:
                 target = Target(bucket=f"bench-{part_mb}", endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1")
                 client = make_client(target)
                 client.create_bucket(Bucket=target.bucket)
+                client.put_bucket_policy(Bucket=target.bucket, Policy=public_read_policy(target.bucket))  # the check reads anonymously
                 first = publish(client, target, [plan], part_size=part_mb * MIB, progress=Progress.quiet())
                 again = publish(client, target, [plan], part_size=part_mb * MIB, progress=Progress.quiet())
                 assert again.uploaded == 0, "a no-change re-publish uploaded something"
@@ -117,12 +206,14 @@ def main() -> None:
                         "republish_unchanged_cli_s": round(cli_s, 2),
                     }
                 )
+            if aws:
+                comparison = compare_with_aws(aws, package.root, plan, f"http://127.0.0.1:{port}", Path(scratch), args.repeat)
     finally:
         server.terminate()
         server.wait(timeout=10)
 
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({"pack": results, "versus_aws_s3_sync": comparison}, indent=2))
         return
     for row in results:
         print(
@@ -130,6 +221,13 @@ def main() -> None:
             f"{row['uploaded_mb']} MB uploaded) validated in {row['validate_s']} s, published in "
             f"{row['publish_s']} s = {row['throughput_mb_s']} MB/s; unchanged re-publish {row['republish_unchanged_s']} s "
             f"({row['republish_unchanged_cli_s']} s as a fresh `pack publish` process)"
+        )
+
+    if comparison:
+        c = comparison
+        print(
+            f"fresh processes, best of {args.repeat}: full pack publish {c['pack_full_s']} s vs aws s3 sync {c['aws_full_s']} s "
+            f"({c['full_ratio']}x); unchanged {c['pack_unchanged_s']} s vs {c['aws_unchanged_s']} s ({c['unchanged_ratio']}x)"
         )
 
 

@@ -85,10 +85,23 @@ def use_test_credentials(monkeypatch) -> None:
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")  # keeps failing-retry tests short
 
 
-def new_bucket(s3: MotoS3, name: str | None = None) -> str:
+def new_bucket(s3: MotoS3, name: str | None = None, public: bool = True) -> str:
+    """A bucket; `public`: anonymous reads allowed by a bucket policy, as a bucket serving
+    packages to browsers has them (`pack publish` checks this from the outside)."""
     bucket = name or f"pack-{random.getrandbits(48):012x}"
-    s3.client().create_bucket(Bucket=bucket)
+    admin = s3.client()
+    admin.create_bucket(Bucket=bucket)
+    if public:
+        admin.put_bucket_policy(Bucket=bucket, Policy=public_read_policy(bucket))
     return bucket
+
+
+def public_read_policy(bucket: str) -> str:
+    """The bucket policy docs/publish.md gives for public reads."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Sid": "PublicRead", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{bucket}/*"}],
+    })
 
 
 # --- TLS ------------------------------------------------------------------------------------

@@ -93,6 +93,17 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     assert {(c["variant"], c["status"]) for c in host} == {("fp16", "passed"), ("fp32", "passed")}
     assert all(c["status"] == "skipped" for c in report["checks"] if c["stage"] == "browser")
     assert "NOT browser-verified" in result.output
+    # the sizes: the whole folder, and what a desktop first visit fetches (webgpu chain: webgpu bundle, fp16 model)
+    delivery = report["delivery"]
+    assert delivery["package"]["bytes"] == sum(p.stat().st_size for p in package.rglob("*") if p.is_file() and p.name != "report.json")
+    desktop = delivery["first_visit"]["desktop"]
+    fetched = ["manifest.json", "loader.js", *modules, *manifest["runtime"]["bundles"]["webgpu"].values(), manifest["variants"]["fp16"]["model"]]
+    fetched.remove(manifest["runtime"]["bundles"]["webgpu"]["entry"])
+    wire = lambda path: (package / path).stat().st_size if path == "manifest.json" else (manifest["files"][path]["encodings"].get("br") or manifest["files"][path])["size"]  # noqa: E731
+    assert (desktop["bundle"], desktop["variant"], desktop["files"]) == ("webgpu", "fp16", len(fetched))
+    assert desktop["bytes"] == sum((package / path).stat().st_size for path in fetched) > desktop["wire_bytes"] == sum(map(wire, fetched))
+    assert delivery["repeat_visit"]["bytes"] == 0 and delivery["repeat_visit"]["revalidated"] == ["manifest.json", "loader.js", *sorted(modules)]
+    assert f"delivery: package {delivery['package']['bytes'] / 1e6:.1f} MB" in result.output and "  first visit desktop [webgpu, wasm]: " in result.output
 
 
 def test_rebuild_from_scratch_is_byte_identical_but_for_the_reports_timings(conv_file, tmp_path):

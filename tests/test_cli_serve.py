@@ -31,15 +31,15 @@ def write_package(dist: Path, name: str) -> Path:
     return root
 
 
-def start(folder: Path) -> tuple[subprocess.Popen, list[str]]:
-    child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(folder), "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(folder: Path, *options: str) -> tuple[subprocess.Popen, list[str]]:
+    child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(folder), "--port", "0", *options], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = child.stdout.readline()
     assert first.startswith(f"serving {folder} at http://127.0.0.1:"), first + child.stderr.read()
     return child, [first]
 
 
-def fetch(url: str, accept_br: bool) -> tuple[dict[str, str], bytes]:
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "br"} if accept_br else {})
+def fetch(url: str, accept_br: bool, **headers: str) -> tuple[dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers={**headers, **({"Accept-Encoding": "br"} if accept_br else {})})
     with urllib.request.urlopen(request, timeout=30) as response:
         return dict(response.headers), response.read()
 
@@ -104,3 +104,38 @@ def test_serve_on_a_busy_port_says_so(tmp_path):
         result = CliRunner().invoke(app, ["serve", str(package), "--port", str(port)])
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there") and "choose another --port" in result.output
+
+
+def test_serve_cors_allows_the_named_origin_only(tmp_path):
+    package = write_package(tmp_path / "dist", "demo")
+    child, _ = start(package, "--cors", "http://localhost:5173/")
+    try:
+        assert child.stdout.readline().strip() == "CORS: pages on http://localhost:5173 may fetch these files"
+        url = child.stdout.readline().strip().split(": ", 1)[1].replace("index.html", "demo.js")
+        headers, body = fetch(url, accept_br=True, Origin="http://localhost:5173")
+        assert headers["Access-Control-Allow-Origin"] == "http://localhost:5173" and "Content-Encoding" in headers["Access-Control-Expose-Headers"]
+        assert "Origin" in headers["Vary"] and brotli.decompress(body) == DEMO_JS
+        headers, _ = fetch(url, accept_br=True, Origin="https://elsewhere.example")
+        assert "Access-Control-Allow-Origin" not in headers
+        preflight = urllib.request.Request(url, method="OPTIONS", headers={"Origin": "http://localhost:5173", "Access-Control-Request-Headers": "range"})
+        with urllib.request.urlopen(preflight, timeout=30) as response:
+            assert response.status == 204 and response.headers["Access-Control-Allow-Headers"] == "range"
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=30)
+    assert child.returncode == 0
+
+    child, _ = start(package, "--cors", "*")
+    try:
+        child.stdout.readline()
+        url = child.stdout.readline().strip().split(": ", 1)[1]
+        assert fetch(url, accept_br=False, Origin="https://any.example")[0]["Access-Control-Allow-Origin"] == "*"
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=30)
+
+
+def test_serve_refuses_an_origin_with_a_path(tmp_path):
+    package = write_package(tmp_path / "dist", "demo")
+    result = CliRunner().invoke(app, ["serve", str(package), "--cors", "https://app.example.com/page"])
+    assert result.exit_code == 2 and result.output.startswith("error: --cors 'https://app.example.com/page': an origin is scheme://host[:port]")

@@ -40,7 +40,9 @@ def test_options_come_from_environment_variables(proxy, s3_server, tmp_path, mon
     monkeypatch.setenv("PACK_ENDPOINT_URL", proxy.url)
     monkeypatch.setenv("PACK_REGION", "eu-west-1")
     monkeypatch.setenv("PACK_PUBLIC_URL", "https://cdn.example.com/")
+    monkeypatch.setenv("PACK_NO_CHECK", "1")  # the CDN does not exist: nothing to check from the outside
     summary = run_json(str(package.root))
+    assert summary["check"] is None
     assert summary["loader_url"] == "https://cdn.example.com/releases/v1/demo/loader.js"
     assert "releases/v1/demo/manifest.json" in bucket_snapshot(s3_server.client(), bucket)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import brotli
 
 from pipeline.manifest import FileEntry
-from pipeline.cache import atomic_write, cache_dir, file_sha256
+from pipeline.cache import atomic_write, cache_dir, file_sha256, remember_digest
 from pipeline.progress import Progress
 
 MEDIA_TYPES = {
@@ -103,10 +103,12 @@ def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: P
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
+    remember_digest(target, "sha256", sha256)  # `pack publish` validates the package without reading it again
     if encoded is None:
         encoded = brotli_encode(data, sha256, suffix, f"brotli {Path(path).name}", progress, kind)
     if len(encoded) <= len(data) * (1 - MIN_SAVING):
         (root / f"{path}.br").write_bytes(encoded)
+        remember_digest(root / f"{path}.br", "br-decoded-sha256", sha256)
         return PackageFile(path, sha256, len(data), f"{path}.br", len(encoded))
     return PackageFile(path, sha256, len(data), None, None)
 

@@ -4,14 +4,16 @@ bodies, so other commands do not load them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import numpy as np
 import typer
 
 from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.errors import PackError
 from pipeline.runtime import DEFAULT_VERSION
+
+if TYPE_CHECKING:  # numpy is imported where used: every `pack` command would load it otherwise
+    import numpy as np
 
 BUNDLES = ("root", "webgpu")
 EPS = ("webgpu", "wasm")
@@ -62,6 +64,8 @@ def _parse_dims(options: list[str]) -> dict[str, int]:
 
 
 def _load_inputs(path: Path, model) -> dict[str, np.ndarray]:
+    import numpy as np
+
     if not path.is_file():
         raise PackError(f"--inputs {path}: no such file; give an .npz with one array per model input")
     try:

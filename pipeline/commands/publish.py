@@ -68,6 +68,14 @@ def publish(
     part_size: Annotated[
         int, typer.Option(envvar="PACK_PART_SIZE_MB", help="Multipart part size in MiB (>= 5); larger files go multipart.")
     ] = 8,
+    no_check: Annotated[
+        bool,
+        typer.Option("--no-check", envvar="PACK_NO_CHECK", help="Skip the check from the outside (anonymous GETs of the public URL, as a browser)."),
+    ] = False,
+    check_origin: Annotated[
+        Optional[list[str]],
+        typer.Option(envvar="PACK_CHECK_ORIGIN", help="The app's origin that must be allowed by CORS (repeatable; default: each --cors origin)."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
 ) -> None:
     """Publish packages to S3 or R2: hashed files, then manifest, then loader; unchanged objects are skipped."""
@@ -78,6 +86,7 @@ def publish(
         if part_size * MIB < MIN_PART_SIZE:
             raise PackError(f"--part-size {part_size}: S3 and R2 need parts of at least 5 MiB")
         origins = validate_origins(cors or [])
+        app_origins = validate_origins(check_origin or [])
         plans = _plan_all(dist, allow_none=bool(origins))
         warnings = _trust_gate(plans, allow_failed)
         target = Target(
@@ -100,12 +109,42 @@ def publish(
                 client, target, plans, part_size=part_size * MIB, dry_run=dry_run, prune_unreferenced=prune, progress=progress
             )
         result.warnings = warnings
-        if is_r2(target.endpoint_url) and not target.public_url and plans:
+        checked = client is not None and not dry_run and not no_check
+        if is_r2(target.endpoint_url) and not target.public_url and plans and not checked:
             progress.note("note: the R2 API URL is not public; set --public-url / PACK_PUBLIC_URL to its public domain")
-        if json_output:
-            print_json(_summary_json(result, rules))
-        else:
+        if not json_output:
             _print_summary(result, rules, what_else=_unchecked_extras(prune, origins))
+        checks = _check_from_outside(target, plans, origins, app_origins, progress, json_output) if checked else None
+        if checks is not None:
+            result.warnings += [warning for check in checks for warning in check.warnings]
+        if json_output:
+            print_json(_summary_json(result, rules, checks))
+        errors = [error for check in checks or [] for error in check.errors]
+        for error in errors:
+            typer.echo(f"error: {error}", err=True)
+        if errors:
+            raise typer.Exit(1)
+
+
+def _check_from_outside(target: Target, plans: list[PackagePlan], cors: list[str], app_origins: list[str], progress, json_output: bool):
+    """Anonymous GETs of each package as a browser on the app's origin would make (pipeline/publish/check.py)."""
+    from pipeline.publish.check import check_origins, check_package
+
+    origins, required = check_origins(cors, app_origins)
+    checks = []
+    for plan in plans:
+        progress.note(f"{plan.name}: checking the public URL as a browser would (anonymous GET, Origin {', '.join(origins)})")
+        check = check_package(target, plan, origins, required)
+        for warning in check.warnings:
+            typer.echo(f"warning: {warning}", err=True)
+        if not json_output:
+            typer.echo(f"check {plan.name}: {check.status}")
+            for line in check.lines:
+                typer.echo(line)
+            for note in check.notes:
+                typer.echo(f"  note: {note}")
+        checks.append(check)
+    return checks
 
 
 def _connect(target: Target, dry_run: bool, has_bucket: bool):
@@ -174,7 +213,7 @@ def _plan_all(dist: list[Path] | None, allow_none: bool) -> list[PackagePlan]:
     return plans
 
 
-def _summary_json(result: PublishResult, rules: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _summary_json(result: PublishResult, rules: list[dict[str, Any]] | None, checks=None) -> dict[str, Any]:
     urls = result.loader_urls
     return {
         "uploaded": result.uploaded,
@@ -189,6 +228,8 @@ def _summary_json(result: PublishResult, rules: list[dict[str, Any]] | None) -> 
         "cors": rules,
         "warnings": result.warnings,
         "remote_unchecked": result.remote_unchecked,
+        "check": None if checks is None else [check.as_json() for check in checks],  # null: --no-check or --dry-run
+        "errors": [error for check in checks or [] for error in check.errors],
     }
 
 

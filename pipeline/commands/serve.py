@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -35,16 +35,23 @@ def serve(
     folder: Annotated[Path, typer.Argument(help="A package folder (dist/<name>) or a folder of packages (dist/).")] = Path("dist"),
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port).")] = 8000,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes the server to the network.")] = "127.0.0.1",
+    cors: Annotated[
+        Optional[list[str]],
+        typer.Option("--cors", envvar="PACK_CORS", help="Allow pages on ORIGIN (or *) to fetch the packages, as a bucket CORS rule does (repeatable)."),
+    ] = None,
 ) -> None:
     """Serve built packages locally as production does (brotli, media types, COOP/COEP); Ctrl-C stops."""
     from pipeline.verify.browser.server import StaticServer
 
+    from pipeline.publish.cors import validate_origins
+
     with cli_errors():
+        origins = validate_origins(cors or [])
         packages = packages_in(folder)
         # A single package is served under /<name>/ as a bucket does, with its manifest's media types.
         mounts = {f"/{folder.name}/": folder} if packages == [folder] else {}
         try:
-            server = StaticServer(folder, mounts, host=host, port=port)
+            server = StaticServer(folder, mounts, host=host, port=port, cors=origins)
         except OSError as error:
             raise PackError(f"--host {host} --port {port}: cannot listen there ({error.strerror or error}); choose another --port (0 picks a free one)") from None
         server.start()
@@ -52,6 +59,8 @@ def serve(
         base = server.url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//:::", "//127.0.0.1:")
         try:
             typer.echo(f"serving {folder} at {base} (Ctrl-C stops)")
+            if origins:
+                typer.echo(f"  CORS: pages on {', '.join(origins)} may fetch these files")
             for package in packages:
                 typer.echo(f"  {package.name}: {base}{package.name}/index.html")
             while True:

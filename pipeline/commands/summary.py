@@ -7,12 +7,14 @@ from pathlib import Path
 
 import typer
 
-from pipeline.verify.metrics import format_metrics
+from pipeline.assets.delivery import delivery_lines
 
 MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR "}
 
 
 def check_line(check: dict) -> str:
+    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+
     bundle = check.get("bundle")
     run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle != check["ep"] else "")
     output = f" {check['output']}" if check.get("output") else ""
@@ -247,6 +249,8 @@ def print_summary(report: dict, package_dir: Path) -> None:
         if select:
             why = (report.get("loader") or {}).get("why")
             echo(f"loader: select {select}" + (f" ({why})" if why else ""))
+    for line in delivery_lines(report.get("delivery")):
+        echo(line)
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in report.get("timings", {}).items())
     echo(f"timings: {timings}")
     browser_ran = any(c["stage"] == "browser" and c["status"] in ("passed", "failed") for c in report["checks"])

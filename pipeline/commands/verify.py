@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import brotli
-import numpy as np
 import typer
 
 from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption, grid_settings
 from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
 from pipeline.commands.summary import MARKS, browser_lines, check_line, device_lines, webgpu_kernel_lines
 from pipeline.errors import PackError
-from pipeline.dtypes import NUMPY_DTYPES
 from pipeline.runtime import runtime_from_option
 from pipeline.verify.browser.plan import load_manifest
 from pipeline.verify.thresholds import threshold_for
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy is imported where used: every `pack` command would load it otherwise
+    import numpy as np
+
     from pipeline.verify.browser.harness import BrowserResult
 
 # The most faithful variant available is the reference when a package ships no fp32 one.
@@ -107,6 +107,10 @@ def verify(
 
 def sample_feeds(package: Path, manifest: dict) -> dict[str, np.ndarray]:
     """The package's sample inputs, decoded from `sample.<h>.bin` (or its .br copy)."""
+    import numpy as np
+
+    from pipeline.dtypes import NUMPY_DTYPES
+
     sample = manifest["sample"]
     path = package / sample["file"]
     if path.is_file():

@@ -20,7 +20,7 @@ from typing import Any
 import brotli
 
 from pipeline.manifest import Manifest, Run, failed_runs, read_manifest
-from pipeline.cache import file_sha256
+from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
 
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
@@ -197,7 +197,7 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
     body_sha256, body_size = _sha256_file(encoded)
     if "size" in brotli_entry and body_size != brotli_entry["size"]:
         raise PackError(f"{encoded}: {body_size} bytes, manifest.json says {brotli_entry['size']}; rebuild")
-    if _brotli_decoded_sha256(encoded) != sha256:
+    if remembered_digest(encoded, "br-decoded-sha256", _brotli_decoded_sha256) != sha256:
         raise PackError(f"{encoded}: does not decode to {path}; rebuild the package")
     return PlannedObject(path, encoded, body_size, sha256, body_sha256, content_type, "br", cache, stage)
 
@@ -212,7 +212,8 @@ def _content_type(path: str, media_type: Any) -> str:
 
 
 def _sha256_file(path: Path) -> tuple[str, int]:
-    return file_sha256(path), path.stat().st_size
+    # Remembered per file state: a re-publish of an unchanged package reads no file again.
+    return remembered_digest(path, "sha256", file_sha256) or "", path.stat().st_size
 
 
 def _brotli_decoded_sha256(path: Path) -> str | None:

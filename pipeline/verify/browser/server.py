@@ -7,6 +7,8 @@
   (.mjs must be text/javascript and .wasm application/wasm or the browser refuses them).
 - Every response is cross-origin isolated (COOP same-origin, COEP require-corp, CORP) so wasm
   threads (SharedArrayBuffer) are available, as they are behind a correctly configured CDN.
+- `cors` (origins, or `*`): pages on those origins may fetch the files (Access-Control-Allow-Origin),
+  as a bucket with a CORS rule allows an app on another origin.
 - `extra_mounts` maps URL prefixes (e.g. "/__pack__/") to folders outside the package: harness
   pages and alternative runtime files. They never shadow package files except under their prefix.
 """
@@ -54,8 +56,9 @@ class ServedRequest:
 class StaticServer:
     """Threaded static server; `url` ends with '/'. `requests` records what was served."""
 
-    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None, host: str = "127.0.0.1", port: int = 0, cors: list[str] | None = None):
         self.root = Path(root).resolve()
+        self.cors = list(cors or [])
         mounts = {prefix if prefix.endswith("/") else prefix + "/": Path(path).resolve() for prefix, path in (extra_mounts or {}).items()}
         # longest prefix first, the package root last
         self.mounts = sorted(mounts.items(), key=lambda item: -len(item[0])) + [("/", self.root)]
@@ -116,6 +119,27 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802
             self._serve(send_body=True)
 
+        def do_OPTIONS(self) -> None:  # noqa: N802 - a CORS preflight (a fetch with a Range header, say)
+            allowed = self._allowed_origin()
+            self.send_response(HTTPStatus.NO_CONTENT if allowed else HTTPStatus.FORBIDDEN)
+            if allowed:
+                self._cors_headers(allowed)
+                self.send_header("Access-Control-Allow-Methods", "GET, HEAD")
+                self.send_header("Access-Control-Allow-Headers", self.headers.get("Access-Control-Request-Headers") or "*")
+                self.send_header("Access-Control-Max-Age", "86400")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _allowed_origin(self) -> str | None:
+            origin = self.headers.get("Origin")
+            if not origin or not server.cors:
+                return None
+            return "*" if "*" in server.cors else origin if origin in server.cors else None
+
+        def _cors_headers(self, allowed: str) -> None:
+            self.send_header("Access-Control-Allow-Origin", allowed)
+            self.send_header("Access-Control-Expose-Headers", "Content-Length, Content-Encoding")
+
         def _serve(self, send_body: bool) -> None:
             url_path = unquote(urlsplit(self.path).path)
             if url_path.endswith("/"):
@@ -138,8 +162,11 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(size))
             if encoding:
                 self.send_header("Content-Encoding", encoding)
-            self.send_header("Vary", "Accept-Encoding")
+            self.send_header("Vary", "Accept-Encoding, Origin" if server.cors else "Accept-Encoding")
             self.send_header("Cache-Control", "no-store")
+            allowed = self._allowed_origin()
+            if allowed:
+                self._cors_headers(allowed)
             for name, value in ISOLATION_HEADERS.items():
                 self.send_header(name, value)
             self.end_headers()

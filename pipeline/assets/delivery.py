@@ -1,0 +1,112 @@
+"""What a package weighs, and what a visitor's browser fetches, computed from its manifest.
+
+- package: every file in the folder (the files the manifest lists, their `.br` copies, the
+  manifest; report.json aside), and what a host stores (one object per listed file, the `.br` body where there is one).
+- first visit, per platform chain: what the loader fetches before the first result: manifest.json,
+  loader.js and its modules, the runtime bundle the chain loads (`chain_bundle`), and the model
+  of the chain's first choice (its first EP's first variant). Raw bytes, and bytes on the wire
+  (the brotli body where the package has one; hosts serve those with Content-Encoding: br). With
+  `select: measured` the trials fetch the sample and the other candidates' models as well.
+- repeat visit: content-hashed files come from Cache Storage (keyed by sha256), so nothing is
+  downloaded; manifest.json and the loader's files (short cache) are revalidated, and only
+  re-downloaded when a re-publish changed them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.manifest import Manifest, chain_bundle
+
+REPORT = "report.json"
+
+
+def _is_loader_file(path: str) -> bool:
+    return path == "loader.js" or (path.startswith("loader/") and path.endswith(".js"))
+
+
+def _wire(entry: dict[str, Any]) -> int:
+    encoded = (entry.get("encodings") or {}).get("br")
+    return int(encoded["size"]) if encoded else int(entry["size"])
+
+
+def _first_variant(manifest: Manifest, chain: list[str]) -> str | None:
+    for ep in chain:
+        order = manifest["variantFor"].get(ep) or []
+        if order:
+            return order[0]
+    return None
+
+
+def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
+    """The sizes above; `manifest_bytes` is the size of manifest.json as written."""
+    # report.json (the build's evidence for people; browsers never fetch it) is left out: its
+    # timings differ between builds, and the figures should not.
+    files = {path: entry for path, entry in manifest["files"].items() if path != REPORT}
+    raw = sum(int(entry["size"]) for entry in files.values())
+    copies = sum(int(entry["encodings"]["br"]["size"]) for entry in files.values() if (entry.get("encodings") or {}).get("br"))
+    package = {
+        "files": len(files) + 1 + sum(1 for entry in files.values() if (entry.get("encodings") or {}).get("br")),
+        "bytes": raw + copies + manifest_bytes,
+        "hosted_bytes": sum(_wire(entry) for entry in files.values()) + manifest_bytes,
+    }
+    loader = sorted(path for path in files if _is_loader_file(path))
+    first_visit: dict[str, Any] = {}
+    for platform, chain in manifest["executionProviders"].items():
+        bundle_key = chain_bundle(chain)
+        bundle = manifest["runtime"]["bundles"][bundle_key]
+        variant = _first_variant(manifest, chain)
+        model = manifest["variants"][variant]["model"] if variant else None
+        paths = [*loader, bundle["module"], bundle["wasm"], *([model] if model else [])]
+        visit = {
+            "chain": list(chain),
+            "bundle": bundle_key,
+            "variant": variant,
+            "files": len(paths) + 1,
+            "bytes": manifest_bytes + sum(int(files[path]["size"]) for path in paths),
+            "wire_bytes": manifest_bytes + sum(_wire(files[path]) for path in paths),
+        }
+        if manifest["loader"].get("select") == "measured":
+            runnable = [ep for ep in chain if bundle_key != "wasm" or ep == "wasm"]
+            models = {manifest["variants"][v]["model"] for ep in runnable for v in manifest["variantFor"].get(ep) or []} - {model}
+            trial_paths = sorted(models) + ([manifest["sample"]["file"]] if manifest.get("sample") else [])
+            visit["trials"] = {
+                "files": len(trial_paths),
+                "bytes": sum(int(files[path]["size"]) for path in trial_paths),
+                "wire_bytes": sum(_wire(files[path]) for path in trial_paths),
+            }
+        first_visit[platform] = visit
+    revalidated = ["manifest.json", *loader]
+    repeat_visit = {
+        "bytes": 0,
+        "revalidated": revalidated,
+        "bytes_after_republish": manifest_bytes + sum(int(files[path]["size"]) for path in loader),
+    }
+    return {"package": package, "first_visit": first_visit, "repeat_visit": repeat_visit}
+
+
+def _mb(size: int) -> str:
+    if size == 0:
+        return "0 B"
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+def delivery_lines(delivery: dict[str, Any] | None) -> list[str]:
+    """The sizes for people: the package, each platform's first visit, a repeat visit."""
+    if not delivery:
+        return []
+    package = delivery["package"]
+    lines = [f"delivery: package {_mb(package['bytes'])} in {package['files']} files besides report.json ({_mb(package['hosted_bytes'])} stored on a host, brotli bodies replacing their files)"]
+    for platform, visit in delivery["first_visit"].items():
+        trials = visit.get("trials")
+        extra = f"; measured choice's trials then fetch {_mb(trials['bytes'])} ({_mb(trials['wire_bytes'])} on the wire)" if trials and trials["files"] else ""
+        lines.append(
+            f"  first visit {platform} [{', '.join(visit['chain'])}]: {_mb(visit['bytes'])}, {_mb(visit['wire_bytes'])} on the wire "
+            f"({visit['files']} files: {visit['bundle']} runtime bundle, {visit['variant']} model){extra}"
+        )
+    repeat = delivery["repeat_visit"]
+    lines.append(
+        f"  repeat visit: {_mb(repeat['bytes'])} (hashed files from Cache Storage; {len(repeat['revalidated'])} files revalidated, "
+        f"{_mb(repeat['bytes_after_republish'])} after a re-publish changed them)"
+    )
+    return lines
