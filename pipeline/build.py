@@ -38,6 +38,8 @@ from pipeline.precision.detect import detect_precision
 from pipeline.precision.kept import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
+from pipeline.report.data import ReportData
+from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
@@ -191,6 +193,7 @@ class BrowserOutcome:
     report: dict | None = None  # report.json "browser" (None under --no-browser)
     ep_options: dict | None = None  # the EP options the checks settled on
     steps: list[dict] = field(default_factory=list)
+    outputs: dict = field(default_factory=dict)  # run label -> output -> what the browser produced (report.html)
 
 
 def _webgpu_failed(checks: list[dict]) -> bool:
@@ -224,7 +227,7 @@ def _browser_verify(staging: Path, contents: PackageContents, reference: dict[st
             })
             if fixed:
                 result, ep_options = retry, nchw
-    return BrowserOutcome(result.checks, result.report, ep_options, steps)
+    return BrowserOutcome(result.checks, result.report, ep_options, steps, result.outputs)
 
 
 def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
@@ -318,7 +321,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             thresholds = threshold_table(made.variants, reference, recipe, contents.variant_for)
             # The browser stage loads the package through its own loader: it needs a manifest on
             # disk. This provisional one records no runs, so every variant is tried as shipped.
-            add_plain_files(staging, contents, render_loader(staging, contents.manifest()))
+            add_plain_files(staging, contents, render_loader(staging, contents.manifest(license=recipe.license)))
             write_manifest(staging, contents.manifest(thresholds=thresholds))
         with timer.stage("browser_verify"):
             if options.browser:
@@ -338,6 +341,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             "source": {"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
             "license": recipe.license,
             "variants_refused": made.refused,
+            "sample_rate": next((int(s.pattern_options["sample_rate"]) for s in recipe.inputs.values() if "sample_rate" in s.pattern_options), None),
         }
         if kernels.facts is not None:
             report["webgpu_kernels"] = kernels.facts
@@ -353,5 +357,6 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])
         write_manifest(staging, contents.manifest(**final))
+        write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files (pipeline/report)
         _finish(staging, destination)
     return BuildResult(destination, report)

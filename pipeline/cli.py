@@ -53,6 +53,7 @@ from pipeline.commands.publish import publish  # noqa: E402
 from pipeline.commands.verify import verify  # noqa: E402
 from pipeline.commands.graph import diagnose, inspect  # noqa: E402
 from pipeline.commands.serve import serve  # noqa: E402
+from pipeline.commands.report import report  # noqa: E402
 
 app.command(epilog=BUILD_EXAMPLES)(build)
 app.command(epilog="Example:  pack recipes --json")(recipes)
@@ -61,6 +62,7 @@ app.command(epilog="Example:  pack verify dist/my-model --json > verify.json")(v
 app.command(epilog="Example:  pack inspect model.onnx --no-browser")(inspect)
 app.command(epilog="Example:  pack diagnose model.onnx --ep webgpu --dim batch=1")(diagnose)
 app.command(epilog="Example:  pack serve dist/ --port 8000   (then open http://127.0.0.1:8000/<name>/index.html)")(serve)
+app.command(epilog="Example:  pack report dist/gtcrn --open")(report)
 # --- end commands ---
 
 
