@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
-LATER_THAN_GRAPH = ("pipeline.precision", "pipeline.verify", "pipeline.assets", "pipeline.loader", "pipeline.publish",
+LATER_THAN_GRAPH = ("pipeline.precision", "pipeline.verify", "pipeline.assets", "pipeline.report", "pipeline.loader", "pipeline.publish",
                     "pipeline.commands", "pipeline.build", "pipeline.cli")
 
 
@@ -31,9 +31,17 @@ def test_graph_imports_nothing_from_later_stages() -> None:
 
 def test_verify_imports_nothing_from_later_stages() -> None:
     # the manifest (pipeline/manifest.py) sits at the top of the package beside recipe.py: every stage reads it
-    later = ("pipeline.assets", "pipeline.loader", "pipeline.publish", "pipeline.commands", "pipeline.build", "pipeline.cli")
+    later = ("pipeline.assets", "pipeline.report", "pipeline.loader", "pipeline.publish", "pipeline.commands", "pipeline.build", "pipeline.cli")
     offending = {str(p.relative_to(PIPELINE)): sorted(n for n in _imports(p) if n.startswith(later))
                  for p in (PIPELINE / "verify").rglob("*.py")}
+    assert {path: names for path, names in offending.items() if names} == {}
+
+
+def test_report_imports_only_earlier_stages() -> None:
+    # the report reads what assets wrote (the sample file) and what verify measured; nothing later
+    later = ("pipeline.loader", "pipeline.publish", "pipeline.commands", "pipeline.build", "pipeline.cli")
+    offending = {str(p.relative_to(PIPELINE)): sorted(n for n in _imports(p) if n.startswith(later))
+                 for p in (PIPELINE / "report").rglob("*.py")}
     assert {path: names for path, names in offending.items() if names} == {}
 
 
