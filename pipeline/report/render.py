@@ -24,6 +24,7 @@ from pipeline.manifest import read_manifest
 from pipeline.progress import Progress
 from pipeline.report import REPORT_HTML, figures
 from pipeline.report.data import ReportData, load, save
+from pipeline.verify.browser.harness import run_label
 from pipeline.verify.metrics import LOWER_BOUNDS, compare, format_metrics
 
 STATUS_ORDER = {"failed": 0, "not-verifiable": 1, "skipped": 2, "passed": 3}
@@ -164,8 +165,8 @@ def _check_rows(checks: list[dict]) -> list[dict]:
     next to their bounds."""
     rows = []
     for index, check in enumerate(checks):
-        bundle = check.get("bundle")
-        run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle not in ("*", check["ep"]) else "")
+        # the label the outputs and timings use: "wasm/fp32" on the webgpu bundle, "[wasm bundle]" named
+        run = run_label(check) if check.get("bundle") not in (None, "*") else f"{check['ep']}/{check['variant']}"
         metrics, threshold = check.get("metrics") or {}, check.get("threshold") or {}
         figures_ = [
             {"key": key, "value": metrics[key], "bound": bound, "op": "≥" if key in LOWER_BOUNDS else "≤", "ok": _within(key, metrics[key], bound)}
@@ -216,8 +217,6 @@ def _short_json(value) -> str:
 
 def _per_run(browser: dict | None, key: str) -> list[dict]:
     """[{run, items}] for each browser run that lists `key` (CPU-fallback nodes, slowest kernels)."""
-    from pipeline.verify.browser.harness import run_label
-
     found = []
     for run in (browser or {}).get("runs") or []:
         items = run.get(key) or []
