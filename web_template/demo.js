@@ -170,8 +170,8 @@ function drawSpectrum(tensor, values) {
   return canvas;
 }
 
-/** <audio> players for an output and its fp32 reference, at one gain (the reference's peak to 0.9). */
-function players(name, tensor, values, reference, sampleRate) {
+/** <audio> players for a tensor (and an output's fp32 reference), at one gain (the reference's peak to 0.9). */
+function players(name, tensor, values, reference, sampleRate, label) {
   const layout = audioLayout(tensor.dims);
   if (!layout) return null;
   const box = document.createElement('div');
@@ -179,7 +179,7 @@ function players(name, tensor, values, reference, sampleRate) {
   const expected = reference && reference[name] ? numbers(reference[name]) : null;
   const peak = expected ? Math.max(...Array.from(expected, (v) => Math.abs(v) || 0)) : Math.max(Math.abs(stats(values).min), Math.abs(stats(values).max));
   const gain = peak > 0 ? 0.9 / peak : 1;
-  const entries = [['this run', values]];
+  const entries = [[label, values]];
   if (expected) entries.push(["build's fp32 reference", expected]);
   for (const [label, data] of entries) {
     const player = document.createElement('div');
@@ -195,7 +195,7 @@ function players(name, tensor, values, reference, sampleRate) {
   return box;
 }
 
-function figure(name, tensor, spec, reference = null, sampleRate = DEFAULT_SAMPLE_RATE) {
+function figure(name, tensor, spec, reference = null, sampleRate = DEFAULT_SAMPLE_RATE, label = 'this run') {
   const values = numbers(tensor);
   const range = stats(values);
   const kind = kindOf(spec, tensor);
@@ -206,7 +206,7 @@ function figure(name, tensor, spec, reference = null, sampleRate = DEFAULT_SAMPL
   else if (kind === 'spectrum') element.append(drawSpectrum(tensor, values));
   else if (kind === 'audio') {
     element.append(drawWave(values, audioLayout(tensor.dims) || { channels: 1, length: values.length }, range));
-    const sound = players(name, tensor, values, reference, sampleRate);
+    const sound = players(name, tensor, values, reference, sampleRate, label);
     if (sound) element.append(sound);
   } else element.append(drawWave(values, { channels: 1, length: values.length }, range));
   const caption = document.createElement('figcaption');
@@ -305,7 +305,7 @@ async function main() {
   const inputSpecs = Object.fromEntries((model.manifest.inputs || []).map((s) => [s.name, s]));
   const outputSpecs = Object.fromEntries((model.manifest.outputs || []).map((s) => [s.name, s]));
   const sampleRate = await sampleRateOf();
-  $('inputs').replaceChildren(...Object.entries(feeds).map(([name, t]) => figure(name, t, inputSpecs[name], null, sampleRate)));
+  $('inputs').replaceChildren(...Object.entries(feeds).map(([name, t]) => figure(name, t, inputSpecs[name], null, sampleRate, 'sample input')));
   $('outputs').replaceChildren(...Object.entries(outputs).map(([name, t]) => figure(name, t, outputSpecs[name], reference, sampleRate)));
   showInfo([
     ['execution provider', info.ep],

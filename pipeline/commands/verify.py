@@ -90,7 +90,8 @@ def verify(
             browser_facts = next(iter(results.values())).report
         else:
             checks, outputs, browser_facts = result.checks, result.outputs, result.report
-        _write_report(package, checks, outputs, browser_facts, kernel_facts, progress)
+        by = "pack verify" + (f" --bundle {bundle}" if bundle else "") + "".join(f" --runtime {label}" for label in labels)
+        _write_report(package, by, checks, outputs, browser_facts, kernel_facts, progress)
     if json_output:
         print_json(document)
     else:
@@ -99,13 +100,13 @@ def verify(
     raise typer.Exit(1 if failed else 0)
 
 
-def _write_report(package: Path, checks: list[dict], outputs: dict, browser: dict, kernels: dict, progress) -> None:
+def _write_report(package: Path, by: str, checks: list[dict], outputs: dict, browser: dict, kernels: dict, progress) -> None:
     """report.html shows this verification (the build's host checks stay); a package folder that
     cannot be written keeps its old report, with a warning: the checks above stand."""
     from pipeline.report.data import ReportData
     from pipeline.report.render import write_report
 
-    verification = {"by": "pack verify", "checks": checks, "browser": browser, "webgpu_kernels": kernels}
+    verification = {"by": by, "checks": checks, "browser": browser, "webgpu_kernels": kernels}
     try:
         path = write_report(package, ReportData(outputs, verification), progress)
     except PackError as error:

@@ -44,6 +44,7 @@ class Section:
     shape: list[int]
     picture: str | None = None  # data URI
     players: list[dict] = field(default_factory=list)  # {"label", "uri", "caption"}
+    runs: list[tuple[str, str]] = field(default_factory=list)  # (run label, its figure) as text beside the picture
     notes: list[str] = field(default_factory=list)
 
 
@@ -285,6 +286,7 @@ def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict
         runs = [(label, array, caption) for label, array, caption in runs if array.shape == expected.shape]
         for label in cut:
             section.notes.append(f"{label}: the output kept is cut or of another shape; not drawn")
+        section.runs = [(label, caption) for label, _, caption in runs]
         if layout.what == "image":
             pictures = [(n, a) for n, a in inputs.items() if figures.image_layout(a.shape)][:2]
             section.picture = figures.image_figure(pictures, expected, runs, layout)
