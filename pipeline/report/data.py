@@ -57,6 +57,8 @@ def load(package: Path) -> ReportData:
             outputs: dict[str, dict[str, np.ndarray]] = {}
             for entry in index["outputs"]:
                 outputs.setdefault(entry["run"], {})[entry["output"]] = archive[entry["key"]]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
-        raise PackError(f"{path}: unreadable ({error}); delete it and run `pack verify {package}` to make it again") from None
+    except OSError as error:
+        raise PackError(f"{path}: cannot read ({error.strerror or error}); check its permissions") from None
+    except (ValueError, KeyError, zipfile.BadZipFile):
+        raise PackError(f"{path}: not a report data file that pack wrote; delete it and run `pack verify {package}` to make it again") from None
     return ReportData(outputs, index.get("verification"))
