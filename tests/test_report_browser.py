@@ -111,15 +111,7 @@ def test_report_shows_every_check_pictures_of_each_output_and_plays_the_sound(pa
     assert report["sample_rate"] == 16000
     manifest = json.loads((package / "manifest.json").read_text())
     assert not {"report.html", "report.data.npz"} & set(manifest["files"])  # never published by default
-
-
-def test_pack_report_rerenders_from_the_package(package, browser) -> None:
-    (package / "report.html").unlink()
-    result = runner.invoke(app, ["report", str(package), "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"report": str(package / "report.html")}
+    # the players of what the browser itself produced (kept by its checks in report.data.npz)
     html = (package / "report.html").read_text()
-    assert "verified by</dt><dd>pack build" in html
-    # the browser's own outputs were kept: the page still draws them without a browser run
-    labels = re.findall(r'<audio [^>]*data-label="([^"]+)"', html)
-    assert any("wasm/" in label or "webgpu/" in label for label in labels), labels
+    browser_runs = [label for label in re.findall(r'<audio [^>]*data-label="([^"]+)"', html) if "wasm/" in label or "webgpu/" in label]
+    assert browser_runs, "no player for a browser run"

@@ -44,6 +44,21 @@ def test_a_no_browser_build_writes_a_report_with_every_check_and_the_host_fp16_o
     assert not {"report.html", "report.data.npz"} & set(manifest["files"])
 
 
+def test_pack_report_rerenders_from_the_package_without_running_anything(no_browser_package, monkeypatch) -> None:
+    import pipeline.verify.host
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("pack report ran a model: the host outputs are in report.data.npz")
+
+    monkeypatch.setattr(pipeline.verify.host, "run_model", must_not_run)
+    (no_browser_package / "report.html").unlink()
+    result = runner.invoke(app, ["report", str(no_browser_package), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"report": str(no_browser_package / "report.html")}
+    html = (no_browser_package / "report.html").read_text()
+    assert "verified by</dt><dd>pack build" in html and "<code>cpu/fp16 (host)</code>" in html
+
+
 def test_pack_report_bad_input_is_one_error_line(no_browser_package, tmp_path) -> None:
     result = runner.invoke(app, ["report", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "error:" in result.output and "no such folder" in result.output
