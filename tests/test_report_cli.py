@@ -105,3 +105,24 @@ def test_publish_leaves_the_report_out_unless_asked(s3_server, aws_env, tmp_path
     result = runner.invoke(app, ["publish", str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--with-report"])
     assert result.exit_code == 2
     assert f"error: {package.root / 'report.html'}: not found; make it with `pack report {package.root}`" in result.output
+
+
+def test_audio_plays_at_the_recipe_sample_rate_and_spectrum_frames_are_not_played() -> None:
+    import base64
+    import io
+    import wave
+
+    from pipeline.report.data import ReportData
+    from pipeline.report.render import _output_sections
+
+    t = np.arange(4000) / 8000
+    reference = {"wave": np.sin(2 * np.pi * 440 * t)[None].astype(np.float32), "frame": np.ones((1, 257, 1, 2), np.float32)}
+    data = ReportData({"wasm/fp16": {name: array * 0.99 for name, array in reference.items()}})
+    manifest = {"outputs": [{"name": "wave", "kind": "audio"}, {"name": "frame", "kind": "audio"}]}
+    for report, rate in (({"sample_rate": 22050}, 22050), ({}, 16000)):
+        wave_section, frame_section = _output_sections(manifest, report, {}, reference, data)
+        assert (wave_section.drawn_as, frame_section.drawn_as) == ("waveform", "spectrum")
+        assert [p["label"] for p in wave_section.players] == ["fp32 reference (host)", "wasm/fp16"] and frame_section.players == []
+        with wave.open(io.BytesIO(base64.b64decode(wave_section.players[1]["uri"].split(",", 1)[1]))) as sound:
+            assert (sound.getframerate(), sound.getnframes(), sound.getnchannels()) == (rate, 4000, 1)
+        assert any("16000 Hz" in note for note in wave_section.notes) == (rate == 16000)  # an assumed rate says so
