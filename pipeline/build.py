@@ -36,6 +36,8 @@ from pipeline.precision.detect import detect_precision
 from pipeline.precision.kept import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
+from pipeline.report.data import ReportData
+from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import lock_for
 from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
@@ -199,6 +201,7 @@ class BrowserOutcome:
     ep_options: dict | None = None  # the EP options the checks settled on
     steps: list[dict] = field(default_factory=list)
     policy_failed: bool = False  # --browser endpoints ended in error beyond what the policy allows
+    outputs: dict = field(default_factory=dict)  # run label -> output -> what the browser produced (report.html)
 
 
 def _webgpu_failed(checks: list[dict]) -> bool:
@@ -234,7 +237,7 @@ def _browser_verify(staging: Path, contents: PackageContents, reference: dict[st
     policy_failed, why = exit_policy(result, grid)
     if why:
         progress.note(why)
-    return BrowserOutcome(result.checks, result.report, ep_options, steps, policy_failed)
+    return BrowserOutcome(result.checks, result.report, ep_options, steps, policy_failed=policy_failed, outputs=result.outputs)
 
 
 def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
@@ -383,6 +386,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             "source": {"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
             "license": recipe.license,
             "variants_refused": made.refused,
+            "sample_rate": next((int(s.pattern_options["sample_rate"]) for s in recipe.inputs.values() if "sample_rate" in s.pattern_options), None),
         }
         if kernels.facts is not None:
             report["webgpu_kernels"] = kernels.facts
@@ -403,6 +407,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             if report.get("delivery") == sizes:
                 break
             report["delivery"] = sizes
+        write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files (pipeline/report)
         if inputs_key is not None and report["passed"]:
             store_package(inputs_key, staging)
         _finish(staging, destination)

@@ -73,3 +73,21 @@ def test_pack_verify_reruns_the_checks_on_the_built_package(built) -> None:
         ("wasm", "fp16", "wasm"): "passed",
     }
     assert document["browser"]["eps"]["webgpu/fp32"]["steady_run_ms"] > 0
+
+
+def test_report_draws_the_spectrum_frame_and_shows_the_last_verification(built) -> None:
+    """report.html after the build and the `pack verify` above: enh [1, 257, 1, 2] is complex
+    spectrum bins, drawn as a spectrum, never played; the caches are tensors (error histograms)."""
+    from pipeline.verify.browser.chromium import launch_browser
+    from report_helpers import check_report_page
+
+    package, report = built
+    html = (package / "report.html").read_text()
+    assert "verified by</dt><dd>pack verify" in html
+    with launch_browser() as browser:
+        facts = check_report_page(browser, package)
+    assert facts["sections"] == [{"output": "enh", "drawnAs": "spectrum"}] + [
+        {"output": name, "drawnAs": "tensor"} for name in ("conv_cache_out", "tra_cache_out", "inter_cache_out")]
+    assert facts["audio"] == []
+    # the repairs and conversion steps, the CPU-fallback GRU nodes, the licence
+    assert "GRU (" in facts["text"] and "MIT" in facts["text"] and "fp16_convert" in facts["text"]

@@ -159,3 +159,28 @@ def test_flagship_recipe_builds_on_its_export_host_and_browser(recipe_name, tmp_
     # fp32 must pass on both EPs; fp16 on WebGPU needs shader-f16, which SwiftShader lacks.
     assert browser[("webgpu", "fp32")] == "passed" and browser[("wasm", "fp32")] == "passed", browser
     assert set(browser.values()) <= {"passed", "not-verifiable"}
+    if recipe_name in REPORT_READ:
+        _read_report(tmp_path / "dist" / recipe_name, REPORT_READ[recipe_name])
+
+
+# The build's report.html, read in Chromium on a real image model and a real audio model (no extra
+# build: these packages are built above anyway). Screenshots: .cache/report-screenshots/.
+REPORT_READ = {"lama": "image", "wavtokenizer-decode": "waveform"}
+
+
+def _read_report(package: Path, drawn_as: str) -> None:
+    from pipeline.verify.browser.chromium import launch_browser
+    from report_helpers import check_report_page
+
+    with launch_browser() as browser:
+        facts = check_report_page(browser, package)
+    output = facts["sections"][0]
+    assert output["drawnAs"] == drawn_as, facts["sections"]
+    text = facts["text"]
+    assert "cpu/fp16 (host)" in text and "wasm/fp32" in text  # the host's fp16 and what the browser produced
+    if drawn_as == "image":
+        assert "PSNR" in text and facts["audio"] == []
+    else:  # the reference and each distinct run can be heard
+        labels = [a["label"] for a in facts["audio"]]
+        assert labels[0] == "fp32 reference (host)" and any("wasm/" in label or "webgpu/" in label for label in labels), labels
+        assert "SNR" in text

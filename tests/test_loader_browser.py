@@ -122,6 +122,15 @@ def test_demo_page_draws_waveforms_for_an_audio_model(browser, audio_package, pa
                    let n = 0; for (let i = 3; i < row.length; i += 4) n += row[i] > 0; return n / c.width; })()"""
             )
             assert painted > 0.9
+            # the output and the build's fp32 reference can be heard side by side (WAV, one second)
+            from report_helpers import AUDIO_FACTS
+
+            audio = page.evaluate(AUDIO_FACTS)
+            assert [a["label"] for a in audio] == ["sample input", "this run", "build's fp32 reference"]
+            assert all(a["ready"] >= 3 and abs(a["duration"] - 1.0) < 0.01 for a in audio), audio
+            # the loader's events as a readable timeline, not JSON
+            timeline = page.eval_on_selector_all("#log li", "items => items.map(i => i.textContent)")
+            assert any("ready on " in line for line in timeline) and not any("{" in line for line in timeline), timeline
         finally:
             page.context.close()
 

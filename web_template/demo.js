@@ -1,16 +1,29 @@
 // Demo page script of a pack package (copied from web_template/demo.js). Runs the model on the
 // package's sample input through loader.js, compares the outputs with the build's fp32 reference
-// and draws input and output: images side by side, waveforms for audio, a line plot otherwise.
+// and draws input and output: images side by side, waveforms for audio (with players for the
+// output and the reference), complex spectrum bins as a spectrum, a line plot otherwise; the
+// loader's events become a timeline.
 // Sets window.packDemo = { ok, ep, variant, ms, firstResultMs, fetched, verified, selection, comparison, error } at
 // the first result, and packDemo.trials once the loader's background trials (if any) are done.
 import { compareOutputs, load, thresholdsFor } from './loader.js';
 import { numbers } from './loader/tensors.js';
+import { audioLayout, describeEvent, spectrumLayout, spectrumMagnitudes, wavBytes } from './loader/present.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
+const started = performance.now();
+const DEFAULT_SAMPLE_RATE = 16000;
 
-function log(line) {
-  $('log').textContent += line + '\n';
+function log(event) {
+  const { level, text } = describeEvent(event);
+  const item = document.createElement('li');
+  item.className = level;
+  item.dataset.type = event.type;
+  const time = document.createElement('span');
+  time.className = 'time';
+  time.textContent = `+${Math.round(performance.now() - started)} ms`;
+  item.append(time, ` ${text}`);
+  $('log').append(item);
 }
 
 function megabytes(n) {
@@ -48,19 +61,10 @@ function imageLayout(dims) {
   return null;
 }
 
-/** { channels, length } for waveform-like dims ([T], [1, T], [1, C, T] with C <= 2), else null. */
-function audioLayout(dims) {
-  const d = dims.map(Number);
-  const length = d[d.length - 1];
-  const channels = d.slice(0, -1).reduce((a, b) => a * b, 1);
-  if (length >= 256 && channels <= 2) return { channels, length };
-  return null;
-}
-
 function kindOf(spec, tensor) {
   const declared = spec && spec.kind;
   if (declared === 'image' || declared === 'mask') return imageLayout(tensor.dims) ? 'image' : 'tensor';
-  if (declared === 'audio') return 'audio';
+  if (declared === 'audio') return spectrumLayout(tensor.dims) ? 'spectrum' : 'audio';
   if (declared) return 'tensor';
   if (imageLayout(tensor.dims)) return 'image';
   if (audioLayout(tensor.dims)) return 'audio';
@@ -147,7 +151,52 @@ function drawWave(values, { channels, length }, range) {
   return canvas;
 }
 
-function figure(name, tensor, spec) {
+/** Magnitude (dB) per frequency bin of complex spectrum bins: a spectrum frame, not a sound. */
+function drawSpectrum(tensor, values) {
+  const magnitudes = spectrumMagnitudes(values, tensor.dims);
+  const decibels = Array.from(magnitudes, (m) => 20 * Math.log10(Math.max(m, 1e-8)));
+  const top = Math.max(...decibels);
+  const bottom = Math.max(Math.min(...decibels), top - 100);
+  const canvas = document.createElement('canvas');
+  canvas.className = 'wave';
+  canvas.width = 800;
+  canvas.height = 160;
+  const context = canvas.getContext('2d');
+  context.fillStyle = '#8e44ad';
+  const width = canvas.width / decibels.length;
+  decibels.forEach((db, bin) => {
+    const height = ((Math.max(db, bottom) - bottom) / (top - bottom || 1)) * (canvas.height - 4);
+    context.fillRect(bin * width, canvas.height - height, Math.max(1, width - 0.5), height);
+  });
+  return canvas;
+}
+
+/** <audio> players for a tensor (and an output's fp32 reference), at one gain (the reference's peak to 0.9). */
+function players(name, tensor, values, reference, sampleRate, label) {
+  const layout = audioLayout(tensor.dims);
+  if (!layout) return null;
+  const box = document.createElement('div');
+  box.className = 'players';
+  const expected = reference && reference[name] ? numbers(reference[name]) : null;
+  const peak = expected ? Math.max(...Array.from(expected, (v) => Math.abs(v) || 0)) : Math.max(Math.abs(stats(values).min), Math.abs(stats(values).max));
+  const gain = peak > 0 ? 0.9 / peak : 1;
+  const entries = [[label, values]];
+  if (expected) entries.push(["build's fp32 reference", expected]);
+  for (const [label, data] of entries) {
+    const player = document.createElement('div');
+    player.className = 'player';
+    const audio = document.createElement('audio');
+    audio.controls = true;
+    audio.preload = 'auto';
+    audio.dataset.label = label;
+    audio.src = URL.createObjectURL(new Blob([wavBytes(data, layout, sampleRate, gain)], { type: 'audio/wav' }));
+    player.append(`${label} (${sampleRate} Hz)`, audio);
+    box.append(player);
+  }
+  return box;
+}
+
+function figure(name, tensor, spec, reference = null, sampleRate = DEFAULT_SAMPLE_RATE, label = 'this run') {
   const values = numbers(tensor);
   const range = stats(values);
   const kind = kindOf(spec, tensor);
@@ -155,8 +204,12 @@ function figure(name, tensor, spec) {
   element.dataset.kind = kind;
   element.dataset.name = name;
   if (kind === 'image') element.append(drawImage(tensor, values, range));
-  else if (kind === 'audio') element.append(drawWave(values, audioLayout(tensor.dims) || { channels: 1, length: values.length }, range));
-  else element.append(drawWave(values, { channels: 1, length: values.length }, range));
+  else if (kind === 'spectrum') element.append(drawSpectrum(tensor, values));
+  else if (kind === 'audio') {
+    element.append(drawWave(values, audioLayout(tensor.dims) || { channels: 1, length: values.length }, range));
+    const sound = players(name, tensor, values, reference, sampleRate, label);
+    if (sound) element.append(sound);
+  } else element.append(drawWave(values, { channels: 1, length: values.length }, range));
   const caption = document.createElement('figcaption');
   const format = (v) => (Number.isFinite(v) ? Number(v.toPrecision(4)) : v);
   caption.textContent =
@@ -233,7 +286,7 @@ function options() {
     },
     onEvent: (event) => {
       countBytes(event);
-      log(JSON.stringify(event));
+      log(event);
     },
     onSelect: (event) => {
       if (event.type === 'select' && event.phase === 'start') $('status').textContent = `Measuring ${event.candidates.map((c) => `${c.ep}/${c.variant}`).join(', ')} on this device…`;
@@ -246,6 +299,17 @@ function options() {
   if (params.get('prewarm') === '0') result.prewarm = false;
   if (params.get('cache') === '0') result.cache = false;
   return result;
+}
+
+/** The sample rate the build's recipe gave its audio (report.json), else 16 kHz. */
+async function sampleRateOf() {
+  try {
+    const response = await fetch('./report.json');
+    const report = response.ok ? await response.json() : {};
+    return Number(report.sample_rate) || DEFAULT_SAMPLE_RATE;
+  } catch {
+    return DEFAULT_SAMPLE_RATE;
+  }
 }
 
 async function main() {
@@ -262,8 +326,9 @@ async function main() {
   const compared = comparison(model.manifest, info, outputs, reference);
   const inputSpecs = Object.fromEntries((model.manifest.inputs || []).map((s) => [s.name, s]));
   const outputSpecs = Object.fromEntries((model.manifest.outputs || []).map((s) => [s.name, s]));
-  $('inputs').replaceChildren(...Object.entries(feeds).map(([name, t]) => figure(name, t, inputSpecs[name])));
-  $('outputs').replaceChildren(...Object.entries(outputs).map(([name, t]) => figure(name, t, outputSpecs[name])));
+  const sampleRate = await sampleRateOf();
+  $('inputs').replaceChildren(...Object.entries(feeds).map(([name, t]) => figure(name, t, inputSpecs[name], null, sampleRate, 'sample input')));
+  $('outputs').replaceChildren(...Object.entries(outputs).map(([name, t]) => figure(name, t, outputSpecs[name], reference, sampleRate)));
   showInfo([
     ['execution provider', info.ep],
     ['variant', info.variant],

@@ -172,3 +172,32 @@ def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | 
     tensors = {name: append(array) for name, array in feeds.items()}
     described = {name: append(np.asarray(array)) for name, array in (outputs or {}).items()}
     return b"".join(chunks), tensors, described
+
+
+def read_sample(package: Path, manifest: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The sample inputs and the fp32 reference outputs of a built package, decoded from
+    `sample.<h>.bin` (or its .br copy) as manifest `sample` describes them."""
+    import brotli
+
+    from pipeline.dtypes import NUMPY_DTYPES
+
+    sample = manifest["sample"]
+    path = Path(package) / sample["file"]
+    if path.is_file():
+        raw = path.read_bytes()
+    elif path.with_name(path.name + ".br").is_file():
+        raw = brotli.decompress(path.with_name(path.name + ".br").read_bytes())
+    else:
+        raise PackError(f"{path}: sample file missing; rebuild the package")
+
+    def decode(key: str) -> dict[str, np.ndarray]:
+        arrays = {}
+        for name, tensor in (sample.get(key) or {}).items():
+            dtype = NUMPY_DTYPES.get(tensor["dtype"])
+            if dtype is None:
+                raise PackError(f"manifest.json sample.{key}.{name}: dtype {tensor['dtype']!r} unsupported; rebuild the package")
+            chunk = raw[tensor["offset"]: tensor["offset"] + tensor["length"]]
+            arrays[name] = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tensor["dims"]).copy()
+        return arrays
+
+    return decode("tensors"), decode("outputs")

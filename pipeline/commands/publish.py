@@ -11,7 +11,7 @@ import typer
 from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.errors import PackError
 from pipeline.publish.cors import set_cors, validate_origins
-from pipeline.publish.plan import PackagePlan, find_packages, plan_package
+from pipeline.publish.plan import PackagePlan, find_packages, plan_package, with_report
 from pipeline.manifest import describe_run
 from pipeline.publish.publisher import PublishResult, local_plan, publish as publish_plans
 from pipeline.publish.s3 import Target, check_bucket, is_r2, make_client, normalize_prefix
@@ -62,6 +62,10 @@ def publish(
             help="Publish a package whose verification failed (each failed check is printed as a warning).",
         ),
     ] = False,
+    with_report_page: Annotated[
+        bool,
+        typer.Option("--with-report", envvar="PACK_WITH_REPORT", help="Also upload each package's report.html (left out by default: it shows timings and outputs, not what apps load)."),
+    ] = False,
     prune: Annotated[
         bool, typer.Option("--prune", help="Delete objects under the prefix that no published manifest references.")
     ] = False,
@@ -88,6 +92,8 @@ def publish(
         origins = validate_origins(cors or [])
         app_origins = validate_origins(check_origin or [])
         plans = _plan_all(dist, allow_none=bool(origins))
+        if with_report_page:
+            plans = [with_report(plan) for plan in plans]
         warnings = _trust_gate(plans, allow_failed)
         target = Target(
             bucket=bucket or "<bucket>",

@@ -2,8 +2,9 @@
 
 The reference is recomputed on the host from the package itself (its fp32 variant on onnxruntime
 CPU, fed the package's sample), and each check keeps the threshold the build recorded in the
-manifest's `thresholds` (recipe overrides included). The package is not
-modified: the result goes to stdout. `--runtime A --runtime B` runs the same package on other
+manifest's `thresholds` (recipe overrides included). The result goes to stdout; the package's
+published files are not modified, only its report.html and report.data.npz (pipeline/report),
+which show this verification. `--runtime A --runtime B` runs the same package on other
 onnxruntime-web builds (npm versions, dev builds, local builds) and prints them side by side.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import brotli
 import typer
 
 from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption, grid_settings
@@ -97,6 +97,15 @@ def verify(
         document = {"name": manifest.get("name"), "passed": not failed, "reference": reference_variant,
                     "checks": result.checks, "browser": result.report, "webgpu_kernels": kernel_facts}
         lines = summary_lines(result, kernel_facts, why, failed)
+    with cli_errors():
+        if runtimes:
+            checks = [dict(c, runtime=label) for label, r in results.items() for c in r.checks] + kernel_checks
+            outputs = {f"{run} @{label}": kept for label, r in results.items() for run, kept in r.outputs.items()}
+            browser_facts = next(iter(results.values())).report
+        else:
+            checks, outputs, browser_facts = result.checks, result.outputs, result.report
+        by = "pack verify" + (f" --bundle {bundle}" if bundle else "") + "".join(f" --runtime {label}" for label in labels)
+        _write_report(package, by, checks, outputs, browser_facts, kernel_facts, progress)
     if json_output:
         print_json(document)
     else:
@@ -105,28 +114,26 @@ def verify(
     raise typer.Exit(1 if failed else 0)
 
 
+def _write_report(package: Path, by: str, checks: list[dict], outputs: dict, browser: dict, kernels: dict, progress) -> None:
+    """report.html shows this verification (the build's host checks stay); a package folder that
+    cannot be written keeps its old report, with a warning: the checks above stand."""
+    from pipeline.report.data import ReportData
+    from pipeline.report.render import write_report
+
+    verification = {"by": by, "checks": checks, "browser": browser, "webgpu_kernels": kernels}
+    try:
+        path = write_report(package, ReportData(outputs, verification), progress)
+    except PackError as error:
+        typer.echo(f"warning: report.html not updated: {error}", err=True)
+        return
+    progress.note(f"report: {path}")
+
+
 def sample_feeds(package: Path, manifest: dict) -> dict[str, np.ndarray]:
     """The package's sample inputs, decoded from `sample.<h>.bin` (or its .br copy)."""
-    import numpy as np
+    from pipeline.assets.samples import read_sample
 
-    from pipeline.dtypes import NUMPY_DTYPES
-
-    sample = manifest["sample"]
-    path = package / sample["file"]
-    if path.is_file():
-        raw = path.read_bytes()
-    elif path.with_name(path.name + ".br").is_file():
-        raw = brotli.decompress(path.with_name(path.name + ".br").read_bytes())
-    else:
-        raise PackError(f"{path}: sample file missing; rebuild the package")
-    feeds = {}
-    for name, tensor in sample["tensors"].items():
-        dtype = NUMPY_DTYPES.get(tensor["dtype"])
-        if dtype is None:
-            raise PackError(f"manifest.json sample.tensors.{name}: dtype {tensor['dtype']!r} unsupported; rebuild the package")
-        chunk = raw[tensor["offset"]: tensor["offset"] + tensor["length"]]
-        feeds[name] = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tensor["dims"]).copy()
-    return feeds
+    return read_sample(package, manifest)[0]
 
 
 def reference_model(package: Path, manifest: dict) -> tuple[str, Path]:

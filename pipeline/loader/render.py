@@ -79,6 +79,8 @@ def template_context(manifest: dict) -> dict[str, Any]:
     return {
         # Comments only: a name may not break out of a // line.
         "name": _LINE_BREAKS.sub(" ", manifest["name"]),
+        "description": manifest.get("description") or "",
+        "license": manifest.get("license"),
         "inputs": inputs,
         "outputs": outputs,
         "input_union": _union(item["name"] for item in inputs),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -22,6 +22,7 @@ import brotli
 from pipeline.manifest import Manifest, Run, failed_runs, read_manifest
 from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
+from pipeline.report import REPORT_FILES, REPORT_HTML
 
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 # Short so that a new manifest/loader reaches browsers within a minute; must-revalidate keeps
@@ -147,9 +148,22 @@ def plan_package(root: Path) -> PackagePlan:
     return PackagePlan(name=manifest["name"], root=root, objects=tuple(objects), manifest=manifest, unlisted=tuple(_unlisted(root, files)))
 
 
+def with_report(plan: PackagePlan) -> PackagePlan:
+    """`plan` plus the package's report.html (`pack publish --with-report`): a page like index.html,
+    short cache, uploaded last. It is not in manifest.files (pipeline/report says why)."""
+    path = plan.root / REPORT_HTML
+    if not path.is_file():
+        raise PackError(f"{path}: not found; make it with `pack report {plan.root}`, or publish without --with-report")
+    sha256, size = _sha256_file(path)
+    report = PlannedObject(REPORT_HTML, path, size, sha256, sha256, _content_type(REPORT_HTML, None), None, SHORT_CACHE, Stage.PAGE)
+    objects = sorted((*plan.objects, report), key=lambda obj: (obj.stage, obj.path))
+    return replace(plan, objects=tuple(objects), unlisted=tuple(p for p in plan.unlisted if p != REPORT_HTML))
+
+
 def _unlisted(root: Path, files: dict[str, Any]) -> list[str]:
-    """Package paths on disk that neither the manifest nor one of its encodings names."""
-    known = {"manifest.json", *files}
+    """Package paths on disk that neither the manifest nor one of its encodings names (the build
+    report's files are not counted: they are never listed, and published only on request)."""
+    known = {"manifest.json", *files, *REPORT_FILES}
     for entry in files.values():
         known.update(encoding["path"] for encoding in entry["encodings"].values())
     on_disk = (path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file() or path.is_symlink())

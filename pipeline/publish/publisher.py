@@ -106,8 +106,9 @@ def publish(
         done.append(plan.name)
         result.loader_urls[plan.name] = target.url(target.key(plan.name, "loader.js"))
     if prune_unreferenced:
-        # Under --dry-run the new manifests are not in the bucket yet: prune against the local ones.
-        planned = {plan.name: set(plan.paths) for plan in plans} if dry_run else {}
+        # The packages of this run are pruned against their plans (under --dry-run the new manifests
+        # are not in the bucket yet; a report.html this run published is in the plan, not the manifest).
+        planned = {plan.name: set(plan.paths) for plan in plans}
         pruned = prune(client, target, dry_run, progress, planned)
         _record_prune(result, pruned, target, dry_run)
     result.seconds = time.monotonic() - started

@@ -31,6 +31,10 @@ from pipeline.verify.thresholds import threshold_for
 DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
 STEADY_BUDGET_MS = 5_000
+# The outputs a run compared are kept for the build report (report.html draws them), each at most
+# this many elements: a larger one keeps a strided sample of its last two axes (images) or its
+# first elements (anything else), and says so.
+KEPT_OUTPUT_ELEMENTS = 1 << 20
 OTHER_RUNTIME = "other"  # the mount key of a runtime that replaces the shipped one
 
 
@@ -42,6 +46,8 @@ class BudgetSpent(Exception):
 class BrowserResult:
     checks: list[dict] = field(default_factory=list)  # report.json check entries, stage "browser"
     report: dict = field(default_factory=dict)  # report.json "browser": adapter, per-run facts
+    # run label -> output name -> what the browser produced (bounded: kept_output)
+    outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -120,7 +126,7 @@ def verify_in_browser(
                     runtime_urls = runner.runtime_urls(OTHER_RUNTIME, bundle or planned.bundle)
                 else:
                     runtime_urls = planned.bundle  # the loader takes a shipped bundle by its key
-                checks, run_report = _verify_run(
+                checks, run_report, produced = _verify_run(
                     runner, manifest, planned, runtime_urls, adapter, references, thresholds, watchdog, profile, deadline
                 )
                 if bundle is not None:
@@ -130,6 +136,8 @@ def verify_in_browser(
                 result.checks.extend(checks)
                 result.report["runs"].append(run_report)
                 result.report["eps"][run_label(run_report)] = run_summary(run_report)
+                if produced:
+                    result.outputs[run_label(run_report)] = produced
                 task.advance()
     return result
 
@@ -167,11 +175,24 @@ def run_summary(run_report: dict) -> dict:
     return summary
 
 
+def kept_output(array: np.ndarray, kind: str) -> tuple[np.ndarray, str | None]:
+    """`array` bounded to KEPT_OUTPUT_ELEMENTS for the report, and how it was cut (None: whole)."""
+    if array.size <= KEPT_OUTPUT_ELEMENTS:
+        return array, None
+    if kind == "image" and array.ndim >= 2:
+        step = int(np.ceil(np.sqrt(array.size / KEPT_OUTPUT_ELEMENTS)))
+        kept = array[..., ::step, ::step]
+        if kept.size <= KEPT_OUTPUT_ELEMENTS:
+            return np.ascontiguousarray(kept), f"every {step}th row and column of {list(array.shape)}"
+    return array.reshape(-1)[:KEPT_OUTPUT_ELEMENTS].copy(), f"the first {KEPT_OUTPUT_ELEMENTS} of {array.size} values of {list(array.shape)}"
+
+
 def _verify_run(
     runner: BrowserRunner, manifest: dict, planned: PlannedRun, runtime: str | dict, adapter: dict,
     references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int, profile: bool,
     deadline: float | None = None,
-) -> tuple[list[dict], dict]:
+) -> tuple[list[dict], dict, dict[str, np.ndarray]]:
+    """The run's checks, its report.json facts, and the outputs it compared (bounded)."""
     variant = manifest["variants"][planned.variant]
     missing = _missing_features(planned.ep, variant, adapter)
     base = {"stage": "browser", "ep": planned.ep, "variant": planned.variant, "bundle": planned.bundle}
@@ -184,7 +205,7 @@ def _verify_run(
     if planned.ep == "webgpu" and not adapter.get("available"):
         detail = f"no WebGPU adapter on this browser ({adapter.get('reason', 'requestAdapter() returned null')})"
         run_report.update(status="not-verifiable", detail=detail)
-        return [dict(base, status="not-verifiable", detail=detail)], run_report
+        return [dict(base, status="not-verifiable", detail=detail)], run_report, {}
 
     options = {"ep": planned.ep, "variant": planned.variant, "runtime": runtime, "watchdogMs": watchdog_ms,
                "steadyRuns": STEADY_RUNS, "steadyBudgetMs": STEADY_BUDGET_MS}
@@ -231,16 +252,17 @@ def _verify_run(
             detail = (f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
                       f"which the adapter lacks; {said}: {_short(error)}")
             run_report.update(status="not-verifiable", detail=detail)
-            return [dict(base, status="not-verifiable", detail=detail)], run_report
+            return [dict(base, status="not-verifiable", detail=detail)], run_report, {}
         detail = (f"{planned.ep} ({planned.bundle} bundle) failed at {outcome.get('stage')}: {_short(error)}; "
                   f"inputs {run_report['input_shapes']}, expected outputs {run_report['expected_output_shapes']}")
         if signals:
             detail += f"; signals: {_short('; '.join(signals))}"
         run_report.update(status="failed", detail=detail)
-        return [dict(base, status="failed", detail=detail)], run_report
+        return [dict(base, status="failed", detail=detail)], run_report, {}
 
     checks = []
     actual_shapes = {}
+    produced: dict[str, np.ndarray] = {}
     for output in manifest["outputs"]:
         name = output["name"]
         check = dict(base, output=name)
@@ -254,6 +276,9 @@ def _verify_run(
         actual = decode_tensor(encoded)
         actual_shapes[name] = list(actual.shape)
         kind = output.get("kind", "tensor")
+        produced[name], cut = kept_output(actual, kind)
+        if cut:
+            run_report.setdefault("outputs_kept", {})[name] = cut
         threshold = webgpu_aware_threshold(thresholds[planned.variant][name], kind, variant["precision"], planned.ep)
         metrics = compare(references[name], actual, kind)
         passed, reason = judge(metrics, threshold)
@@ -275,7 +300,7 @@ def _verify_run(
     run_report["output_shapes"] = actual_shapes
     statuses = {check["status"] for check in checks}
     run_report["status"] = "failed" if "failed" in statuses else ("not-verifiable" if "not-verifiable" in statuses else "passed")
-    return checks, run_report
+    return checks, run_report, produced
 
 
 def _profile_pass(page: RunnerPage, options: dict, watchdog_ms: int, deadline: float | None = None) -> dict:

@@ -1,0 +1,343 @@
+"""Render report.html from a package folder: its manifest.json, report.json, sample file and
+models, and report.data.npz (the outputs the browser produced; `pack verify`'s result).
+
+`write_report` is called by `pack build` (on the staging folder, before it is moved into place),
+`pack verify` and `pack report`. The host outputs of each variant (onnxruntime CPU, runs cached)
+are computed here when report.data.npz does not hold them yet, and kept there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from pipeline.assets.samples import read_sample
+from pipeline.cache import atomic_write
+from pipeline.errors import PackError
+from pipeline.manifest import read_manifest
+from pipeline.progress import Progress
+from pipeline.report import REPORT_HTML, figures
+from pipeline.report.data import ReportData, load, save
+from pipeline.verify.browser.harness import run_label
+from pipeline.verify.metrics import LOWER_BOUNDS, compare, format_metrics
+
+STATUS_ORDER = {"failed": 0, "not-verifiable": 1, "skipped": 2, "passed": 3}
+DEFAULT_SAMPLE_RATE = 16000
+HOST_LABEL = "cpu/{variant} (host)"
+SMALL_FILE = 32_000  # files under this size share one bar in the sizes chart
+MAX_LISTED = 40  # rows of a node list before "… and N more"
+
+
+@dataclass
+class Section:
+    """One output's pictures."""
+
+    name: str
+    kind: str
+    drawn_as: str
+    shape: list[int]
+    picture: str | None = None  # data URI
+    players: list[dict] = field(default_factory=list)  # {"label", "uri", "caption"}
+    runs: list[tuple[str, str]] = field(default_factory=list)  # (run label, its figure) as text beside the picture
+    notes: list[str] = field(default_factory=list)
+
+
+def write_report(package: Path, data: ReportData | None = None, progress: Progress | None = None) -> Path:
+    """Render `package`/report.html. `data`: what a verification just produced (`pack build`,
+    `pack verify`), kept in report.data.npz with the host outputs; None re-renders from the
+    package's own report.data.npz (`pack report`)."""
+    progress = progress or Progress.quiet()
+    package = Path(package)
+    manifest = read_manifest(package)
+    report_path = package / "report.json"
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PackError(f"{report_path}: not found; rebuild the package with `pack build`") from None
+    except ValueError as error:
+        raise PackError(f"{report_path}: not valid JSON ({error}); rebuild the package") from None
+    kept = load(package)
+    if data is None:
+        data = kept
+    else:  # the host outputs depend on the package alone: a `pack verify` keeps the build's
+        data.outputs = {**{label: o for label, o in kept.outputs.items() if label.startswith("cpu/")}, **data.outputs}
+    progress.note(f"report: drawing {manifest['name']}")
+    inputs, reference = read_sample(package, manifest)
+    if _add_host_outputs(package, manifest, inputs, data) or data is not kept:
+        save(package, data)
+    html = render_html(manifest, report, inputs, reference, data)
+    target = package / REPORT_HTML
+    try:
+        atomic_write(target, html.encode("utf-8"))
+    except OSError as error:
+        raise PackError(f"{target}: cannot write ({error.strerror or error}); make the package folder writable") from None
+    return target
+
+
+def _add_host_outputs(package: Path, manifest: dict, feeds: dict[str, np.ndarray], data: ReportData) -> bool:
+    """Each shipped variant's outputs on onnxruntime CPU (cached runs), unless kept already."""
+    from pipeline.verify.host import run_model
+
+    added = False
+    for name, variant in sorted(manifest["variants"].items()):
+        label = HOST_LABEL.format(variant=name)
+        if label in data.outputs or variant.get("precision") == "fp32":  # fp32 on the host is the reference
+            continue
+        model = package / variant["model"]
+        if not model.is_file():
+            continue
+        run = run_model(model, feeds)
+        if run.outputs is not None:
+            data.outputs[label] = run.outputs
+            added = True
+    return added
+
+
+# ----- the page ------------------------------------------------------------------------------
+
+
+def render_html(manifest: dict, report: dict, inputs: dict, reference: dict, data: ReportData) -> str:
+    verification = data.verification or {}
+    checks = report.get("checks") or []
+    if verification:  # a `pack verify`: its checks, beside the build's host checks it does not redo
+        checks = [c for c in checks if c["stage"] == "host"] + verification["checks"]
+    browser = verification.get("browser") if verification else report.get("browser")
+    kernels = verification.get("webgpu_kernels") if verification else report.get("webgpu_kernels")
+    passed = not any(c["status"] == "failed" for c in checks) and any(c["status"] == "passed" for c in checks)
+    counts = {status: sum(c["status"] == status for c in checks) for status in STATUS_ORDER}
+    context = {
+        "name": manifest["name"],
+        "description": manifest.get("description") or "",
+        "license": manifest.get("license"),
+        "passed": passed,
+        "counts": counts,
+        "by": verification.get("by") or "pack build",
+        "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "source": report.get("source") or {},
+        "runtime": manifest.get("runtime", {}).get("version"),
+        "browser": _browser_line(browser),
+        "refused": report.get("refused") or [],
+        "checks": _check_rows(checks),
+        "outputs": _output_sections(manifest, report, inputs, reference, data),
+        "repairs": _repairs(report.get("steps") or []),
+        "kept": (manifest.get("fp16") or {}).get("keptFp32") or [],
+        "fallback": _per_run(browser, "cpu_fallback"),
+        "kernels": _per_run(browser, "slowest_kernels"),
+        "kernel_stage": _kernel_stage(kernels),
+        "sizes": _sizes(manifest),
+        "timings": _timings(browser),
+        "stage_times": report.get("timings") or {},
+    }
+    return _environment().get_template("report.html.j2").render(context)
+
+
+def _environment() -> jinja2.Environment:
+    template = resources.files("pipeline.report")
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: (template / name).read_text(encoding="utf-8")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _browser_line(browser: dict | None) -> str | None:
+    if not browser:
+        return None
+    adapter = browser.get("adapter") or {}
+    if adapter.get("available"):
+        name = " ".join(str(adapter.get(k)) for k in ("vendor", "architecture") if adapter.get(k)) or adapter.get("description") or "unnamed"
+        f16 = "shader-f16" if "shader-f16" in (adapter.get("features") or []) else "no shader-f16"
+        gpu = f"WebGPU adapter {name} ({f16})"
+    else:
+        gpu = f"no WebGPU adapter ({adapter.get('reason', 'unavailable')})"
+    return f"Chromium {browser.get('chromium')}{' --gpu' if browser.get('gpu') else ''}; {gpu}"
+
+
+def _check_rows(checks: list[dict]) -> list[dict]:
+    """Every check, failures first (then not verifiable, skipped, passed), each with its figures
+    next to their bounds."""
+    rows = []
+    for index, check in enumerate(checks):
+        # the label the outputs and timings use: "wasm/fp32" on the webgpu bundle, "[wasm bundle]" named
+        run = run_label(check) if check.get("bundle") not in (None, "*") else f"{check['ep']}/{check['variant']}"
+        metrics, threshold = check.get("metrics") or {}, check.get("threshold") or {}
+        figures_ = [
+            {"key": key, "value": metrics[key], "bound": bound, "op": "≥" if key in LOWER_BOUNDS else "≤", "ok": _within(key, metrics[key], bound)}
+            for key, bound in threshold.items() if key in metrics
+        ]
+        rows.append({
+            "order": (STATUS_ORDER.get(check["status"], 9), index),
+            "status": check["status"],
+            "stage": check["stage"],
+            "run": run,
+            "runtime": check.get("runtime"),
+            "output": check.get("output") or "",
+            "figures": figures_,
+            "figure_text": format_metrics(metrics, threshold),
+            "detail": check.get("detail") if check["status"] != "passed" else None,
+        })
+    return sorted(rows, key=lambda row: row["order"])
+
+
+def _within(key: str, value, bound) -> bool:
+    try:
+        return value >= bound if key in LOWER_BOUNDS else value <= bound
+    except TypeError:
+        return False
+
+
+def _repairs(steps: list[dict]) -> list[dict]:
+    """Each step that changed the graph, its records with the node names first."""
+    repairs = []
+    for step in steps:
+        records = []
+        for record in step.get("records") or []:
+            if not isinstance(record, dict):
+                records.append({"node": None, "what": str(record), "facts": []})
+                continue
+            node = record.get("node") or record.get("nodes")
+            facts = [(key, _short_json(value)) for key, value in record.items() if key not in ("node", "nodes", "what")]
+            records.append({"node": ", ".join(node) if isinstance(node, list) else node, "what": record.get("what"), "facts": facts})
+        repairs.append({"name": step.get("name"), "changed": bool(step.get("changed")), "records": records[:MAX_LISTED],
+                        "more": max(0, len(records) - MAX_LISTED), "refused": step.get("refused")})
+    return repairs
+
+
+def _short_json(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+def _per_run(browser: dict | None, key: str) -> list[dict]:
+    """[{run, items}] for each browser run that lists `key` (CPU-fallback nodes, slowest kernels)."""
+    found = []
+    for run in (browser or {}).get("runs") or []:
+        items = run.get(key) or []
+        if items:
+            found.append({"run": run_label(run), "items": items[:MAX_LISTED], "more": max(0, len(items) - MAX_LISTED)})
+    return found
+
+
+def _kernel_stage(kernels: dict | None) -> dict | None:
+    if not kernels:
+        return None
+    return {"facts": [(key, _short_json(value)) for key, value in kernels.items() if key not in ("checks",)]}
+
+
+def _sizes(manifest: dict) -> dict:
+    """The sizes chart and table: every file raw and brotli, the model variants labelled, small
+    files (loader modules, page) on one bar."""
+    variants = {spec["model"]: name for name, spec in manifest["variants"].items()}
+    rows, small = [], [0, 0, 0]
+    table = []
+    for path, entry in sorted(manifest["files"].items(), key=lambda item: -item[1]["size"]):
+        encoded = (entry.get("encodings") or {}).get("br", {}).get("size")
+        label = f"{variants[path]} model" if path in variants else path.split("/")[-1]
+        table.append({"path": path, "label": label, "raw": entry["size"], "br": encoded})
+        if entry["size"] < SMALL_FILE and path not in variants:
+            small[0] += 1
+            small[1] += entry["size"]
+            small[2] += encoded or entry["size"]
+        else:
+            rows.append((_chart_label(label), entry["size"], encoded))
+    if small[0]:
+        rows.append((f"{small[0]} small files", small[1], small[2] if small[2] != small[1] else None))
+    total_raw = sum(r["raw"] for r in table)
+    total_sent = sum(r["br"] or r["raw"] for r in table)
+    return {"chart": figures.sizes_chart(rows) if rows else None, "table": table, "total_raw": total_raw, "total_sent": total_sent}
+
+
+def _chart_label(label: str) -> str:
+    return label if len(label) <= 34 else label[:16] + "…" + label[-16:]
+
+
+def _timings(browser: dict | None) -> dict | None:
+    eps = (browser or {}).get("eps") or {}
+    timed = {label: run for label, run in eps.items() if any(run.get(k) for k in ("session_create_ms", "first_run_ms", "steady_run_ms"))}
+    if not timed:
+        return None
+    return {"chart": figures.timings_chart(timed), "runs": timed}
+
+
+# ----- pictures --------------------------------------------------------------------------------
+
+
+def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict, data: ReportData) -> list[Section]:
+    kinds = {o["name"]: o.get("kind", "tensor") for o in manifest["outputs"]}
+    sample_rate = int(report.get("sample_rate") or DEFAULT_SAMPLE_RATE)
+    rate_note = None if report.get("sample_rate") else f"played at {DEFAULT_SAMPLE_RATE} Hz: the recipe names no sample rate"
+    sections = []
+    for name, expected in reference.items():
+        kind = kinds.get(name, "tensor")
+        layout = figures.layout_of(kind, tuple(expected.shape))
+        runs = _runs_of(name, expected, kind, data)
+        section = Section(name, kind, layout.what, list(expected.shape))
+        if not runs:
+            section.notes.append("no variant output to compare: the package has no browser outputs or non-fp32 variants (run `pack verify` to record them)")
+        cut = [label for label, array, _ in runs if array.shape != expected.shape]
+        runs = [(label, array, caption) for label, array, caption in runs if array.shape == expected.shape]
+        for label in cut:
+            section.notes.append(f"{label}: the output kept is cut or of another shape; not drawn")
+        section.runs = [(label, caption) for label, _, caption in runs]
+        if layout.what == "image":
+            pictures = [(n, a) for n, a in inputs.items() if figures.image_layout(a.shape)][:2]
+            section.picture = figures.image_figure(pictures, expected, runs, layout)
+        elif layout.what == "waveform":
+            section.picture = figures.audio_figure(expected, runs, layout, sample_rate)
+            section.players = _players(expected, runs, layout, sample_rate)
+            if rate_note:
+                section.notes.append(rate_note)
+        elif layout.what == "spectrum":
+            section.picture = figures.spectrum_figure(expected, runs, layout)
+            section.notes.append("complex spectrum bins (real, imaginary): drawn as magnitude per bin, not played as sound")
+        elif runs:
+            section.picture = figures.histogram_figure(expected, runs)
+        sections.append(section)
+    return sections
+
+
+def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> list[tuple[str, np.ndarray, str]]:
+    """(label, output, figure caption) per run that kept `name`; runs with byte-identical outputs
+    share one entry (their labels joined)."""
+    groups: list[tuple[list[str], np.ndarray]] = []
+    for label, outputs in sorted(data.outputs.items(), key=lambda item: (not item[0].startswith("cpu/"), item[0])):
+        if name not in outputs:
+            continue
+        array = np.asarray(outputs[name])
+        same = next((group for group in groups if group[1].shape == array.shape and group[1].dtype == array.dtype and np.array_equal(group[1], array, equal_nan=True)), None)
+        if same:
+            same[0].append(label)
+        else:
+            groups.append(([label], array))
+    runs = []
+    for labels, array in groups:
+        caption = ""
+        if array.shape == expected.shape:
+            metrics = compare(expected, array, kind)
+            key = {"image": "psnr_db", "audio": "snr_db"}.get(kind)
+            if key in metrics:
+                caption = f"{'PSNR' if key == 'psnr_db' else 'SNR'} {metrics[key]:.1f} dB"
+            else:
+                caption = f"rel_l2 {metrics.get('rel_l2', 0):.2g}"
+        runs.append((", ".join(labels), array, caption))
+    return runs
+
+
+def _players(expected: np.ndarray, runs: list, layout: figures.Layout, sample_rate: int) -> list[dict]:
+    """<audio> sources: the reference and each run, at one gain (the reference's peak to 0.9), so
+    what differs by ear is the output, not the loudness."""
+    reference = figures.waveform(expected, layout)
+    peak = float(np.nanmax(np.abs(reference))) if reference.size else 0.0
+    gain = 0.9 / peak if peak > 0 else 1.0
+    players = [{"label": "fp32 reference (host)", "uri": figures.wav_uri(reference, sample_rate, gain), "caption": ""}]
+    for label, array, caption in runs:
+        players.append({"label": label, "uri": figures.wav_uri(figures.waveform(array, layout), sample_rate, gain), "caption": caption})
+    return players

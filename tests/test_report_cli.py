@@ -1,0 +1,128 @@
+"""report.html without a browser: `pack report` on a --no-browser build and its bad input, the
+bounded outputs the browser checks keep, and `pack publish` leaving the report out unless
+--with-report."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.verify.browser.harness import KEPT_OUTPUT_ELEMENTS, kept_output
+from tests.build_helpers import conv_model, save
+from tests.publish_helpers import aws_env, bucket_snapshot, new_bucket, run_json, s3_server, write_package  # noqa: F401 - fixtures
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def no_browser_package(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("report-cli")
+    model = save(conv_model(channels=4, size=16), root / "tiny-report.onnx")
+    result = runner.invoke(app, ["build", str(model), "--no-browser", "--out", str(root / "dist")])
+    assert result.exit_code == 0, result.output
+    return root / "dist" / "tiny-report"
+
+
+def test_a_no_browser_build_writes_a_report_with_every_check_and_the_host_fp16_output(no_browser_package) -> None:
+    html = (no_browser_package / "report.html").read_text()
+    report = json.loads((no_browser_package / "report.json").read_text())
+    assert html.count('<tr class="check ') == len(report["checks"])
+    # skipped browser checks say why; the fp16 variant's host output is drawn (a tensor: an error histogram)
+    assert html.count('data-status="skipped"') == sum(c["status"] == "skipped" for c in report["checks"]) > 0
+    assert 'data-output="y" data-drawn-as="tensor"' in html and "data:image/svg+xml;base64," in html
+    # self-contained: no script, stylesheet, font or picture from anywhere else
+    assert not re.search(r"""(src|href)=["'](?!data:|#)""", html)
+    assert "<script" not in html
+    # not published: the manifest does not list the report's files
+    manifest = json.loads((no_browser_package / "manifest.json").read_text())
+    assert not {"report.html", "report.data.npz"} & set(manifest["files"])
+
+
+def test_pack_report_rerenders_from_the_package_without_running_anything(no_browser_package, monkeypatch) -> None:
+    import pipeline.verify.host
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("pack report ran a model: the host outputs are in report.data.npz")
+
+    monkeypatch.setattr(pipeline.verify.host, "run_model", must_not_run)
+    (no_browser_package / "report.html").unlink()
+    result = runner.invoke(app, ["report", str(no_browser_package), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"report": str(no_browser_package / "report.html")}
+    html = (no_browser_package / "report.html").read_text()
+    assert "verified by</dt><dd>pack build" in html and "<code>cpu/fp16 (host)</code>" in html
+
+
+def test_pack_report_bad_input_is_one_error_line(no_browser_package, tmp_path) -> None:
+    result = runner.invoke(app, ["report", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "error:" in result.output and "no such folder" in result.output
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in no_browser_package.iterdir():
+        if path.name not in ("report.json", "report.html"):
+            (broken / path.name).symlink_to(path)
+    result = runner.invoke(app, ["report", str(broken)])
+    assert result.exit_code == 2
+    assert f"error: {broken / 'report.json'}: not found; rebuild the package with `pack build`" in result.output
+    assert not (broken / "report.html").exists()  # nothing half-written
+
+
+def test_kept_outputs_are_bounded() -> None:
+    small = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert kept_output(small, "tensor") == (small, None)
+    image = np.zeros((1, 3, 1024, 1024), dtype=np.float32)
+    kept, cut = kept_output(image, "image")
+    assert kept.shape == (1, 3, 512, 512) and cut == "every 2th row and column of [1, 3, 1024, 1024]"
+    flat, cut = kept_output(np.zeros(KEPT_OUTPUT_ELEMENTS + 5, dtype=np.float32), "audio")
+    assert flat.size == KEPT_OUTPUT_ELEMENTS and cut.startswith(f"the first {KEPT_OUTPUT_ELEMENTS} of")
+
+
+def test_publish_leaves_the_report_out_unless_asked(s3_server, aws_env, tmp_path) -> None:  # noqa: F811
+    package = write_package(tmp_path / "dist")
+    (package.root / "report.html").write_text("<!doctype html><title>report</title>\n")
+    (package.root / "report.data.npz").write_bytes(b"not published")
+    bucket = new_bucket(s3_server)
+    summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url)
+    assert summary["warnings"] == []  # the report's files are not "unlisted" files
+    assert not [key for key in bucket_snapshot(s3_server.client(), bucket) if "report." in key and key.endswith((".html", ".npz"))]
+    summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--with-report", "--prune")
+    objects = bucket_snapshot(s3_server.client(), bucket)
+    assert objects["demo/report.html"]["content_type"] == "text/html; charset=utf-8"
+    assert "demo/report.data.npz" not in objects
+    assert summary["objects"][-1]["key"] == "demo/report.html"  # a page: uploaded last
+    # a publish of another package with --prune keeps this one's report
+    other = write_package(tmp_path / "dist", name="other")
+    run_json(str(other.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--prune")
+    assert "demo/report.html" in bucket_snapshot(s3_server.client(), bucket)
+    # and asked for a report that is not there: one error line, nothing uploaded
+    (package.root / "report.html").unlink()
+    result = runner.invoke(app, ["publish", str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--with-report"])
+    assert result.exit_code == 2
+    assert f"error: {package.root / 'report.html'}: not found; make it with `pack report {package.root}`" in result.output
+
+
+def test_audio_plays_at_the_recipe_sample_rate_and_spectrum_frames_are_not_played() -> None:
+    import base64
+    import io
+    import wave
+
+    from pipeline.report.data import ReportData
+    from pipeline.report.render import _output_sections
+
+    t = np.arange(4000) / 8000
+    reference = {"wave": np.sin(2 * np.pi * 440 * t)[None].astype(np.float32), "frame": np.ones((1, 257, 1, 2), np.float32)}
+    data = ReportData({"wasm/fp16": {name: array * 0.99 for name, array in reference.items()}})
+    manifest = {"outputs": [{"name": "wave", "kind": "audio"}, {"name": "frame", "kind": "audio"}]}
+    for report, rate in (({"sample_rate": 22050}, 22050), ({}, 16000)):
+        wave_section, frame_section = _output_sections(manifest, report, {}, reference, data)
+        assert (wave_section.drawn_as, frame_section.drawn_as) == ("waveform", "spectrum")
+        assert [p["label"] for p in wave_section.players] == ["fp32 reference (host)", "wasm/fp16"] and frame_section.players == []
+        with wave.open(io.BytesIO(base64.b64decode(wave_section.players[1]["uri"].split(",", 1)[1]))) as sound:
+            assert (sound.getframerate(), sound.getnframes(), sound.getnchannels()) == (rate, 4000, 1)
+        assert any("16000 Hz" in note for note in wave_section.notes) == (rate == 16000)  # an assumed rate says so
