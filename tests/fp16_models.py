@@ -54,18 +54,20 @@ def pad_in_if_model() -> onnx.ModelProto:
 
 
 def overflow_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
-    """An audio head: `pcm` = tanh(...) × 32767 (the int16 scale, a constant fp16 conversion clamps
-    to 1e4) and its `energy` = ReduceSumSquare(pcm), far above 65504 (inf in fp16); beside them a
-    small MLP output `y` that fp16 handles well. Both failures show on onnxruntime CPU, which runs
-    most fp16 ops in fp32 internally: a clamped constant and an out-of-range graph output do not
-    depend on that."""
+    """An audio head: `pcm` = tanh(...) × 32768 (the int16 scale, exact in fp16) minus a DC estimate tanh(...) ×
+    32600.3 (a cancellation: fp16 rounds 32600.3 to 32608, and `pcm` is 196× smaller than its
+    inputs), and its `energy` = ReduceSumSquare(pcm), far above 65504 (inf in fp16); beside them a
+    small MLP output `y` that fp16 handles well. The rounded constant shows on onnxruntime CPU,
+    which runs most fp16 ops in fp32 internally; the overflow only on fp16 kernels."""
     rng = np.random.default_rng(seed)
     w1 = rng.normal(0, 1 / np.sqrt(width), (width, width)).astype(np.float32)
     w2 = rng.normal(0, 1 / np.sqrt(width), (width, width)).astype(np.float32)
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
         helper.make_node("Tanh", ["a"], ["t"], name="tanh1"),
-        helper.make_node("Mul", ["t", "int16_scale"], ["pcm"], name="pcm_scale"),
+        helper.make_node("Mul", ["t", "int16_scale"], ["pcm_raw"], name="pcm_scale"),
+        helper.make_node("Mul", ["t", "dc_gain"], ["dc"], name="dc_est"),
+        helper.make_node("Sub", ["pcm_raw", "dc"], ["pcm"], name="dc_remove"),
         helper.make_node("ReduceSumSquare", ["pcm", "axes"], ["energy"], keepdims=1, name="energy_sum"),
         helper.make_node("MatMul", ["t", "w2"], ["y"], name="mm2"),
     ]
@@ -79,7 +81,8 @@ def overflow_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
         ],
         [
             numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-            numpy_helper.from_array(np.array(32767.0, np.float32), "int16_scale"),
+            numpy_helper.from_array(np.array(32768.0, np.float32), "int16_scale"),
+            numpy_helper.from_array(np.array(32600.3, np.float32), "dc_gain"),
             numpy_helper.from_array(np.array([1], np.int64), "axes"),
         ],
     )
@@ -90,9 +93,9 @@ def overflow_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
 
 
 # onnxruntime CPU computes fp16 ReduceSumSquare in fp32 and drops the casts around it, so on the
-# host only the clamped constant needs fp32; fp16 kernels (WebGPU) need `energy_sum` too.
-OVERFLOW_KEPT = ["pcm_scale"]
-OVERFLOW_KEPT_FP16_KERNELS = ["energy_sum", "pcm_scale"]
+# host only the rounded DC gain needs fp32; fp16 kernels (WebGPU) need `energy_sum` too.
+OVERFLOW_KEPT = ["dc_est"]
+OVERFLOW_KEPT_FP16_KERNELS = ["dc_est", "energy_sum"]
 
 
 _UNARY = ("Tanh", "Relu", "Sigmoid", "Neg", "Abs")

@@ -63,10 +63,11 @@ def test_search_stops_at_its_budgets_and_says_so():
     assert not failed.passed and failed.trials == 1 and "still misses" in failed.stopped
 
 
-def test_ranking_puts_the_overflow_and_the_clamped_constant_first():
+def test_ranking_puts_the_overflow_then_the_cancellation_and_its_producers_first():
     ranked = rank_nodes(overflow_model(), {"x": np.linspace(-1, 1, 64, dtype=np.float32)[None]}, lambda path, feeds: run_model(path, feeds).outputs)
-    assert [stat.node for stat in ranked[:2]] == ["energy_sum", "pcm_scale"]
-    assert "65504" in ranked[0].why and "clamps to 10000" in ranked[1].why
+    assert ranked[0].node == "energy_sum" and "65504" in ranked[0].why
+    assert {stat.node for stat in ranked[1:4]} == {"dc_remove", "pcm_scale", "dc_est"}
+    assert "smaller than its inputs" in next(s.why for s in ranked if s.node == "dc_remove")
 
 
 def test_lock_location_follows_the_contract(tmp_path, monkeypatch):
@@ -177,11 +178,10 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     recipe = Recipe(name="energy", path=tmp_path / "energy.toml")
 
     def fp16_kernels(path):
-        graph = onnx.load(str(path)).graph
-        producers = {out: node for node in graph.node for out in node.output}
+        graph = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
+        types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.output]}
         energy = next(node for node in graph.node if node.name == "energy_sum")
-        source = producers.get(energy.input[0])
-        in_fp32 = source is not None and source.op_type == "Cast" and source.attribute[0].i == onnx.TensorProto.FLOAT
+        in_fp32 = types.get(energy.input[0]) == onnx.TensorProto.FLOAT
         return in_fp32, "passed" if in_fp32 else "energy: 1 Inf values that the reference does not have"
 
     evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
@@ -189,7 +189,7 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     evaluators.append(Evaluator("fp16-kernels stand-in", fp16_kernels))
     lock = LockFile(tmp_path / "energy.lock.json")
     context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, lock, Progress.quiet())
-    made = make_variants(model, recipe, "sha-of-test", context)
+    made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
     report, variants = {"steps": made.steps}, made.variants
     fp16 = next(v for v in variants if v.name == "fp16")
     assert sorted(k["node"] for k in fp16.kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS
@@ -248,6 +248,6 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
     assert [e.name for e in evaluators] == ["host cpu", "webgpu-kernels"]
     context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(None), Progress.quiet())
-    made = make_variants(model, recipe, "sha-of-test", context)
+    made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
     report, variants = {"steps": made.steps}, made.variants
     assert sorted(k["node"] for k in next(v for v in variants if v.name == "fp16").kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS

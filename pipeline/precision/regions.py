@@ -33,7 +33,7 @@ _SIGNIFICANT_SHARE = 1e-3
 _HOLD_RELATIVE = 2.0**-10
 
 
-def _why_unholdable(name: str, array: np.ndarray) -> str | None:
+def why_unholdable(name: str, array: np.ndarray) -> str | None:
     values = np.abs(array.astype(np.float64)).ravel()
     values = values[np.isfinite(values)]
     if not values.size:
@@ -51,7 +51,7 @@ def _why_unholdable(name: str, array: np.ndarray) -> str | None:
     return None
 
 
-def _float_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+def float_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     found = {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.data_type == TensorProto.FLOAT}
     for node in graph.node:
         if node.op_type == "Constant":
@@ -68,8 +68,8 @@ def unholdable_constants(model: onnx.ModelProto) -> dict[str, str]:
     hold; those readers stay fp32 so the constant is never changed."""
     whys: dict[str, str] = {}
     for graph in all_graphs(model.graph):
-        for name, array in _float_constants(graph).items():
-            why = _why_unholdable(name, array)
+        for name, array in float_constants(graph).items():
+            why = why_unholdable(name, array)
             if why:
                 whys[name] = why
     found: dict[str, str] = {}
@@ -264,7 +264,7 @@ def _restore_constants(model: onnx.ModelProto, source: onnx.ModelProto, added: s
     up-casts: back to their exact fp32 values; their fp16 readers, if any, get one Cast."""
     originals: dict[str, np.ndarray] = {}
     for graph in all_graphs(source.graph):
-        originals.update(_float_constants(graph))
+        originals.update(float_constants(graph))
     readers: dict[str, list[onnx.NodeProto]] = {}
     for graph in all_graphs(model.graph):
         for node in graph.node:
