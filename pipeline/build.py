@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import onnx
 
-from pipeline.manifest import Manifest, Verification, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
+from pipeline.manifest import Manifest, Verification, describe_run, measurements_from, package_verdict, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.cache import staging_folder
@@ -43,7 +43,7 @@ from pipeline.lockfile import lock_for
 from pipeline.runtime import max_ir_version
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
-from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
+from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
 from pipeline.verify.host import run_model
 
 
@@ -326,8 +326,10 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
                 contents.ep_options = browser.ep_options
             else:
                 browser = _browser_skipped(contents.manifest())
-        checks = host + kernels.checks + browser.checks
+        checks = host + contradicted_kernel_errors(kernels.checks, browser.checks) + browser.checks
         verification = _verification(checks)
+        if recipe.verify_require:
+            verification["require"] = list(recipe.verify_require)
         report = {
             "name": recipe.name,
             "passed": verification["passed"],
@@ -350,6 +352,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
         final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
+        verification["passed"], report["verdict"] = package_verdict(contents.manifest(**final))
+        report["passed"] = verification["passed"]
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])
         write_manifest(staging, contents.manifest(**final))

@@ -1,0 +1,95 @@
+"""A refused variant is not a failed package (pipeline.manifest.package_verdict, used by build and
+publish), a webgpu-kernels runtime error the browser contradicts is not-verifiable, the fp16
+search's WebGPU evaluator applies the stage's layout retry, and a passed package's summary never
+says its fp16 search failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pipeline.commands.summary import fp16_kept_lines
+from pipeline.manifest import package_verdict
+from pipeline.recipe import Recipe
+from pipeline.verify.checks import _fp16_judge, contradicted_kernel_errors
+from tests.test_manifest import _manifest
+
+
+def _run(stage, bundle, ep, variant, status, detail="y: rel_l2 0.5 > 0.01"):
+    run = {"stage": stage, "bundle": bundle, "ep": ep, "variant": variant, "status": status}
+    return run if status == "passed" else {**run, "detail": detail}
+
+
+HOST_FP32 = _run("host", "*", "*", "fp32", "passed")
+WEBGPU_FP32 = _run("browser", "webgpu", "webgpu", "fp32", "passed")
+WASM_FP32 = _run("browser", "webgpu", "wasm", "fp32", "passed")
+
+
+def test_a_refused_fp16_leaves_every_chain_a_verified_variant_and_the_package_passes():
+    manifest = _manifest([HOST_FP32, WEBGPU_FP32, WASM_FP32, _run("host", "*", "*", "fp16", "failed")])
+    assert package_verdict(manifest) == (True, [])
+
+
+def test_a_chain_left_without_a_verified_variant_on_an_ep_fails_the_package():
+    manifest = _manifest([HOST_FP32, WEBGPU_FP32, _run("browser", "webgpu", "wasm", "fp32", "failed", "y: max_abs 1 > 0.001"), _run("host", "*", "*", "fp16", "failed")])
+    passed, problems = package_verdict(manifest)
+    assert not passed and problems[0].startswith("platform desktop: no verified variant left on wasm") and "max_abs 1" in problems[0]
+
+
+def test_a_required_variant_that_is_refused_fails_the_package():
+    manifest = _manifest([HOST_FP32, WEBGPU_FP32, WASM_FP32, _run("webgpu-kernels", "*", "webgpu", "fp16", "failed")])
+    assert package_verdict(manifest)[0]
+    manifest["verification"]["require"] = ["fp16"]
+    passed, problems = package_verdict(manifest)
+    assert not passed and "variant fp16 is required ([verify] require) but refused: webgpu-kernels fp16" in problems[0]
+
+
+def test_no_passed_run_is_no_verified_package():
+    manifest = _manifest([_run("host", "*", "*", "fp32", "skipped", "--no-browser")])
+    assert package_verdict(manifest) == (False, ["no check passed (every one failed, was skipped or was not verifiable)"])
+
+
+def test_verify_require_names_recipe_variants(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "r"\nsource = { uri = "m.onnx" }\nvariants = ["fp32"]\n[verify]\nrequire = ["fp16"]\n')
+    result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser"])
+    assert result.exit_code == 2 and "verify.require" in result.output
+
+
+def test_a_kernel_runtime_error_the_browser_contradicts_is_not_verifiable():
+    error = {"stage": "webgpu-kernels", "ep": "webgpu", "variant": "fp16", "status": "failed", "metrics": {}, "threshold": {}, "detail": "All inputs must be tensors on WebGPU buffers"}
+    wrong = {**error, "variant": "fp32", "metrics": {"rel_l2": 1.0}, "detail": "y: rel_l2 1 > 0.001"}
+    browser = [{"stage": "browser", "ep": "webgpu", "variant": v, "status": "passed"} for v in ("fp16", "fp32")]
+    fixed = contradicted_kernel_errors([error, wrong], browser)
+    assert fixed[0]["status"] == "not-verifiable" and "All inputs must be tensors" in fixed[0]["detail"] and "browser" in fixed[0]["detail"]
+    assert fixed[1] == wrong  # a wrong figure stays a failure
+    assert contradicted_kernel_errors([error], [])[0] == error  # no browser run: nothing contradicts it
+
+
+def test_the_webgpu_evaluator_passes_a_candidate_that_the_layout_retry_fixes():
+    reference = {"y": np.arange(8, dtype=np.float32)}
+    good = SimpleNamespace(outputs=reference, error=None, not_verifiable=None)
+    bad = SimpleNamespace(outputs={"y": np.zeros(8, np.float32)}, error=None, not_verifiable=None)
+    judge = _fp16_judge(lambda path, feeds: bad, "webgpu", lambda: reference, {}, Recipe(name="m"), retry=lambda path, feeds: good)
+    passed, detail = judge(Path("m.onnx"))
+    assert passed and detail.startswith("passed with preferredLayout NCHW (NHWC: y:")
+    assert not _fp16_judge(lambda path, feeds: bad, "webgpu", lambda: reference, {}, Recipe(name="m"), retry=lambda path, feeds: bad)(Path("m.onnx"))[0]
+
+
+@pytest.mark.parametrize("passed, refused, says_failed", [(True, None, False), (False, None, True), (True, [{"variant": "fp16", "ep": "webgpu", "bundle": "webgpu", "by": "x"}], True)])
+def test_the_summary_of_a_passed_package_never_says_its_search_failed(passed, refused, says_failed):
+    search = {"trials": 1, "seconds": 2.0, "candidates": 7, "evaluators": ["host cpu", "webgpu-kernels"], "minimal": False,
+              "failed": "keeping all 7 ranked candidates in fp32 still misses a threshold", "first_failure": "webgpu-kernels: enh: snr_db 3 < 15"}
+    record = {"kept": [], "sizes": {"fp32_bytes": 4, "all_fp16_ideal_bytes": 2, "fp16_bytes": 2, "kept_cost_bytes": 0}, "search": search}
+    report = {"passed": passed, "refused": refused, "steps": [{"name": "fp16_keep_fp32", "records": [record]}]}
+    text = "\n".join(fp16_kept_lines(report))
+    assert ("failed" in text) == says_failed
+    if not says_failed:
+        assert "none was needed" in text and "snr_db 3 < 15" in text
