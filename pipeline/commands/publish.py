@@ -151,10 +151,10 @@ def _trust_gate(plans: list[PackagePlan], allow_failed: bool) -> list[str]:
                 warn(f"{plan.name}: refused (the loader will not pick it; every chain keeps a verified variant): {describe_run(run)}")
         else:
             failed = plan.failed
-            reasons = problems + [describe_run(run) for run in failed]
+            reasons = [describe_run(run) for run in failed] or problems
             if not allow_failed:
                 raise PackError(
-                    f"{plan.root}: verification failed, not publishing {plan.name}: {'; '.join(reasons)}; "
+                    f"{plan.root}: verification failed, not publishing {plan.name}: {'; '.join(dict.fromkeys(problems + reasons))}; "
                     "fix the model or recipe and rebuild, or pass --allow-failed (PACK_ALLOW_FAILED=1) to publish it anyway"
                 )
             for reason in reasons:
