@@ -39,7 +39,7 @@ from pipeline.precision.kept import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
-from pipeline.lockfile import lock_for
+from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.runtime import max_ir_version
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
@@ -171,7 +171,7 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
     def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         return run_model(path, run_feeds).outputs
 
-    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
 
 
 def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:

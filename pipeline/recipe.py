@@ -81,7 +81,7 @@ class Recipe:
     fp16_keep_nodes: list[str] = field(default_factory=list)  # node names always kept in fp32
     fp16_search: bool = True  # search for nodes to keep in fp32 when fp16 misses a threshold
     fp16_search_trials: int = 40
-    fp16_search_seconds: float = 120.0
+    fp16_search_seconds: float = 1800.0  # a last guard: trials bound the search (same result on any machine)
     repairs_auto: bool = True
     repairs: list[str] = field(default_factory=list)
     seed: int = 0

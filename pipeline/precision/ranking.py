@@ -149,5 +149,41 @@ def rank_nodes(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run_outputs
                 if parent is not None and parent.score < stat.score * 0.999:
                     parent.score = stat.score * 0.999
                     parent.why = f"feeds the cancellation in '{stat.node}' ({stat.why})"
+    _rank_discrete_inputs(model, by_name, producer)
     stats.sort(key=lambda stat: -stat.score)
     return stats
+
+
+# Ops whose output jumps by a whole step when their float input crosses a boundary: fp16 rounding
+# of the input flips them (a duration predictor's Ceil, an ArgMax over near-equal scores).
+DISCRETE_OPS = {"Ceil", "Floor", "Round", "ArgMax", "ArgMin", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Equal", "Sign"}
+_DISCRETE_SCORE = 5e5  # below an overflow (1e6+), above everything else
+_UPSTREAM_DEPTH = 6
+
+
+def is_discrete(node: onnx.NodeProto) -> bool:
+    if node.op_type == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return to not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+    return node.op_type in DISCRETE_OPS
+
+
+def _rank_discrete_inputs(model: onnx.ModelProto, by_name: dict[str, NodeStat], producer: dict[str, str]) -> None:
+    """The fp32 producers of a discrete op rank first (after overflows), its input subgraph right
+    after them, nearest first: keeping them is what stops the flip."""
+    nodes = {node.name: node for node in model.graph.node}
+    for node in model.graph.node:
+        if not is_discrete(node):
+            continue
+        frontier = [producer.get(name) for name in node.input if producer.get(name)]
+        for depth in range(_UPSTREAM_DEPTH):
+            upstream = []
+            for name in frontier:
+                stat = by_name.get(name)
+                score = _DISCRETE_SCORE / (2**depth)
+                if stat is not None and stat.score < score:
+                    stat.score = score
+                    stat.why = f"feeds the discrete {node.op_type} '{node.name}'" + (" directly" if depth == 0 else f" ({depth} nodes up)") + ": an fp16 rounding of its input flips it by a whole step"
+                if name in nodes:
+                    upstream += [producer[i] for i in nodes[name].input if i in producer]
+            frontier = upstream

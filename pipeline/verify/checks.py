@@ -195,47 +195,62 @@ def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feed
     return checks, runs
 
 
-def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], tuple[bool, str]]:
-    """`retry`: the run the stage itself falls back to (the NCHW layout on WebGPU): a candidate that
-    fails only under the default layout passes, as the package will ship it, so no search starts
-    for a failure that the layout retry fixes (GTCRN's Conv)."""
-    def judge_model(path: Path) -> tuple[bool, str]:
-        passed, detail = judge_once(run, path)
-        if not passed and retry is not None and DID_NOT_RUN not in detail:
-            again, retry_detail = judge_once(retry, path)
-            if again:
-                return True, f"passed with preferredLayout NCHW (NHWC: {detail})"
-        return passed, detail
-
-    def judge_once(run: Callable[[Path, dict[str, np.ndarray]], HostRun], path: Path) -> tuple[bool, str]:
-        result = run(path, feeds)
+def _fp16_failures(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], dict[str, str]]:
+    """{output: why} for each output a candidate fails (each output judged separately; `"*"` when it
+    did not run). `retry`: the run the stage itself falls back to (the NCHW layout on WebGPU): a
+    candidate that fails only under the default layout passes, as the package will ship it, so no
+    search starts for a failure that the layout retry fixes (GTCRN's Conv)."""
+    def failures_once(runner: Callable[[Path, dict[str, np.ndarray]], HostRun], path: Path) -> dict[str, str]:
+        result = runner(path, feeds)
         if getattr(result, "not_verifiable", None):
-            return True, f"not verifiable: {result.not_verifiable}"  # e.g. over lavapipe's buffer limit
+            return {}  # e.g. over lavapipe's buffer limit: blocks no candidate
         if result.outputs is None:
-            return False, f"{DID_NOT_RUN}: {result.error or 'no outputs'}"
+            return {"*": f"{DID_NOT_RUN}: {result.error or 'no outputs'}"}
+        found = {}
         for name, expected in reference().items():
             spec = recipe.outputs.get(name)
             kind = spec.kind if spec else "tensor"
             threshold = threshold_for(kind, "fp16", ep, spec.thresholds.get("fp16") if spec else None)
             passed, reason = judge(compare(expected, result.outputs[name], kind), threshold)
             if not passed:
-                return False, f"{name}: {reason}"
-        return True, "passed"
+                found[name] = reason
+        return found
 
+    def failures(path: Path) -> dict[str, str]:
+        found = failures_once(run, path)
+        if found and retry is not None and "*" not in found and not failures_once(retry, path):
+            return {}
+        return found
+
+    return failures
+
+
+def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], tuple[bool, str]]:
+    failures = _fp16_failures(run, ep, reference, feeds, recipe, retry)
+
+    def judge_model(path: Path) -> tuple[bool, str]:
+        found = failures(path)
+        if "*" in found:
+            return False, found["*"]
+        return not found, "; ".join(f"{name}: {why}" for name, why in found.items()) or "passed"
+
+    judge_model.failures = failures  # per output, for the search
     return judge_model
 
 
 def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> list[Evaluator]:
     """The checks an fp16 candidate must pass in the keep-in-fp32 search: the host CPU check, and
     the WebGPU-kernel check (fp16 accumulation) when that stage is available on this machine."""
-    evaluators = [Evaluator("host cpu", _fp16_judge(run_model, "cpu", reference, feeds, recipe))]
+    host = _fp16_judge(run_model, "cpu", reference, feeds, recipe)
+    evaluators = [Evaluator("host cpu", host, host.failures)]
     try:
         from pipeline.verify import webgpu_kernels
     except ImportError:
         return evaluators
     if webgpu_kernels.unavailable_reason() is None:
         nchw = lambda path, run_feeds: webgpu_kernels.run_on_webgpu(path, run_feeds, {"preferredLayout": "NCHW"})  # noqa: E731
-        evaluators.append(Evaluator("webgpu-kernels", _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe, retry=nchw)))
+        kernels = _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe, retry=nchw)
+        evaluators.append(Evaluator("webgpu-kernels", kernels, kernels.failures))
     return evaluators
 
 
