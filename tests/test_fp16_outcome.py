@@ -93,3 +93,53 @@ def test_the_summary_of_a_passed_package_never_says_its_search_failed(passed, re
     assert ("failed" in text) == says_failed
     if not says_failed:
         assert "none was needed" in text and "snr_db 3 < 15" in text
+
+
+def test_reductions_over_65520_values_are_kept_without_a_trial_at_the_sample_shapes():
+    """HTDemucs-style standardisation: mean over a whole stereo chunk. The length comes from the
+    sample's shape (the model's time axis is symbolic)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.precision.kernel_hazards import known_kernel_hazards
+
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "all"], ["mean"], name="chunk_mean", keepdims=1),
+        helper.make_node("Sub", ["x", "mean"], ["centred"], name="centre"),
+        helper.make_node("LayerNormalization", ["centred", "g", "b"], ["y"], name="frame_norm", axis=-1),
+        helper.make_node("ReduceSum", ["y", "last"], ["s"], name="frame_sum", keepdims=1),
+    ]
+    graph = helper.make_graph(nodes, "std", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "t"])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([1, 2], np.int64), "all"), numpy_helper.from_array(np.array([2], np.int64), "last"),
+                               numpy_helper.from_array(np.ones(1, np.float32), "g"), numpy_helper.from_array(np.zeros(1, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert known_kernel_hazards(model, {"x": (1, 2, 32759)}) == {}  # 65518 values: the kernel is right
+    found = known_kernel_hazards(model, {"x": (1, 2, 32760)})
+    assert list(found) == ["chunk_mean"] and "over 65520 values" in found["chunk_mean"] and "without a trial" in found["chunk_mean"]
+    found = known_kernel_hazards(model, {"x": (1, 2, 343980)})  # HTDemucs' 7.8 s chunk at 44.1 kHz
+    assert set(found) == {"chunk_mean", "frame_norm", "frame_sum"} and "687960 values" in found["chunk_mean"]
+
+
+def test_the_producers_of_a_discrete_op_rank_first():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.precision.ranking import rank_nodes
+    from pipeline.verify.host import run_model
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="encoder"),
+        helper.make_node("Exp", ["h"], ["d"], name="duration"),
+        helper.make_node("Ceil", ["d"], ["frames"], name="frames_ceil"),
+        helper.make_node("Sub", ["h", "big"], ["z"], name="far_from_ceil"),
+        helper.make_node("Sub", ["z", "big"], ["y"], name="cancel"),
+    ]
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(nodes, "tts", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("frames", TensorProto.FLOAT, [1, 8]), helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float32), "w"), numpy_helper.from_array(np.array(-300.0, np.float32), "big")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    ranked = rank_nodes(model, {"x": rng.uniform(-1, 1, (1, 8)).astype(np.float32)}, lambda path, feeds: run_model(path, feeds).outputs)
+    assert [s.node for s in ranked[:2]] == ["duration", "encoder"]
+    assert "discrete Ceil 'frames_ceil' directly" in ranked[0].why and "1 nodes up" in ranked[1].why
