@@ -144,8 +144,8 @@ def make_hazard_model(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndar
     i64 = lambda name, value: numpy_helper.from_array(np.asarray(value, np.int64), name)  # noqa: E731
     inits = [
         i64("all_axes", [1, 2]), i64("last", [2]), f("gain_big", 70000.0), f("gain_inv", 1 / 70000.0),
-        f("ct_w", rng.normal(0, 1, (16, 1, 8)) * 3000), f("ct_scale", 1e-4), f("int16", 32768.0), f("dc_gain", 32600.3),
-        f("three", 3.0), f("seventy", 70.0), f("dur_w", rng.normal(0, 0.3, (64, 64))), f("frame_rate", 10.3),
+        f("ct_w", rng.normal(0, 1, (16, 1, 8)) * 9000), f("ct_scale", 1e-4), f("int16", 32768.0), f("dc_gain", 32600.3),
+        f("three", 3.0), f("seventy", 70.0), f("dur_w", rng.normal(0, 0.05, (64, 64))), f("frame_rate", 10.3),
     ]
     n = helper.make_node
     nodes = [

@@ -69,6 +69,54 @@ def _judge_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> tuple
     return True, "passes " + ", ".join(e.name for e in evaluators)
 
 
+def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen: set[str] = set()
+    stack = [output]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in seen:
+            seen.add(node.name)
+            stack += list(node.input)
+    return seen
+
+
+def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int]) -> SearchResult | None:
+    """One search per failing output, over the ranked nodes that output depends on, each starting
+    from the nodes earlier outputs needed: independent failures cost a few trials each instead of
+    one search whose every trial must fix them all. None when there is one failing output, or the
+    union does not pass (the caller then searches all outputs at once)."""
+    import time
+
+    start = time.perf_counter()
+    plain = {k: v for k, v in failures_of([]).items() if k not in unfixable}
+    targets = sorted({output for _, output in plain})
+    if len(targets) < 2 or "*" in targets:
+        return None
+    fixed: list[str] = []
+    minimal = True
+    for output in targets:
+        def trial(nodes: list[str], output: str = output) -> tuple[bool, str]:
+            left = {k: v for k, v in failures_of(fixed + nodes).items() if k[1] == output and k not in unfixable}
+            return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
+
+        if trial([])[0]:
+            continue  # the nodes kept for earlier outputs fixed this one too
+        cone = _ancestors(model, output)
+        pool = [name for name in ranked if name in cone and name not in fixed]
+        left_trials = recipe.fp16_search_trials - tried[0]
+        if left_trials <= 0 or not pool:
+            return None
+        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start))
+        if not found.passed:
+            return None
+        fixed += found.kept
+        minimal &= found.minimal
+    if failures_of(fixed) and any(k not in unfixable for k in failures_of(fixed)):
+        return None
+    return SearchResult(True, fixed, tried[0], time.perf_counter() - start, minimal, None if minimal else "not minimal within an output's search")
+
+
 def _failures_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> dict[tuple[str, str], str]:
     """{(evaluator, output): why} for every output each evaluator fails ("*": did not run)."""
     found: dict[tuple[str, str], str] = {}
@@ -226,7 +274,9 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             if unfixable and trial([])[0]:
                 result = SearchResult(True, [], tried[0], 0.0, True, "keeping nodes in fp32 fixes none of the failures")
             else:
-                result = search_keep_set([stat.node for stat in ranked], trial, recipe.fp16_search_trials, recipe.fp16_search_seconds)
+                result = _search_per_output(named, [stat.node for stat in ranked], failures_of, unfixable, recipe, tried)
+                if result is None:
+                    result = search_keep_set([stat.node for stat in ranked], trial, recipe.fp16_search_trials, recipe.fp16_search_seconds)
             result.trials = tried[0]
             search = {**result.figures(), "candidates": len(ranked), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
             if unfixable:
