@@ -146,6 +146,7 @@ def make_hazard_model(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndar
         i64("all_axes", [1, 2]), i64("last", [2]), f("gain_big", 70000.0), f("gain_inv", 1 / 70000.0),
         f("ct_w", rng.normal(0, 1, (16, 1, 8)) * 9000), f("ct_scale", 1e-4), f("int16", 32768.0), f("dc_gain", 32600.3),
         f("three", 3.0), f("seventy", 70.0), f("dur_w", rng.normal(0, 0.05, (64, 64))), f("frame_rate", 10.3),
+        f("enc_w", rng.normal(0, 0.125, (64, 1024))),
     ]
     n = helper.make_node
     nodes = [
@@ -171,8 +172,10 @@ def make_hazard_model(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndar
         n("Exp", ["dur_logit"], ["dur"], name="duration"),
         n("Mul", ["dur", "frame_rate"], ["dur_frames"], name="to_frames"),
         n("Ceil", ["dur_frames"], ["frames"], name="frames_ceil"),
+        # most of a real model's weights sit in layers fp16 handles: an encoder
+        n("MatMul", ["feat", "enc_w"], ["embedding"], name="encoder"),
     ]
-    outputs = {"centred_mean": [1, 2, 1], "gain_out": [1, 16, 64], "upsampled": [1, 1, 260], "pcm": [1, 16, 64], "loud_var": [1, 16, 1], "frames": [1, 16, 64]}
+    outputs = {"centred_mean": [1, 2, 1], "gain_out": [1, 16, 64], "upsampled": [1, 1, 260], "pcm": [1, 16, 64], "loud_var": [1, 16, 1], "frames": [1, 16, 64], "embedding": [1, 16, 1024]}
     graph = helper.make_graph(
         nodes, "hazards",
         [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 2, t]), helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 16, 64])],
@@ -228,8 +231,10 @@ def hazards_main(args: argparse.Namespace) -> None:
     for label in rows:
         row = result[label]
         print(f"{label}: {row['trials']} trials, {row['seconds']:.1f} s, {len(row['kept'])} kept: {', '.join(row['kept'])}" + (f"; search: {row['outcome']}" if row.get("outcome") else ""))
-        for line in (row.get("unfixable") or []) + (row.get("diagnosis") or []):
+        for line in row.get("unfixable") or []:
             print(f"    not fixable by node choice: {line}")
+        for line in row.get("diagnosis") or []:
+            print(f"    what the search faced: {line}")
         if row.get("ranked"):
             print(f"    ranked first: {', '.join(row['ranked'])}")
         for place, failures in row["fails"].items():

@@ -136,8 +136,10 @@ def fp16_kept_lines(report: dict) -> list[str]:
             # A later fix (the NCHW layout retry) passed what the search was started for.
             outcome = f"ended without a kept set, and none was needed: fp16 passed every check as shipped (the search started on: {search.get('first_failure')})"
         lines.append(f"    search: {search['trials']} trials, {search['seconds']:.1f} s over {search['candidates']} ranked nodes with {', '.join(search['evaluators'])}; {outcome}")
-        for line in (search.get("unfixable") or []) + (search.get("diagnosis") or []):
+        for line in search.get("unfixable") or []:
             lines.append(f"    not fixable by node choice: {line}")
+        for line in search.get("diagnosis") or []:
+            lines.append(f"    what the search faced: {line}")
     if record.get("lock"):
         lines.append(f"    {record['lock']}")
     return lines

@@ -186,6 +186,7 @@ def _discrete_upstream(model: onnx.ModelProto, output: str) -> list[str]:
 
 
 def diagnose_unfixable(model: onnx.ModelProto, unfixable: dict[tuple[str, str], str], context: Fp16Context, when: str = "with every candidate kept in fp32") -> list[str]:
+    unfixable_run = when == "with every candidate kept in fp32"
     """One line per (evaluator, output) that keeping every candidate in fp32 still fails, with the
     figure of what causes it: weight rounding alone, input rounding alone, or a discrete op's flip."""
     host = context.evaluators[:1]
@@ -201,7 +202,8 @@ def diagnose_unfixable(model: onnx.ModelProto, unfixable: dict[tuple[str, str], 
         discrete = _discrete_upstream(model, output)
         if discrete and not causes:
             causes.append(f"a discrete op ({', '.join(discrete[:3])}) flips: keep its input subgraph, or bound `{output}` by what a flip costs")
-        lines.append(f"{evaluator}: {output}: {why} {when}" + (f"; {'; '.join(causes)}" if causes else "; not weight or input rounding (fp16 kernels of ops the search does not rank)"))
+        fallback = "not weight or input rounding (fp16 kernels of ops the search does not rank)" if unfixable_run else "not weight or input rounding: fp16 kernels, which keeping nodes fixes"
+        lines.append(f"{evaluator}: {output}: {why} {when}; " + ("; ".join(causes) if causes else fallback))
     return lines
 
 
