@@ -79,7 +79,7 @@ def unholdable_constants(model: onnx.ModelProto) -> dict[str, str]:
         for node in graph.node:
             if node.op_type == "Constant":
                 continue
-            for name in _reads(node):
+            for name in node.input:  # inner readers are visited themselves: keeping an If would keep its whole body
                 if name in whys and node.name and node.name not in found:
                     found[node.name] = whys[name]
     # The Constant nodes themselves too: the converter then leaves their values alone (no clamp).
