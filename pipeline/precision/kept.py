@@ -84,8 +84,9 @@ def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
 def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int]) -> SearchResult | None:
     """One search per failing output, over the ranked nodes that output depends on, each starting
     from the nodes earlier outputs needed: independent failures cost a few trials each instead of
-    one search whose every trial must fix them all. None when there is one failing output, or the
-    union does not pass (the caller then searches all outputs at once)."""
+    one search whose every trial must fix them all. All of them share the trial budget; an output
+    the budget does not reach keeps its whole ranked cone (not minimal, and said so). None when
+    there is a single failing output (the caller searches as before)."""
     import time
 
     start = time.perf_counter()
@@ -94,7 +95,7 @@ def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: C
     if len(targets) < 2 or "*" in targets:
         return None
     fixed: list[str] = []
-    minimal = True
+    minimal, stopped = True, None
     for output in targets:
         def trial(nodes: list[str], output: str = output) -> tuple[bool, str]:
             left = {k: v for k, v in failures_of(fixed + nodes).items() if k[1] == output and k not in unfixable}
@@ -105,16 +106,15 @@ def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: C
         cone = _ancestors(model, output)
         pool = [name for name in ranked if name in cone and name not in fixed]
         left_trials = recipe.fp16_search_trials - tried[0]
-        if left_trials <= 0 or not pool:
-            return None
-        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start))
-        if not found.passed:
-            return None
-        fixed += found.kept
-        minimal &= found.minimal
-    if failures_of(fixed) and any(k not in unfixable for k in failures_of(fixed)):
-        return None
-    return SearchResult(True, fixed, tried[0], time.perf_counter() - start, minimal, None if minimal else "not minimal within an output's search")
+        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start)) if left_trials > 0 else None
+        if found is not None and found.passed and found.minimal:
+            fixed += found.kept
+        else:
+            fixed += found.kept if found is not None and found.passed else pool
+            minimal = False
+            stopped = (found.stopped if found is not None else None) or f"trial budget ({recipe.fp16_search_trials}) spent"
+    passed = not any(k not in unfixable for k in failures_of(fixed))
+    return SearchResult(passed, fixed if passed else [], tried[0], time.perf_counter() - start, minimal and passed, stopped if passed else (stopped or "the outputs' kept sets together still miss a threshold"))
 
 
 def _failures_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> dict[tuple[str, str], str]:
@@ -278,7 +278,7 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             else:
                 result = _search_per_output(named, [stat.node for stat in ranked], failures_of, unfixable, recipe, tried)
                 if result is None:
-                    result = search_keep_set([stat.node for stat in ranked], trial, recipe.fp16_search_trials, recipe.fp16_search_seconds)
+                    result = search_keep_set([stat.node for stat in ranked], trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
             result.trials = tried[0]
             search = {**result.figures(), "candidates": len(ranked), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
             if unfixable:
