@@ -143,3 +143,34 @@ def test_the_producers_of_a_discrete_op_rank_first():
     ranked = rank_nodes(model, {"x": rng.uniform(-1, 1, (1, 8)).astype(np.float32)}, lambda path, feeds: run_model(path, feeds).outputs)
     assert [s.node for s in ranked[:2]] == ["duration", "encoder"]
     assert "discrete Ceil 'frames_ceil' directly" in ranked[0].why and "1 nodes up" in ranked[1].why
+
+
+def test_one_search_per_failing_output_over_the_nodes_it_depends_on():
+    """Two independent failures: each output's search only tries the nodes it depends on, and an
+    output the budget does not reach keeps its whole cone, marked not minimal."""
+    from onnx import TensorProto, helper
+
+    from pipeline.precision.kept import _search_per_output
+
+    chain = lambda tag: [helper.make_node("Relu", ["x" if i == 0 else f"{tag}{i - 1}"], [f"{tag}{i}"], name=f"{tag}{i}") for i in range(4)]  # noqa: E731
+    graph = helper.make_graph(chain("a") + chain("b"), "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("a3", TensorProto.FLOAT, [1]), helper.make_tensor_value_info("b3", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph)
+    needed = {"a3": {"a1"}, "b3": {"b2", "b0"}}
+    seen: list[list[str]] = []
+
+    def counting(tried):
+        def failures_of(nodes):
+            seen.append(sorted(nodes))
+            tried[0] += 1
+            return {("host cpu", out): "off" for out, need in needed.items() if not need <= set(nodes)}
+        return failures_of
+
+    ranked = ["b2", "a1", "a0", "b0", "a2", "b1", "a3", "b3"]
+    tried = [0]
+    result = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=40), tried)
+    assert result.passed and result.minimal and sorted(result.kept) == ["a1", "b0", "b2"]
+    assert all(not (set(nodes) & {"b0", "b1", "b2", "b3"}) for nodes in seen[1:4])  # a3's search stays in its cone
+    tried = [0]
+    tight = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=5), tried)
+    assert tight.passed and not tight.minimal and "budget" in tight.stopped and {"a1", "b0", "b2"} <= set(tight.kept)
