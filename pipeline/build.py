@@ -27,7 +27,7 @@ import onnx
 from pipeline.manifest import Manifest, Verification, describe_run, measurements_from, package_verdict, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
-from pipeline.cache import staging_folder
+from pipeline.cache import file_sha256, staging_folder
 from pipeline.errors import PackError
 from pipeline.graph import registry
 from pipeline.graph.model_io import load_model, model_bytes
@@ -40,7 +40,8 @@ from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
-from pipeline.runtime import max_ir_version
+from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
+from pipeline.runtime import max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
 from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
@@ -58,12 +59,14 @@ class BuildOptions:
     browser: bool = True
     gpu: bool = False
     lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
+    reuse: bool = True  # link a stored passed build with the same inputs (pipeline/reuse.py)
 
 
 @dataclass
 class BuildResult:
     package_dir: Path
     report: dict
+    reused: str | None = None  # the build key, when a stored package with the same inputs was linked into place
 
     @property
     def exit_code(self) -> int:
@@ -126,7 +129,16 @@ def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
     )
 
 
-def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, list[dict]]:
+def repair_settings(recipe: Recipe, progress: Progress | None = None) -> PassSettings:
+    """What the repairs depend on: the recipe's runtime and the IR versions that release loads."""
+    try:
+        runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
+        return PassSettings(runtime_version=runtime.version, max_ir_version=max_ir_version(runtime, progress))
+    except PackError as error:
+        raise PackError(f"{recipe.path or 'recipe'}: key 'runtime.version': {error}") from None
+
+
+def _repair(model: onnx.ModelProto, recipe: Recipe, settings: PassSettings | None = None) -> tuple[onnx.ModelProto, list[dict]]:
     """The repairs detection asks for (unless `repairs.auto = false`) and those the recipe names,
     in run order, then the IR version cap for the recipe's runtime."""
     where = recipe.path or "recipe"
@@ -134,12 +146,8 @@ def _repair(model: onnx.ModelProto, recipe: Recipe) -> tuple[onnx.ModelProto, li
     for name in recipe.repairs:
         if name not in known:
             raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(known))}")
-    try:
-        max_ir_version(recipe.runtime_version)  # the last pass needs it: refuse before any work
-    except PackError as error:
-        raise PackError(f"{where}: key 'runtime.version': {error}") from None
     names = registry.auto_repairs(model) if recipe.repairs_auto else []
-    return registry.run_passes(model, [*names, *recipe.repairs], PassSettings(runtime_version=recipe.runtime_version))
+    return registry.run_passes(model, [*names, *recipe.repairs], settings or repair_settings(recipe))
 
 
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
@@ -177,7 +185,7 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
 def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
     """The fp32 reference outputs and the host checks of every variant against them."""
     reference = _reference_outputs(made.reference, made.variants, contents.model_paths, feeds, source_path)
-    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, contents.model_paths)
+    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, contents.check_paths)
     declared = io_entries(made.reference, reference, recipe, outputs=True)
     for variant in made.variants:
         if variant.precision == "quantized":
@@ -275,33 +283,86 @@ def _finish(staging: Path, destination: Path) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock) -> BuildInputs:
+    """Everything this build's result depends on (pipeline/reuse.py)."""
+    from pipeline.verify.browser.chromium import chromium_path
+
+    options_data = {
+        "inputs_npz": file_sha256(options.inputs_npz) if options.inputs_npz and options.inputs_npz.is_file() else None,
+        "input_shapes": sorted(options.input_shapes),
+        "browser": options.browser,
+        "gpu": options.gpu,
+        "source_given": options.source,
+    }
+    runtime = recipe.runtime_version
+    if recipe.runtime_path is not None:  # a local build: its bundles are what runs
+        runtime += ":" + "".join(file_sha256(p) for p in sorted(Path(recipe.runtime_path).rglob("*.m*js")) + sorted(Path(recipe.runtime_path).rglob("*.wasm")))
+    return BuildInputs(
+        source=source_hashes(fetched.path, fetched.sha256),
+        recipe=as_data(recipe),
+        options=options_data,
+        lock={"entry": lock.entry(recipe.name)},
+        runtime=runtime,
+        code=code_key(),
+        libraries=library_versions(),
+        browser=browser_version(chromium_path()) if options.browser else None,
+        environment=pack_settings(),
+    )
+
+
+def _reuse_stored(key: str, options: BuildOptions, recipe: Recipe) -> BuildResult | None:
+    """A stored package of a passed build with the same inputs, linked into place; None when none."""
+    stored = stored_package(key)
+    if stored is None:
+        return None
+    destination = options.out_dir / recipe.name
+    _make_out_dir(options.out_dir)
+    with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
+        link_tree(stored, staging)
+        report = json.loads((staging / "report.json").read_text(encoding="utf-8"))
+        _finish(staging, destination)
+    return BuildResult(destination, report, reused=key)
+
+
+def _make_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PackError(f"--out {out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
+
+
 def build(options: BuildOptions, progress: Progress) -> BuildResult:
     timer = Timer()
     with timer.stage("fetch"):
         recipe = load_build_recipe(options)
         request = source_request(recipe, options)
-        fetched = fetch_source(request, lock_for(recipe, options.lock), progress)
+        lock = lock_for(recipe, options.lock)
+        fetched = fetch_source(request, lock, progress)
         recipe.source = request.uri
         source_path = fetched.path
+    inputs_key = _build_inputs(recipe, options, fetched, lock).key() if options.reuse and reuse_enabled() else None
+    if inputs_key is not None:
+        reused = _reuse_stored(inputs_key, options, recipe)
+        if reused is not None:
+            progress.note(f"nothing changed since the stored build {inputs_key[:12]}: its package is linked into place")
+            return reused
     with timer.stage("repair"):
         progress.note(f"loading and repairing {source_path.name}")
         model = load_model(source_path)
         source_sha = hashlib.sha256(model_bytes(model)).hexdigest()
-        model, repair_steps = _repair(model, recipe)
+        settings = repair_settings(recipe, progress)
+        model, repair_steps = _repair(model, recipe, settings)
     with timer.stage("samples"):
         feeds = make_feeds(model, recipe, options.inputs_npz)
     with timer.stage("convert"):
         progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
         context = _fp16_context(model, feeds, recipe, options, source_path, progress)
-        made = make_variants(model, recipe, source_sha, context)
+        made = make_variants(model, recipe, source_sha, context, settings)
         if recipe.source_precision and not options.source and made.precision != recipe.source_precision:
             raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
 
     destination = options.out_dir / recipe.name
-    try:
-        options.out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise PackError(f"--out {options.out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
+    _make_out_dir(options.out_dir)
     with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
         contents = start_package(recipe)
         with timer.stage("assets"):
@@ -309,7 +370,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         with timer.stage("host_verify"):
             reference, host = _host_verify(contents, made, feeds, recipe, source_path, progress)
         with timer.stage("webgpu_kernels"):
-            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, contents.model_paths, contents.ep_options.get("webgpu", {}))
+            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, contents.check_paths, contents.ep_options.get("webgpu", {}))
             if kernels.ep_options:
                 contents.ep_options = {**contents.ep_options, "webgpu": kernels.ep_options}
         with timer.stage("assets"):
@@ -357,5 +418,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         add_plain_files(staging, contents, ["report.json"])
         write_manifest(staging, contents.manifest(**final))
+        if inputs_key is not None and report["passed"]:
+            store_package(inputs_key, staging)
         _finish(staging, destination)
     return BuildResult(destination, report)

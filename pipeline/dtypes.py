@@ -7,32 +7,40 @@ in-page side maps the same names to typed arrays (pipeline/verify/browser/page/r
 
 from __future__ import annotations
 
-import numpy as np
-
-# name -> (ONNX element type, numpy dtype); the order is the order shown in error messages. The
-# element types are onnx.TensorProto's numbers (fixed by the ONNX spec), written out so that reading
-# a recipe does not import onnx.
-TYPES: dict[str, tuple[int, type]] = {
-    "float32": (1, np.float32),    # TensorProto.FLOAT
-    "float16": (10, np.float16),   # TensorProto.FLOAT16
-    "float64": (11, np.float64),   # TensorProto.DOUBLE
-    "int64": (7, np.int64),        # TensorProto.INT64
-    "int32": (6, np.int32),        # TensorProto.INT32
-    "int16": (5, np.int16),        # TensorProto.INT16
-    "int8": (3, np.int8),          # TensorProto.INT8
-    "uint64": (13, np.uint64),     # TensorProto.UINT64
-    "uint32": (12, np.uint32),     # TensorProto.UINT32
-    "uint16": (4, np.uint16),      # TensorProto.UINT16
-    "uint8": (2, np.uint8),        # TensorProto.UINT8
-    "bool": (9, np.bool_),         # TensorProto.BOOL
+# name -> ONNX element type; the order is the order shown in error messages. The element types are
+# onnx.TensorProto's numbers (fixed by the ONNX spec), written out, and the names are numpy's own,
+# so that reading a recipe imports neither onnx nor numpy.
+TYPES: dict[str, int] = {
+    "float32": 1,    # TensorProto.FLOAT
+    "float16": 10,   # TensorProto.FLOAT16
+    "float64": 11,   # TensorProto.DOUBLE
+    "int64": 7,      # TensorProto.INT64
+    "int32": 6,      # TensorProto.INT32
+    "int16": 5,      # TensorProto.INT16
+    "int8": 3,       # TensorProto.INT8
+    "uint64": 13,    # TensorProto.UINT64
+    "uint32": 12,    # TensorProto.UINT32
+    "uint16": 4,     # TensorProto.UINT16
+    "uint8": 2,      # TensorProto.UINT8
+    "bool": 9,       # TensorProto.BOOL
 }
 
-NUMPY_DTYPES: dict[str, type] = {name: numpy for name, (_, numpy) in TYPES.items()}
-ONNX_TO_NAME: dict[int, str] = {onnx_type: name for name, (onnx_type, _) in TYPES.items()}
+ONNX_TO_NAME: dict[int, str] = {onnx_type: name for name, onnx_type in TYPES.items()}
+
+
+def __getattr__(attribute: str):
+    # NUMPY_DTYPES (name -> numpy scalar type) is made on first use: numpy loads only where used.
+    if attribute == "NUMPY_DTYPES":
+        import numpy as np
+
+        return {name: np.dtype(name).type for name in TYPES}
+    raise AttributeError(attribute)
 
 
 def name_of_numpy(dtype) -> str | None:
     """The table's name of a numpy dtype, or None when pack does not carry that type."""
+    import numpy as np
+
     name = np.dtype(dtype).name
     return name if name in TYPES else None
 

@@ -35,6 +35,11 @@ class LockFile:
             raise PackError(f"{self.path}: not a pack lock file of schema {SCHEMA}; delete it to have it written again")
         return data
 
+    def entry(self, recipe_name: str) -> dict | None:
+        """Everything the lock holds for one recipe (what a build reads from it)."""
+        entry = self._read().get(recipe_name)
+        return entry if isinstance(entry, dict) else None
+
     def get(self, recipe_name: str, section: str) -> dict | None:
         entry = self._read().get(recipe_name, {})
         value = entry.get(section) if isinstance(entry, dict) else None

@@ -40,9 +40,10 @@ class FileEntry(TypedDict):
 
 
 class VariantEntry(TypedDict):
-    precision: str
+    precision: str  # fp32 | fp16 | fp16w (fp32 graph, fp16-stored weights) | quantized
     model: str
     requires: list[str]
+    widen: NotRequired[str]  # "fp16-initializers": the loader widens the model first
 
 
 class SampleTensor(TypedDict):
@@ -230,7 +231,7 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
     referenced: list[tuple[list[Any], str]] = [(["variants", name, "model"], v["model"]) for name, v in manifest["variants"].items()]
     referenced.append((["sample", "file"], manifest["sample"]["file"]))
     for key, bundle in manifest["runtime"]["bundles"].items():
-        referenced += [(["runtime", "bundles", key, "module"], bundle["module"]), (["runtime", "bundles", key, "wasm"], bundle["wasm"])]
+        referenced += [(["runtime", "bundles", key, part], bundle[part]) for part in ("module", "wasm", "glue") if part in bundle]
     for parts, path in referenced:
         if path not in files:
             fail(parts, f"{path!r} is not listed in 'files'")

@@ -18,13 +18,13 @@ from pipeline.dtypes import TYPES
 from pipeline.errors import PackError
 from pipeline.runtime import DEFAULT_VERSION as DEFAULT_RUNTIME
 from pipeline.runtime import is_exact_version, local_runtime
-from pipeline.verify.metrics import OUTPUT_KINDS
 
 # Built-in recipes: package data (the repo's recipes/ folder, installed as pipeline.recipes), read
 # through importlib.resources so a wheel lists them too; always a plain folder on disk.
 RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
-VARIANTS = ("fp16", "fp32")
+OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/verify/metrics.py)
+VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py); opt-in
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
 PLATFORMS = ("desktop", "apple-mobile", "android")

@@ -26,16 +26,6 @@ from pipeline.progress import Progress
 PACKAGE = "onnxruntime-web"
 DEFAULT_VERSION = "1.30.0"
 
-# The newest ONNX IR version each onnxruntime-web release loads; it refuses newer ones ("Unsupported
-# model IR version"). Rows are (release, IR version), each measured by creating a wasm session on
-# the same one-node model stamped IR 8..14 in that release under Node (docs/graph.md has the
-# figures); a release between rows reads what the row below it says.
-MAX_IR_VERSIONS: tuple[tuple[tuple[int, int], int], ...] = (
-    ((1, 19), 10), ((1, 20), 10), ((1, 21), 10), ((1, 22), 10),
-    ((1, 23), 11),
-    ((1, 24), 13), ((1, 25), 13), ((1, 26), 13), ((1, 27), 13), ((1, 29), 13), ((1, 30), 13),
-)
-
 # bundle key -> the package.json "exports" subpath of its entry point
 ENTRY_SUBPATHS: dict[str, str] = {"webgpu": "./webgpu", "wasm": "./wasm", "root": "."}
 
@@ -43,6 +33,13 @@ ENTRY_SUBPATHS: dict[str, str] = {"webgpu": "./webgpu", "wasm": "./wasm", "root"
 _EXACT_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?$")
 # the bundles name their .wasm as a string literal: new URL("ort-wasm-....wasm", import.meta.url)
 _WASM_LITERAL = re.compile(r"[\"']([A-Za-z0-9_.-]+\.wasm)[\"']")
+# releases up to 1.22 keep emscripten's glue module apart: the bundle imports "ort-wasm-....mjs",
+# and that module names the .wasm
+_GLUE_LITERAL = re.compile(r"[\"'](ort-wasm-[A-Za-z0-9_.-]+\.mjs)[\"']")
+# older releases ship no ES module bundle for every entry point (1.18's webgpu entry is dist/esm/*.js)
+OLDEST_RELEASE = (1, 19)
+# what the IR probe (runtime_probe.mjs, run under Node) found, stored beside the installed release
+_IR_PROBE_FILE = ".pack-max-ir.json"
 _COMPLETE_MARKER = ".pack-complete"
 
 
@@ -52,6 +49,7 @@ class Bundle:
     entry: str  # 'onnxruntime-web/webgpu' | 'onnxruntime-web/wasm' | 'onnxruntime-web'
     module: Path  # the installed *.bundle.min.mjs of that entry (exports, import/default)
     wasm: Path  # the .wasm that module fetches (read from the module, not hard-coded)
+    glue: Path | None = None  # emscripten's glue module, where the release keeps it apart (<= 1.22)
 
 
 @dataclass(frozen=True)
@@ -77,26 +75,49 @@ def recipe_runtime(version: str, path: Path | None, progress: Progress | None = 
     return local_runtime(path) if path is not None else resolve_runtime(version, progress)
 
 
-def max_ir_version(version: str) -> tuple[int, str | None]:
-    """The newest IR version onnxruntime-web `version` loads, and a note when the table has to guess:
-    a release newer than its newest row is assumed to read what that row reads (IR versions only grow)."""
-    match = re.match(r"^(\d+)\.(\d+)\.", version)
-    if match is None:
-        raise PackError(f"runtime version {version!r}: not an exact version; pin one such as {DEFAULT_VERSION!r}")
-    release = (int(match[1]), int(match[2]))
-    oldest, newest = MAX_IR_VERSIONS[0], MAX_IR_VERSIONS[-1]
-    if release < oldest[0]:
-        raise PackError(
-            f"onnxruntime-web {version} is older than {oldest[0][0]}.{oldest[0][1]}, the oldest release whose IR version "
-            f"pack knows; pin {oldest[0][0]}.{oldest[0][1]}.0 or newer"
-        )
-    ir = next(ir for first, ir in reversed(MAX_IR_VERSIONS) if first <= release)
-    if release > newest[0]:
-        return ir, (
-            f"onnxruntime-web {version} is newer than pack's IR table (newest row {newest[0][0]}.{newest[0][1]}: IR {ir}); "
-            f"assumed to read IR {ir}"
-        )
-    return ir, None
+def max_ir_version(runtime: Runtime, progress: Progress | None = None) -> int:
+    """The newest ONNX IR version this release loads, measured once per release: a wasm session is
+    created under Node on a one-node model stamped IR 3..14 (`runtime_probe.mjs`). Stored beside an
+    installed release; for a local build, in the cache keyed by its wasm module's hash."""
+    stored = runtime.root / _IR_PROBE_FILE if not runtime.local else cache_dir() / "runtime-probes" / f"{_file_sha256(runtime.bundles['wasm'].module)}.json"
+    if stored.is_file():
+        return int(json.loads(stored.read_text())["maxIr"])
+    ir = _probe_max_ir(runtime.root, progress or Progress.quiet())
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    scratch = stored.with_name(f".{stored.name}.{os.getpid()}")
+    scratch.write_text(json.dumps({"version": runtime.version, "maxIr": ir}) + "\n")
+    os.replace(scratch, stored)
+    return ir
+
+
+def _probe_max_ir(package_root: Path, progress: Progress) -> int:
+    from importlib import resources
+
+    node = shutil.which("node")
+    if node is None:
+        raise PackError("node: not found on PATH; install Node.js (it comes with npm), needed to read which ONNX IR versions the runtime loads")
+    progress.note(f"measuring which ONNX IR versions {package_root.name} loads (once per release)")
+    probe = resources.files("pipeline").joinpath("runtime_probe.mjs")
+    with resources.as_file(probe) as probe_path:
+        try:
+            done = subprocess.run([node, str(probe_path), str(package_root)], capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise PackError(f"{package_root}: the IR version probe took over 5 minutes under Node; check the runtime") from None
+    try:
+        loads = json.loads(done.stdout.strip().splitlines()[-1])["loads"]
+    except (IndexError, ValueError, KeyError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PackError(f"{package_root}: the IR version probe failed under Node ({last[:200]}); this onnxruntime-web build may be broken") from None
+    newest = max((int(ir) for ir, ok in loads.items() if ok), default=None)
+    if newest is None:
+        raise PackError(f"{package_root}: this onnxruntime-web loads no ONNX IR version from 3 to 14 under Node; pin another version")
+    return newest
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def cache_dir() -> Path:
@@ -115,6 +136,10 @@ def resolve_runtime(version: str = DEFAULT_VERSION, progress: Progress | None = 
             f"runtime version {version!r}: not an exact version; pin one such as {DEFAULT_VERSION!r} "
             "(see `npm view onnxruntime-web versions`)"
         )
+    release = tuple(int(part) for part in version.split("-")[0].split(".")[:2])
+    if release < OLDEST_RELEASE:
+        oldest = ".".join(map(str, OLDEST_RELEASE))
+        raise PackError(f"onnxruntime-web {version} is older than {oldest}, the oldest release whose entry points are ES module bundles pack can ship; pin {oldest}.0 or newer")
     target = runtime_dir(version)
     if not (target / _COMPLETE_MARKER).is_file():
         _install(version, target, progress or Progress.quiet())
@@ -183,19 +208,26 @@ def _read_bundle(root: Path, manifest: dict, key: str, subpath: str, hint: str) 
     module = (root / relative).resolve()
     if not module.is_file():
         raise PackError(f"{module}: missing from {PACKAGE} in {root}; {hint}")
-    return Bundle(key=key, entry=entry, module=module, wasm=_wasm_of(module))
-
-
-def _wasm_of(module: Path) -> Path:
-    """The one .wasm beside `module` whose name the module's code contains."""
-    names = set(_WASM_LITERAL.findall(module.read_text(encoding="utf-8", errors="replace")))
-    present = sorted(name for name in names if (module.parent / name).is_file())
-    if len(present) != 1:
+    wasm = _one_beside(module, _WASM_LITERAL)
+    if wasm is not None:
+        return Bundle(key=key, entry=entry, module=module, wasm=wasm)
+    glue = _one_beside(module, _GLUE_LITERAL)
+    wasm = _one_beside(glue, _WASM_LITERAL) if glue is not None else None
+    if wasm is None:
         raise PackError(
-            f"{module}: expected one .wasm name that exists beside it, found {present or 'none'}; "
+            f"{module}: names no .wasm (nor a glue module naming one) that exists beside it; "
             "this onnxruntime-web layout is not supported, pin another version"
         )
-    return module.parent / present[0]
+    return Bundle(key=key, entry=entry, module=module, wasm=wasm, glue=glue)
+
+
+def _one_beside(module: Path, literal: re.Pattern) -> Path | None:
+    """The one file beside `module` whose name the module's code contains as a `literal` string."""
+    names = set(literal.findall(module.read_text(encoding="utf-8", errors="replace")))
+    present = sorted(name for name in names if (module.parent / name).is_file())
+    if len(present) > 1:
+        raise PackError(f"{module}: names {', '.join(present)}, expected one; this onnxruntime-web layout is not supported, pin another version")
+    return module.parent / present[0] if present else None
 
 
 def _install(version: str, target: Path, progress: Progress) -> None:
@@ -217,7 +249,8 @@ def _install(version: str, target: Path, progress: Progress) -> None:
         package = extracted / "package"
         if not (package / "package.json").is_file():
             raise PackError(f"{tarball.name}: no package/package.json inside; the npm tarball is not a package")
-        read_runtime(package, version)  # refuse a layout we cannot read before it enters the cache
+        installed = read_runtime(package, version)  # refuse a layout we cannot read before it enters the cache
+        max_ir_version(installed, progress)  # measured once, stored beside the release
         (package / _COMPLETE_MARKER).write_text(version + "\n")
         try:
             os.rename(package, target)

@@ -110,6 +110,7 @@ class Variant:
     model: onnx.ModelProto
     precision: str = "fp32"
     requires: list[str] = field(default_factory=list)
+    widen: str | None = None  # manifest variants[name].widen (fp16w)
 
 
 def _sha256(data: bytes) -> str:
@@ -159,6 +160,8 @@ def write_package(
     for variant_name, variant in variants.items():
         path = _add_file(root, files, f"model.{variant_name}", ".onnx", variant.model.SerializeToString(), "application/octet-stream", True)
         manifest_variants[variant_name] = {"precision": variant.precision, "model": path, "requires": list(variant.requires)}
+        if variant.widen:
+            manifest_variants[variant_name]["widen"] = variant.widen
 
     sample_bytes = b""
     tensors = {}

@@ -121,12 +121,17 @@ def make_package(
     variant_for: dict | None = None,
     fp16_model: onnx.ModelProto | None = None,
     reference_outputs: bool = True,
+    fp16w: bool = False,
 ) -> Path:
     """A rendered package (manifest, models, sample with reference outputs, runtime, loader files)
     for `kind` image|audio|conv (the conv stack on the image sample, a plain tensor output).
     `fp16_model` replaces the fp16 variant (e.g. a corrupted one)."""
     model, sample = model_for(kind), audio_sample() if kind == "audio" else image_sample()
     variants = {"fp16": Variant(fp16_model or fp16_of(model), "fp16", ["shader-f16"]), "fp32": Variant(model, "fp32")}
+    if fp16w:  # the fp32 graph, weights stored as fp16 (pipeline/precision/fp16w.py)
+        from pipeline.precision.fp16w import WIDEN, narrow_initializers
+
+        variants = {"fp16": variants["fp16"], "fp16w": Variant(narrow_initializers(model).model, "fp16w", widen=WIDEN), "fp32": variants["fp32"]}
     chains = chains or ALL_PLATFORMS
     write_package(
         root,

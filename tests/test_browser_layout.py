@@ -7,34 +7,67 @@ import re
 from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
-LATER_THAN_GRAPH = ("pipeline.precision", "pipeline.verify", "pipeline.assets", "pipeline.loader", "pipeline.publish",
-                    "pipeline.commands", "pipeline.build", "pipeline.cli")
+# The pipeline's order; shared modules at the top of pipeline/ (manifest, recipe, dtypes, cache, ...)
+# come before every stage, and commands/, cli.py and build.py after every stage.
+STAGES = ("source", "graph", "precision", "verify", "assets", "loader", "publish")
+WIRING = ("commands", "cli", "build")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PIPELINE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in PIPELINE.rglob("*.py")}
 
 
 def _imports(path: Path) -> set[str]:
+    """The pipeline modules `path` imports, at any indentation (late imports count too)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return names
+    return {name for name in names if name in MODULES}
 
 
-def test_graph_imports_nothing_from_later_stages() -> None:
-    offending = {
-        str(path.relative_to(PIPELINE)): sorted(name for name in _imports(path) if name.startswith(LATER_THAN_GRAPH))
-        for path in (PIPELINE / "graph").rglob("*.py")
-    }
-    assert {path: names for path, names in offending.items() if names} == {}
+def _rank(module: str) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    if part in WIRING:
+        return len(STAGES)
+    return STAGES.index(part) if part in STAGES else -1
 
 
-def test_verify_imports_nothing_from_later_stages() -> None:
-    # the manifest (pipeline/manifest.py) sits at the top of the package beside recipe.py: every stage reads it
-    later = ("pipeline.assets", "pipeline.loader", "pipeline.publish", "pipeline.commands", "pipeline.build", "pipeline.cli")
-    offending = {str(p.relative_to(PIPELINE)): sorted(n for n in _imports(p) if n.startswith(later))
-                 for p in (PIPELINE / "verify").rglob("*.py")}
-    assert {path: names for path, names in offending.items() if names} == {}
+def _reachable(module: str, graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for name in graph[todo.pop()] - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def test_every_module_reaches_only_its_own_stage_earlier_stages_and_shared_modules() -> None:
+    # Transitively: a shared module that imports a stage would let an earlier stage reach it.
+    graph = {name: _imports(path) for name, path in MODULES.items()}
+    offending = {}
+    for name in MODULES:
+        rank = _rank(name)
+        if rank == len(STAGES):
+            continue
+        later = sorted(target for target in _reachable(name, graph) if _rank(target) > rank or (rank == -1 and _rank(target) != -1))
+        if later:
+            offending[name] = later
+    assert offending == {}
+
+
+def test_the_layout_check_sees_a_late_import_through_a_shared_module(tmp_path) -> None:
+    # The check itself: a shared module importing verify/ inside a function is an arrow up the pipeline.
+    graph = {"pipeline.recipe": {"pipeline.verify.metrics"}, "pipeline.verify.metrics": set(), "pipeline.graph.x": {"pipeline.recipe"}}
+    assert "pipeline.verify.metrics" in _reachable("pipeline.graph.x", graph)
+    assert _rank("pipeline.recipe") == -1 and _rank("pipeline.verify.metrics") > _rank("pipeline.graph.x")
 
 
 def test_one_mount_prefix_and_no_page_code_in_python_strings() -> None:

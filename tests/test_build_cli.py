@@ -95,10 +95,10 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     assert "NOT browser-verified" in result.output
 
 
-def test_rebuild_is_byte_identical(conv_file, tmp_path):
+def test_rebuild_from_scratch_is_byte_identical_but_for_the_reports_timings(conv_file, tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    assert build(str(conv_file), "--no-browser", "--out", str(first)).exit_code == 0
-    assert build(str(conv_file), "--no-browser", "--out", str(second)).exit_code == 0
+    assert build(str(conv_file), "--no-browser", "--no-reuse", "--out", str(first)).exit_code == 0
+    assert build(str(conv_file), "--no-browser", "--no-reuse", "--out", str(second)).exit_code == 0
     files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
     for rel in files:
@@ -127,7 +127,7 @@ def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline.verify.host, "_run_uncached", must_not_run)
     monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", must_not_run)
     monkeypatch.setattr("pipeline.assets.files._compress", must_not_run)
-    result = build(str(conv_file), "--no-browser", "--out", str(tmp_path / "b"))
+    result = build(str(conv_file), "--no-browser", "--no-reuse", "--out", str(tmp_path / "b"))
     assert result.exit_code == 0, result.output
 
 

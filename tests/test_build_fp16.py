@@ -113,14 +113,16 @@ def test_quantized_model_is_detected():
 
 def test_ir_version_cap_lowers_onnx_default_and_is_a_no_op_below():
     from pipeline.graph.passes.ir_version import ir_version_cap
-    from pipeline.runtime import DEFAULT_VERSION, max_ir_version
+    from pipeline.build import repair_settings
+    from pipeline.recipe import Recipe
 
-    ceiling, _ = max_ir_version(DEFAULT_VERSION)
+    settings = repair_settings(Recipe(name="m"))  # the default runtime, its ceiling measured from the release
+    ceiling = settings.max_ir_version
     model = conv_model()
     model.ir_version = 14  # what onnx 1.23 writes by default
-    result = ir_version_cap(model)
+    result = ir_version_cap(model, settings)
     assert result.changed and result.model.ir_version == ceiling and model.ir_version == 14
-    assert not ir_version_cap(result.model).changed
+    assert not ir_version_cap(result.model, settings).changed
     feeds = {"x": np.ones((1, 3, 16, 16), np.float32)}
     np.testing.assert_array_equal(run(result.model, feeds)["y"], run(model, feeds)["y"])
     clean = conv_model()

@@ -14,8 +14,12 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 
 runner = CliRunner()
-COMMANDS = ["build", "recipes", "publish", "verify", "inspect", "diagnose", "serve"]
+from pipeline.cli import COMMANDS as COMMAND_TABLE, load_command
+
+COMMANDS = list(COMMAND_TABLE)
 HEAVY = ("onnx", "onnxruntime", "playwright")
+# What `pack --help` and `pack recipes` must not load either: they run in every CI job.
+LIGHT_FORBIDS = (*HEAVY, "numpy", "boto3", "botocore", "s3transfer", "brotli", "jsonschema")
 
 
 def test_version_comes_from_the_package_metadata():
@@ -38,23 +42,43 @@ def test_top_level_short_help_lists_every_command():
         assert command in result.output
 
 
-def test_help_recipes_and_publish_do_not_load_onnx_onnxruntime_or_playwright(tmp_path):
-    from tests.publish_helpers import write_package
-
-    package = write_package(tmp_path / "dist").root
+def _modules_loaded_by(args_list: list[list[str]], watched: tuple[str, ...]) -> tuple[list[int], list[str]]:
+    """Exit codes of `pack ARGS...` run in one fresh interpreter, and which `watched` modules it loaded."""
     script = f"""
 import json, sys
 from typer.testing import CliRunner
 from pipeline.cli import app
 runner = CliRunner(env={{"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_MAX_ATTEMPTS": "1"}})
-codes = [runner.invoke(app, args).exit_code for args in (["--help"], ["recipes"], ["publish", {str(package)!r}, "--bucket", "b", "--endpoint-url", "http://127.0.0.1:9", "--dry-run"])]
-print(json.dumps({{"codes": codes, "loaded": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
+codes = [runner.invoke(app, args).exit_code for args in {args_list!r}]
+print(json.dumps({{"codes": codes, "loaded": sorted(m for m in {watched!r} if m in sys.modules)}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["codes"] == [0, 0, 0]  # the bucket is unreachable: --dry-run prints the local plan
-    assert report["loaded"] == []
+    return report["codes"], report["loaded"]
+
+
+def test_help_and_recipes_load_no_numpy_boto_brotli_jsonschema_or_onnx():
+    codes, loaded = _modules_loaded_by([["--help"], ["recipes"], ["recipes", "--json"]], LIGHT_FORBIDS)
+    assert codes == [0, 0, 0]
+    assert loaded == []
+
+
+def test_publish_does_not_load_onnx_onnxruntime_or_playwright(tmp_path):
+    from tests.publish_helpers import write_package
+
+    package = write_package(tmp_path / "dist").root
+    # The bucket is unreachable: --dry-run prints the local plan.
+    codes, loaded = _modules_loaded_by([["publish", str(package), "--bucket", "b", "--endpoint-url", "http://127.0.0.1:9", "--dry-run"]], HEAVY)
+    assert codes == [0]
+    assert loaded == []
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_each_listed_summary_is_the_first_line_of_the_command_help(name):
+    # The table in pipeline/cli.py lists commands without importing them; it must say what they say.
+    command = load_command(name)
+    assert command.help.strip().splitlines()[0] == COMMAND_TABLE[name].summary
 
 
 def test_progress_draws_concurrent_bars_with_amounts_and_rates_and_is_silent_otherwise():

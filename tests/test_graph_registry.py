@@ -4,6 +4,7 @@ its last stage, the IR version table, and the fp16 conversion cache key."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -15,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from graph_helpers import assert_no_op, assert_repair, clean_conv_model, neg_slice_model, parse
-from pipeline.build import _repair
+from pipeline.build import _repair, repair_settings
 from pipeline.cli import app
 from pipeline.errors import PackError
 from pipeline.graph import registry
@@ -23,7 +24,6 @@ from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.variants import conversion_code_key, conversion_sources
 from pipeline.recipe import Recipe
-from pipeline.runtime import MAX_IR_VERSIONS, max_ir_version
 
 PASSES_DIR = Path(registry.__file__).resolve().parent / "passes"
 
@@ -148,31 +148,26 @@ def test_run_passes_sorts_dedupes_and_always_finishes_with_the_ir_cap():
         registry.run_passes(model, ["nope"])
 
 
-def test_ir_table_rows_and_lookups():
-    releases = [release for release, _ in MAX_IR_VERSIONS]
-    assert releases == sorted(releases) and [ir for _, ir in MAX_IR_VERSIONS] == sorted(ir for _, ir in MAX_IR_VERSIONS)
-    assert max_ir_version("1.20.1") == (10, None)
-    assert max_ir_version("1.22.0") == (10, None)
-    assert max_ir_version("1.23.0") == (11, None)
-    assert max_ir_version("1.30.0") == (13, None)
-    assert max_ir_version("1.28.0") == (13, None)  # between rows: the row below
-    ir, note = max_ir_version("1.31.0")
-    assert ir == 13 and "newer than pack's IR table" in note
-    with pytest.raises(PackError, match="onnxruntime-web 1.18.0 is older than 1.19"):
-        max_ir_version("1.18.0")
-
-
-def test_the_build_caps_the_ir_version_for_the_recipe_runtime_and_notes_a_guess():
+def test_the_ir_cap_lowers_to_the_runtimes_measured_ceiling_and_never_below_what_the_opsets_need():
+    cap = registry.get("ir_version_cap")
     model = clean_conv_model()
     model.ir_version = 14
-    capped, steps = _repair(model, Recipe(name="m", runtime_version="1.22.0"))
-    assert capped.ir_version == 10
-    assert steps == [{"name": "ir_version_cap", "changed": True, "records": [{"what": "IR version 14 -> 10 (onnxruntime-web 1.22.0 reads up to 10)"}]}]
-    newer, steps = _repair(clean_conv_model(), Recipe(name="m", runtime_version="1.31.0"))
-    step, = steps
-    assert step["name"] == "ir_version_cap" and not step["changed"] and "assumed to read IR 13" in step["records"][0]["what"]
+    capped = cap(model, PassSettings(runtime_version="1.22.0", max_ir_version=10))
+    assert capped.changed and capped.model.ir_version == 10 and model.ir_version == 14
+    assert capped.records == [{"what": "IR version 14 -> 10 (onnxruntime-web 1.22.0 reads up to 10)"}]
+    assert not cap(capped.model, PassSettings(runtime_version="1.22.0", max_ir_version=10)).changed  # idempotent
+    assert not cap(model, PassSettings()).changed  # no runtime known (pack inspect): nothing to cap to
     # the cap never goes below what the opsets need: opset 17 needs IR 8
-    assert registry.get("ir_version_cap")(model, PassSettings(runtime_version="1.20.0")).model.ir_version == 10
+    assert cap(model, PassSettings(runtime_version="x", max_ir_version=5)).model.ir_version == 8
+
+
+def test_the_build_caps_the_ir_version_for_the_recipe_runtime():
+    model = clean_conv_model()
+    model.ir_version = 14
+    capped, steps = _repair(model, Recipe(name="m"))  # the default runtime, its IR ceiling measured from the release
+    settings = repair_settings(Recipe(name="m"))
+    assert settings.max_ir_version == 13 and capped.ir_version == 13
+    assert steps == [{"name": "ir_version_cap", "changed": True, "records": [{"what": f"IR version 14 -> 13 (onnxruntime-web {settings.runtime_version} reads up to 13)"}]}]
 
 
 def test_conversion_key_follows_every_module_the_conversion_imports(tmp_path):
@@ -199,8 +194,7 @@ def test_fp16_conversion_keeps_the_ir_version_the_build_capped():
     from pipeline.precision.fp16 import convert_to_fp16
 
     model = clean_conv_model()
-    capped, _ = _repair(model, Recipe(name="m", runtime_version="1.20.0"))
-    capped.ir_version = 10
+    capped, _ = _repair(model, Recipe(name="m"), PassSettings(runtime_version="1.20.1", max_ir_version=10))
     converted, steps = convert_to_fp16(capped)
     assert converted.ir_version == 10
     assert [s["name"] for s in steps] == [
@@ -212,9 +206,9 @@ def test_fp16_conversion_keeps_the_ir_version_the_build_capped():
     "recipe_tail, message",
     [
         ('[repairs]\npasses = ["nope"]\n', "m.toml: key 'repairs.passes': unknown repair 'nope'; known: cast_retarget, detach_consumed_outputs, fold_if"),
-        ('[runtime]\nversion = "1.18.0"\n', "m.toml: key 'runtime.version': onnxruntime-web 1.18.0 is older than 1.19, the oldest release"),
+        ('[runtime]\nversion = "1.18.0"\n', "m.toml: key 'runtime.version': onnxruntime-web 1.18.0 is older than 1.19, the oldest release whose entry points are ES module bundles"),
     ],
-    ids=["unknown-repair", "runtime-older-than-the-ir-table"],
+    ids=["unknown-repair", "runtime-older-than-1.19"],
 )
 def test_build_refuses_what_the_registry_cannot_run_with_one_error_line(tmp_path, recipe_tail, message):
     onnx.save(clean_conv_model(), tmp_path / "m.onnx")
@@ -225,3 +219,21 @@ def test_build_refuses_what_the_registry_cannot_run_with_one_error_line(tmp_path
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], result.output
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+def test_changing_the_runtime_version_gives_every_variant_the_ir_that_runtime_reads(tmp_path, monkeypatch):
+    """The fp16 conversion is cached; its key must follow the repairs' settings, or a build for an
+    older runtime reuses the fp16 model converted for a newer one (seen: fp32 at IR 11, fp16 at 12)."""
+    from pipeline.precision.variants import make_variants
+
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    source = clean_conv_model()
+    source.ir_version = 12
+    source_sha = hashlib.sha256(source.SerializeToString()).hexdigest()
+    # (the ceilings as measured from those releases: runtime tests check them on the real packages)
+    for version, ir in (("1.30.0", 12), ("1.23.2", 11), ("1.20.1", 10), ("1.30.0", 12)):
+        recipe = Recipe(name="m", runtime_version=version, variants=["fp16", "fp32"])
+        settings = PassSettings(runtime_version=version, max_ir_version={"1.30.0": 13, "1.23.2": 11, "1.20.1": 10}[version])
+        repaired, _ = _repair(source, recipe, settings)
+        made = make_variants(repaired, recipe, source_sha, settings=settings)
+        assert {v.name: v.model.ir_version for v in made.variants} == {"fp16": ir, "fp32": ir}, version

@@ -48,7 +48,7 @@ MANIFEST = make_manifest(
 )
 
 
-MODULES = ["compare", "errors", "files", "load", "policy", "runner", "runtime", "select", "tensors"]
+MODULES = ["compare", "errors", "files", "load", "policy", "runner", "runtime", "select", "tensors", "widen"]
 
 
 def test_writes_loader_modules_types_demo_page_and_script(tmp_path):

@@ -121,7 +121,7 @@ def test_mp_senet_without_source_says_how_to_export_it(tmp_path, monkeypatch):
     result = runner.invoke(app, ["build", "mp-senet", "--no-browser"])
     assert result.exit_code == 2
     line = result.output.strip()
-    assert "\n" not in line and "scripts/make_flagship_models.py" in line and "--source" in line
+    assert "\n" not in line and "tests/data/generators/make_flagship_models.py" in line and "--source" in line
 
 
 def test_a_local_file_that_is_not_the_published_one_says_what_it_is_and_how_to_override(tmp_path, monkeypatch):

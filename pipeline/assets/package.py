@@ -19,6 +19,7 @@ from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, Thr
 from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
+from pipeline.precision.fp16w import widened_model_file
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -47,11 +48,15 @@ def variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]]
     table = {}
     for ep in eps:
         if ep == "webgpu":
-            order = [n for n in ("fp16", "fp32", "quantized") if n in names]
+            # fp16w (fp32 kernels, half the bytes) before fp32: the default wherever fp16 is
+            # refused or not run (no shader-f16), and the priors order it by speed (docs/loader.md)
+            order = [n for n in ("fp16", "fp16w", "fp32", "quantized") if n in names]
         else:
             # wasm gets the variant the recipe marks for it; others only when that one is absent.
             marked = [recipe.wasm_variant] if recipe.wasm_variant in names else []
-            order = marked or [n for n in ("fp32", "quantized", "fp16") if n in names][:1]
+            order = marked or [n for n in ("fp32", "fp16w", "quantized", "fp16") if n in names][:1]
+            if "fp16w" in names and order == ["fp32"]:
+                order = ["fp16w", "fp32"]  # the same fp32 kernels, half the download; fp32 the fallback
         table[ep] = order
     return table
 
@@ -68,6 +73,7 @@ class PackageContents:
     variants: dict[str, VariantEntry] = field(default_factory=dict)
     variant_for: dict[str, list[str]] = field(default_factory=dict)
     model_paths: dict[str, Path] = field(default_factory=dict)  # variant name -> shipped model file
+    check_paths: dict[str, Path] = field(default_factory=dict)  # variant name -> what a session loads (fp16w: widened)
     inputs: list[dict] = field(default_factory=list)
     outputs: list[dict] = field(default_factory=list)
     sample: Sample | None = None
@@ -124,7 +130,10 @@ def write_models(staging: Path, contents: PackageContents, recipe: Recipe, varia
         entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
         contents.add(entry)
         contents.model_paths[variant.name] = staging / entry.path
+        contents.check_paths[variant.name] = widened_model_file(contents.model_paths[variant.name]) if variant.widen else contents.model_paths[variant.name]
         contents.variants[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}
+        if variant.widen:
+            contents.variants[variant.name]["widen"] = variant.widen
     contents.variant_for = variant_for(variants, recipe)
     contents.inputs = io_entries(reference_model, feeds, recipe, outputs=False)
     contents.outputs = io_entries(reference_model, None, recipe, outputs=True)
@@ -151,6 +160,10 @@ def write_runtime(staging: Path, contents: PackageContents, recipe: Recipe, prog
         wasm = add_hashed_file(staging, f"ort/{bundle.wasm.name.removesuffix('.wasm')}", ".wasm", bundle.wasm.read_bytes(), progress)
         contents.add(module, wasm)
         bundles[key] = {"entry": bundle.entry, "module": module.path, "wasm": wasm.path}
+        if bundle.glue is not None:  # releases up to 1.22: emscripten's glue module, imported apart
+            glue = add_hashed_file(staging, f"ort/{bundle.glue.name.removesuffix('.mjs')}", ".mjs", bundle.glue.read_bytes(), progress)
+            contents.add(glue)
+            bundles[key]["glue"] = glue.path
     contents.runtime = {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles}
 
 

@@ -32,6 +32,7 @@ def build(
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip the headless-browser checks (recorded as skipped).")] = False,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
+    no_reuse: Annotated[bool, typer.Option("--no-reuse", help="Build from scratch even when a passed build with the same inputs is stored (also PACK_BUILD_REUSE=off).")] = False,
     lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
@@ -53,11 +54,13 @@ def build(
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
 
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock)
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock, reuse=not no_reuse)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)
     else:
+        if result.reused:
+            typer.echo(f"unchanged: the inputs match the stored build {result.reused[:12]}; its package is in place (--no-reuse builds again)")
         print_summary(result.report, result.package_dir)
     raise typer.Exit(result.exit_code)
 

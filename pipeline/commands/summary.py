@@ -145,6 +145,27 @@ def fp16_kept_lines(report: dict) -> list[str]:
     return lines
 
 
+def variant_lines(report: dict, manifest: dict) -> list[str]:
+    """With an fp16w variant: each variant's model bytes on the wire (brotli where shipped) beside
+    its host error against the fp32 reference, so fp16w's price is read beside fp16's and fp32's."""
+    variants = manifest.get("variants") or {}
+    if not any(spec.get("widen") for spec in variants.values()):
+        return []
+    files = manifest.get("files") or {}
+    fp32 = files.get((variants.get("fp32") or {}).get("model"), {}).get("size")
+    lines = ["variants (model bytes on the wire; host error against the fp32 reference):"]
+    for name, spec in variants.items():
+        entry = files.get(spec["model"]) or {}
+        wire = min([entry.get("size", 0), *(e["size"] for e in (entry.get("encodings") or {}).values())])
+        share = f" = {entry.get('size', 0) / fp32:.0%} of fp32's {fp32 / 1e6:.3f} MB raw" if fp32 and name != "fp32" else ""
+        errors = "; ".join(
+            f"{c['output']}: {format_metrics(c.get('metrics', {}), c.get('threshold', {}))}"
+            for c in report.get("checks", []) if c["stage"] == "host" and c["variant"] == name and c.get("output")
+        )
+        lines.append(f"  {name:<6} {entry.get('size', 0) / 1e6:.3f} MB raw, {wire / 1e6:.3f} MB sent{share}; host {errors or 'not checked'}")
+    return lines
+
+
 def print_summary(report: dict, package_dir: Path) -> None:
     echo = lambda line="": typer.echo(line, err=False)  # noqa: E731
     echo(f"package {report['name']} -> {package_dir}")
@@ -178,7 +199,7 @@ def print_summary(report: dict, package_dir: Path) -> None:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             manifest = {}
-        for line in chain_speed_lines(manifest):
+        for line in [*variant_lines(report, manifest), *chain_speed_lines(manifest)]:
             echo(line)
         select = (manifest.get("loader") or {}).get("select")
         if select:

@@ -140,9 +140,10 @@ def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict]]:
 
 
 def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.ndarray], references: dict[str, np.ndarray], progress) -> tuple[list[dict], dict]:
-    """The webgpu-kernels stage on the package's fp16/fp32 variants as shipped (its WebGPU EP
+    """The webgpu-kernels stage on the package's fp16/fp16w/fp32 variants as shipped (its WebGPU EP
     options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
     the defaults."""
+    from pipeline.precision.fp16w import widened_model_file
     from pipeline.verify.checks import webgpu_kernel_checks
 
     recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
@@ -151,9 +152,10 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
     thresholds: dict[str, dict[str, dict]] = {}
     for name, variant in manifest["variants"].items():
         precision = variant.get("precision", "fp32")
-        if precision not in ("fp16", "fp32"):
+        if precision not in ("fp16", "fp16w", "fp32"):
             continue
-        models[name] = package / variant["model"]
+        # fp16w: the widened model, as the loader hands it to onnxruntime-web
+        models[name] = widened_model_file(package / variant["model"]) if variant.get("widen") else package / variant["model"]
         thresholds[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in references}
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
     return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)

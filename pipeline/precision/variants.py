@@ -10,17 +10,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
 import pipeline
 from pipeline.cache import cache_dir
 from pipeline.graph.model_io import model_bytes
+from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_with_keeps, upcast_to_fp32
+from pipeline.precision.fp16w import WIDEN, narrow_initializers
 from pipeline.precision.keep import name_unnamed_nodes
 from pipeline.precision.kept import Fp16Context, fp16_with_kept_nodes
 from pipeline.recipe import Recipe
@@ -42,6 +45,8 @@ class Variant:
     origin: str  # how it was made, for the summary
     requires: list[str] = field(default_factory=list)
     kept_fp32: list[dict] = field(default_factory=list)  # [{node, op, why}]: manifest fp16.keptFp32
+    widen: str | None = None  # manifest variants[name].widen: how the loader widens it (fp16w.py)
+    kept_initializers: list[dict] = field(default_factory=list)  # fp16w: float32 initializers left float32
 
 
 def conversion_sources(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> list[Path]:
@@ -62,8 +67,10 @@ def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().pa
     return hashlib.sha256(json.dumps([digest.hexdigest(), versions]).encode()).hexdigest()
 
 
-def _work_key(source_bytes_sha: str, recipe: Recipe) -> str:
-    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, sorted(recipe.fp16_block_ops)])
+def _work_key(source_bytes_sha: str, recipe: Recipe, settings: PassSettings) -> str:
+    """The conversion's input is the *repaired* source: its key holds everything the repairs depend
+    on (their settings: the runtime's IR cap) beside the source bytes and the code."""
+    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, asdict(settings), sorted(recipe.fp16_block_ops)])
     return hashlib.sha256(config.encode()).hexdigest()
 
 
@@ -92,10 +99,10 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: d
     return converted, steps, refused, {**keep, **found}
 
 
-def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None) -> Variant | None:
+def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None, settings: PassSettings) -> Variant | None:
     """The fp16 variant with its nodes kept in fp32 (kept.py); None when fp16 is refused."""
     named = name_unnamed_nodes(model).model
-    key = _work_key(source_sha, recipe)
+    key = _work_key(source_sha, recipe, settings)
     refusal = context.refusal if context else None
 
     def convert(keep: dict[str, str]) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:
@@ -121,8 +128,22 @@ class VariantSet:
     refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
 
 
-def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, context: Fp16Context | None = None) -> VariantSet:
-    """The variants to ship and the fp32 model that serves as the host reference."""
+def _fp16w_variant(reference: onnx.ModelProto, made: "VariantSet") -> None:
+    """fp16w: the fp32 graph, its float32 initializers stored as fp16 (fp16w.py); the loader widens them."""
+    narrowed = narrow_initializers(reference)
+    if isinstance(narrowed, str):
+        made.refused["fp16w"] = narrowed
+        made.steps.append({"name": "fp16w_narrow", "changed": False, "records": [], "refused": narrowed})
+        return
+    origin = f"fp32 graph, {narrowed.narrowed} initializers stored as fp16" + (f", {len(narrowed.kept)} kept float32" if narrowed.kept else "")
+    made.steps.append({"name": "fp16w_narrow", "changed": narrowed.narrowed > 0, "records": [{"what": origin, "bytes_saved": narrowed.bytes_saved, "kept": narrowed.kept}]})
+    made.variants.append(Variant("fp16w", "fp16w", narrowed.model, origin, widen=WIDEN, kept_initializers=narrowed.kept))
+
+
+def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, context: Fp16Context | None = None, settings: PassSettings | None = None) -> VariantSet:
+    """The variants to ship and the fp32 model that serves as the host reference. `model` is the
+    source after the repairs made with `settings` (part of the conversion cache's key)."""
+    settings = settings or PassSettings(runtime_version=recipe.runtime_version)
     precision, why = detect_precision(model)
     if precision == "quantized":
         step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
@@ -132,15 +153,19 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
         made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
         if "fp16" in recipe.variants:
             made.variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
+        if "fp16w" in recipe.variants:
+            _fp16w_variant(reference, made)
         if "fp32" in recipe.variants:
             made.steps.append(upcast)
             made.variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
         return made
     made = VariantSet([], model, precision, why)
     if "fp16" in recipe.variants:
-        fp16 = _fp16_variant(model, recipe, source_sha, made, context)
+        fp16 = _fp16_variant(model, recipe, source_sha, made, context, settings)
         if fp16 is not None:
             made.variants.append(fp16)
+    if "fp16w" in recipe.variants:
+        _fp16w_variant(model, made)
     if "fp32" in recipe.variants or not made.variants:
         made.variants.append(Variant("fp32", "fp32", model, "source"))
     return made

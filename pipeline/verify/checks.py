@@ -142,7 +142,7 @@ def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray
     """The build's `webgpu-kernels` stage on the fp16/fp32 variants, with the WebGPU bounds.
     `ep_options` are the package's WebGPU EP options; the outcome's are those plus a layout that
     fixed a failure."""
-    float_variants = [v for v in variants if v.precision in ("fp16", "fp32")]
+    float_variants = [v for v in variants if v.precision in ("fp16", "fp16w", "fp32")]
     if not float_variants:
         return KernelOutcome(ep_options=dict(ep_options))
     models = {v.name: model_files[v.name] for v in float_variants}

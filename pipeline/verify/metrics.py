@@ -16,7 +16,6 @@ import math
 
 import numpy as np
 
-OUTPUT_KINDS = ("tensor", "image", "audio")
 LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db")  # higher is better; every other threshold is an upper bound
 SEGMENT = 256  # samples per segment of the segmental SNR (16 ms at 16 kHz)
 SEG_SNR_RANGE = (-10.0, 35.0)  # the usual per-segment clamp: silence cannot dominate the mean

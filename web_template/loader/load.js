@@ -11,6 +11,7 @@ import {
   selectMode, trustedWithoutCheck, writeDecision,
 } from './select.js';
 import { prepareFeeds, readSample } from './tensors.js';
+import { variantBytes } from './widen.js';
 
 function resolveBaseUrl(baseUrl) {
   // The folder of loader.js (one level above this module) unless the app says otherwise.
@@ -147,7 +148,7 @@ export async function load(options = {}) {
   emit({ type: 'bundle', bundle, files: runtime.planned, total: progress.total });
 
   // Runtime and the first model download side by side.
-  const firstModel = { path: firstPath, bytes: files.get(firstPath) };
+  const firstModel = { path: firstPath, bytes: variantBytes(files, manifest, attempts[0].variant, signal, emit) };
   firstModel.bytes.catch(() => {}); // awaited below; avoid an unhandled rejection if the runtime fails first
   const ort = await runtime.ort();
   await firstModel.bytes;
@@ -159,7 +160,7 @@ export async function load(options = {}) {
     const modelBytes = (variant, sig) => {
       const path = manifest.variants[variant].model;
       if (path === firstPath) return firstModel.bytes;
-      if (!modelCache.has(path)) modelCache.set(path, files.get(path, sig));
+      if (!modelCache.has(path)) modelCache.set(path, variantBytes(files, manifest, variant, sig, emit));
       return modelCache.get(path);
     };
     const started = { type: 'select', phase: 'start', candidates: trial.trusted.map(({ ep, variant }) => ({ ep, variant })), budgetMs };

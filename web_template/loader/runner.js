@@ -4,6 +4,7 @@
 import { PackIntegrityError, PackLoadError, WatchdogError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
 import { verificationStatus } from './policy.js';
 import { declaredShapes, dummyFeeds, prepareFeeds, shapesOf } from './tensors.js';
+import { variantBytes } from './widen.js';
 
 export const DEFAULT_WATCHDOG_MS = 60000;
 // A session whose run hung may never release; do not wait for it longer than this.
@@ -70,7 +71,7 @@ export class Runner {
   }
 
   modelBytes(variant, signal) {
-    return this.files.get(this.manifest.variants[variant].model, signal);
+    return variantBytes(this.files, this.manifest, variant, signal, this.emit);
   }
 
   /** A session opened elsewhere (the measured choice's trial) becomes the current one. */

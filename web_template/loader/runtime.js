@@ -11,10 +11,14 @@ const MAX_THREADS = 4;
 // One ort module per build per page: its wasm instance and env are global to it.
 const runtimes = new Map();
 
-async function importVerifiedModule(bytes, url, emit) {
+function moduleBlobUrl(bytes) {
   // A blob: URL keeps the bytes that were checked as the bytes that run. It is never revoked:
   // the wasm threads start their workers from it (import.meta.url).
-  const blobUrl = URL.createObjectURL(new Blob([bytes], { type: 'text/javascript' }));
+  return URL.createObjectURL(new Blob([bytes], { type: 'text/javascript' }));
+}
+
+async function importVerifiedModule(bytes, url, emit) {
+  const blobUrl = moduleBlobUrl(bytes);
   try {
     return await import(/* webpackIgnore: true */ /* @vite-ignore */ blobUrl);
   } catch (error) {
@@ -27,12 +31,15 @@ async function importVerifiedModule(bytes, url, emit) {
   }
 }
 
-function configureOrt(ort, { threads, wasmUrl, wasmBytes, adapter }) {
+function configureOrt(ort, { threads, wasmUrl, wasmBytes, glueUrl, adapter }) {
   ort.env.wasm.numThreads = threads;
   ort.env.wasm.proxy = false;
-  // Never a third-party CDN: the .wasm is the package's own (given as verified bytes when we have them).
-  ort.env.wasm.wasmPaths = { wasm: wasmUrl };
-  if (wasmBytes) ort.env.wasm.wasmBinary = wasmBytes;
+  // Never a third-party CDN: the .wasm is the package's own, as a blob: URL of the verified bytes
+  // when we have them (`wasmBinary` would be simpler, but releases before 1.24 then resolve a file
+  // name against the blob: module URL and fail with "Invalid URL"); releases up to 1.22 import
+  // emscripten's glue module apart from the bundle (`mjs`).
+  const wasm = wasmBytes ? URL.createObjectURL(new Blob([wasmBytes], { type: 'application/wasm' })) : wasmUrl;
+  ort.env.wasm.wasmPaths = glueUrl ? { mjs: glueUrl, wasm } : { wasm };
   if (adapter && ort.env.webgpu) ort.env.webgpu.adapter = adapter;
 }
 
@@ -55,7 +62,7 @@ export function loadRuntime({ files, manifest, bundleKey, override, threads, ada
       runtimes.set(
         key,
         import(/* webpackIgnore: true */ /* @vite-ignore */ moduleUrl).then((ort) => {
-          configureOrt(ort, { threads, wasmUrl, adapter });
+          configureOrt(ort, { threads, wasmUrl, glueUrl: override.glue ? new URL(override.glue, files.baseUrl).href : null, adapter });
           return ort;
         }),
       );
@@ -67,14 +74,15 @@ export function loadRuntime({ files, manifest, bundleKey, override, threads, ada
     throw new PackLoadError(`manifest.json runtime.bundles.${bundleKey} needs "module" and "wasm"; rebuild the package`);
   }
   const key = `sha256:${files.entry(bundle.module).sha256}`;
-  const planned = runtimes.has(key) ? [] : [bundle.module, bundle.wasm];
+  const planned = runtimes.has(key) ? [] : [bundle.module, bundle.wasm, ...(bundle.glue ? [bundle.glue] : [])];
   planned.forEach((path) => files.plan(path));
   const ort = () => {
     if (!runtimes.has(key)) {
       const promise = (async () => {
-        const [moduleBytes, wasmBytes] = await Promise.all([files.get(bundle.module), files.get(bundle.wasm)]);
+        const [moduleBytes, wasmBytes, glueBytes] = await Promise.all([files.get(bundle.module), files.get(bundle.wasm), bundle.glue ? files.get(bundle.glue) : null]);
         const ort = await importVerifiedModule(moduleBytes, files.url(bundle.module), emit);
-        configureOrt(ort, { threads, wasmUrl: files.url(bundle.wasm), wasmBytes, adapter });
+        const glueUrl = glueBytes ? moduleBlobUrl(glueBytes) : null;
+        configureOrt(ort, { threads, wasmUrl: files.url(bundle.wasm), wasmBytes, glueUrl, adapter });
         return ort;
       })();
       runtimes.set(key, promise);

@@ -231,7 +231,15 @@ export function describeResults(results) {
   }));
 }
 
-/** Candidates that may be chosen without a check on this device: the build verified them in a browser. */
+/**
+ * Candidates that may be chosen without a check on this device: the build verified them in a
+ * browser. An fp32 candidate is left out where a widened one (fp16w: the fp32 graph, weights shipped
+ * as fp16) is trusted on the same EP: the same kernels, so timing fp32 too would only download
+ * twice the bytes; fp32 stays in the plan as the fallback.
+ */
 export function trustedWithoutCheck(manifest, reference, candidates) {
-  return candidates.filter((c) => checkable(manifest, reference, c) || c.status === 'passed');
+  const trusted = candidates.filter((c) => checkable(manifest, reference, c) || c.status === 'passed');
+  const spec = (c) => (manifest.variants || {})[c.variant] || {};
+  const widened = new Set(trusted.filter((c) => spec(c).widen).map((c) => c.ep));
+  return trusted.filter((c) => !(widened.has(c.ep) && spec(c).precision === 'fp32' && !spec(c).widen));
 }

@@ -43,9 +43,12 @@ class PassResult:
 
 @dataclass(frozen=True)
 class PassSettings:
-    """What a rewrite may depend on besides the model: the onnxruntime-web version the package pins."""
+    """What a rewrite may depend on besides the model: the onnxruntime-web version the package pins
+    and the newest IR version it loads (measured from the release: pipeline.runtime.max_ir_version;
+    None where no runtime is known, e.g. `pack inspect`: the IR cap then changes nothing)."""
 
     runtime_version: str = DEFAULT_VERSION
+    max_ir_version: int | None = None
 
 
 def _finds_nothing(model: onnx.ModelProto) -> list[dict[str, Any]]:

@@ -74,7 +74,10 @@ class BrowserRunner:
         the model runs take instead of a shipped bundle."""
         chosen = self.runtimes[key].bundles[bundle]
         base = f"{RUNTIME_PREFIX}{key}/"
-        return {"module": self.url(base + chosen.module.name), "wasm": self.url(base + chosen.wasm.name)}
+        urls = {"module": self.url(base + chosen.module.name), "wasm": self.url(base + chosen.wasm.name)}
+        if chosen.glue is not None:
+            urls["glue"] = self.url(base + chosen.glue.name)
+        return urls
 
     def open_page(self) -> "RunnerPage":
         """A fresh context and page with runner.js loaded (and the GPU hooks installed)."""

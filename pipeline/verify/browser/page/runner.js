@@ -169,7 +169,7 @@ async function runModel(options) {
   try {
     if (!runtimes.has(options.module)) runtimes.set(options.module, import(options.module));
     const ort = await runtimes.get(options.module);
-    ort.env.wasm.wasmPaths = {wasm: options.wasm};
+    ort.env.wasm.wasmPaths = options.glue ? {mjs: options.glue, wasm: options.wasm} : {wasm: options.wasm};
     ort.env.wasm.numThreads = 1;
     stage = 'session-create';
     session = await withWatchdog(ort.InferenceSession.create(options.model, {

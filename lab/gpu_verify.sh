@@ -34,34 +34,34 @@
 #   1. carry [".gpu-payload/tool", ".gpu-payload/p1"]                  timeout_s 120
 #      bash .gpu-payload/tool/setup.sh
 #   2. carry [".gpu-payload/tool", ".gpu-payload/p2", ".gpu-web/pkg"]  timeout_s 120
-#      bash .gpu-payload/tool/setup.sh && bash scripts/gpu_verify.sh stash
+#      bash .gpu-payload/tool/setup.sh && bash lab/gpu_verify.sh stash
 #   3. carry [".gpu-payload/tool", ".whl"]                             timeout_s 420
-#      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh verify
+#      bash lab/gpu_verify.sh stash && bash lab/gpu_verify.sh verify
 #   4. carry [".gpu-payload/tool", ".gpu-web/cache"]                   timeout_s 600
-#      bash scripts/gpu_verify.sh build
+#      bash lab/gpu_verify.sh build
 # or, for the demo, instead of 3 and 4 (calls 1 and 2 as above):
 #   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/fonts"]           timeout_s 240
-#      bash scripts/gpu_verify.sh stash && bash scripts/gpu_verify.sh demo
+#      bash lab/gpu_verify.sh stash && bash lab/gpu_verify.sh demo
 # or, for the architecture exports and the per-EP benchmark (docs/gpu.md), prepared here with
-#   bash scripts/gpu_verify.sh bench-prepare DIST [ROOT]   (ROOT: the checkout the device tool sends, which
+#   bash lab/gpu_verify.sh bench-prepare DIST [ROOT]   (ROOT: the checkout the device tool sends, which
 #   is the session's checkout, not a helper's worktree; the code travels in ROOT/.gpu-web/src)
 # calls 1 and 2 as above (without .gpu-web/pkg), then:
 #   3. carry [".gpu-payload/tool", ".gpu-payload/p3", ".whl"]           timeout_s 180
-#      bash .gpu-payload/tool/setup.sh && bash scripts/gpu_verify.sh stash
+#      bash .gpu-payload/tool/setup.sh && bash lab/gpu_verify.sh stash
 #   4. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
-#      bash .gpu-web/src/scripts/gpu_verify.sh bench-verify
+#      bash .gpu-web/src/lab/gpu_verify.sh bench-verify
 #   5. carry [".gpu-payload/tool", ".gpu-web"]                          timeout_s 600
-#      bash .gpu-web/src/scripts/gpu_verify.sh bench-run
+#      bash .gpu-web/src/lab/gpu_verify.sh bench-run
 # and for the loader's measured choice on those packages (docs/gpu.md, "Measured choice on the H200"), after
 # calls 1 and 2 (a 2-part payload carries no p3); a package is restored once all its pieces have come:
 #   3. carry [".gpu-payload/tool", ".whl", ".gpu-web/src"]              timeout_s 180
-#      bash .gpu-web/src/scripts/gpu_verify.sh stash
+#      bash .gpu-web/src/lab/gpu_verify.sh stash
 #   4. carry [".gpu-payload/tool", ".gpu-web/pkgs/big1"]                timeout_s 60
 #      mkdir -p /opt/packstash/pkgs && cp .gpu-web/pkgs/big1/* /opt/packstash/pkgs/
 #   5. carry [".gpu-payload/tool", ".gpu-web/src", ".gpu-web/pkgs/small"]   timeout_s 420
-#      bash .gpu-web/src/scripts/gpu_verify.sh select
+#      bash .gpu-web/src/lab/gpu_verify.sh select
 #   6. carry [".gpu-payload/tool", ".gpu-web/src", ".gpu-web/pkgs/big2"]    timeout_s 420
-#      bash .gpu-web/src/scripts/gpu_verify.sh select mdx      (the split package, by name)
+#      bash .gpu-web/src/lab/gpu_verify.sh select mdx      (the split package, by name)
 # then give_back. The JSON reports come back under the call's files (verify.json, build.json, ...).
 #
 # pack's CLI module imports every command (publish needs boto3), so this drives the command functions

@@ -10,7 +10,7 @@ Weights are random (seeded): the graph pattern is what the tests need, not a tra
 Node metadata (stack traces with local paths) is stripped.
 
 Needs PyTorch (CPU build) and onnxscript; the generated files are committed so CI needs neither.
-Usage: python scripts/make_ffc_model.py [--inverse irfftn|hermitian] [OUTPUT.onnx]
+Usage: python tests/data/generators/make_ffc_model.py [--inverse irfftn|hermitian] [OUTPUT.onnx]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ if __name__ == "__main__":
     parser.add_argument("--inverse", choices=("irfftn", "hermitian"), default="irfftn")
     parser.add_argument("output", nargs="?", type=Path)
     args = parser.parse_args()
-    data = Path(__file__).resolve().parent.parent / "tests" / "data"
+    data = Path(__file__).resolve().parent.parent
     default_name = "ffc_block.onnx" if args.inverse == "irfftn" else "ffc_block_flip.onnx"
     target = args.output or data / default_name
     export(target, args.inverse)

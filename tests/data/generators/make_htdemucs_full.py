@@ -10,7 +10,7 @@ the real model's sequence lengths (time 343980 padded to 344064 / 256 = 1344 ste
 output cropped back (Slice), as the published model does. Fixed seed; checked against PyTorch on
 onnxruntime CPU before it is written.
 
-Needs PyTorch (CPU) and onnxscript. Usage: python scripts/make_htdemucs_full.py OUT.onnx
+Needs PyTorch (CPU) and onnxscript. Usage: python tests/data/generators/make_htdemucs_full.py OUT.onnx
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Weights are random with fixed seeds; node metadata (stack traces with local path
 Every export is checked against PyTorch on onnxruntime CPU before it is written.
 
 Needs PyTorch (CPU) and onnxscript; the generated files are committed so CI needs neither.
-Usage: python scripts/make_flagship_models.py [NAME ...] [--out DIR]
+Usage: python tests/data/generators/make_flagship_models.py [NAME ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -559,7 +559,7 @@ def _check_against_torch(module, model, example, input_names, tolerance, name) -
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", choices=[*MODELS, []], help="models to export (default: all)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "data" / "flagship")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "flagship")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for model_name in args.names or list(MODELS):

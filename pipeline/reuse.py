@@ -1,0 +1,185 @@
+"""Reusing a finished build when nothing it depends on has changed.
+
+`BuildInputs` is the one settings object a build's result depends on: the source bytes (and its
+external data), the recipe as data, the options that change results, the lock entries the build
+reads, the runtime, pack's own code and package data, the libraries that compute or check, the
+browser that verifies, and the `PACK_*` settings. Its key names a stored copy of a package that
+passed; a rebuild with the same key links that copy into place instead of building again, so an
+unchanged rebuild is byte-identical (manifest and report included) and costs about one hash of
+the source. Failed builds are never stored: a failure is re-checked on every build.
+`PACK_BUILD_REUSE=off` (or `pack build --no-reuse`) builds from scratch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, is_dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pipeline
+from pipeline.cache import cache_dir, file_sha256, folder_mode
+
+REUSE_ENV = "PACK_BUILD_REUSE"
+# Settings that do not change a build's result: where caches live, and reuse itself.
+_NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV}
+# What computes or checks a result besides pack's own code.
+_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy", "brotli", "playwright", "jinja2")
+_COMPLETE = "complete"
+_HASHED_NAME = re.compile(r"\.[0-9a-f]{16}\.")
+
+
+def reuse_enabled() -> bool:
+    return os.environ.get(REUSE_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    source: dict[str, str]  # file name -> sha256: the model and its external data files
+    recipe: dict[str, Any]
+    options: dict[str, Any]
+    lock: dict[str, Any]
+    runtime: str
+    code: str
+    libraries: dict[str, str]
+    browser: str | None
+    environment: dict[str, str]
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def source_hashes(model_path: Path, known_sha256: str | None) -> dict[str, str]:
+    """sha256 of the model file and of each external data file it names (read without its data)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    hashes = {model_path.name: known_sha256 or file_sha256(model_path)}
+    try:
+        header = onnx.load(str(model_path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - an unreadable model is reported by the build itself
+        return hashes
+    for tensor in _get_all_tensors(header):
+        if uses_external_data(tensor):
+            location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+            data = model_path.parent / location if location else None
+            if data is not None and data.is_file() and location not in hashes:
+                hashes[location] = file_sha256(data)
+    return hashes
+
+
+@lru_cache(maxsize=1)
+def code_key() -> str:
+    """A hash of every file of the installed pipeline package (code, templates, page code, recipes, schema)."""
+    package_dir = Path(pipeline.__file__).resolve().parent
+    digest = hashlib.sha256()
+    files = sorted(p for p in package_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    # web_template/ and recipes/ are package data mapped from the repository root in a source checkout.
+    from importlib import resources
+
+    for data_package in ("pipeline.web_template", "pipeline.recipes"):
+        try:
+            root = resources.files(data_package)
+        except ModuleNotFoundError:
+            continue
+        for entry in sorted(_walk(root), key=lambda item: item[0]):
+            digest.update(f"{data_package}/{entry[0]}".encode() + b"\0" + entry[1] + b"\0")
+    return digest.hexdigest()
+
+
+def _walk(root, prefix: str = ""):
+    for child in root.iterdir():
+        name = f"{prefix}{child.name}"
+        if child.is_dir():
+            if child.name != "__pycache__":
+                yield from _walk(child, name + "/")
+        else:
+            yield name, child.read_bytes()
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"pack": pipeline.__version__}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def browser_version(executable: str | None) -> str | None:
+    if executable is None:
+        return None
+    try:
+        return subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30).stdout.strip() or executable
+    except (OSError, subprocess.SubprocessError):
+        return executable
+
+
+def pack_settings() -> dict[str, str]:
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("PACK_") and name not in _NEUTRAL_ENV}
+
+
+def as_data(value: Any) -> Any:
+    """A recipe or option object as JSON-able data (paths as strings)."""
+    if is_dataclass(value):
+        return {key: as_data(item) for key, item in asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(key): as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_data(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def stored_package(key: str) -> Path | None:
+    """The stored package of a passed build with this key, if there is one."""
+    folder = cache_dir("builds") / key
+    return folder / "package" if (folder / _COMPLETE).is_file() else None
+
+
+def store_package(key: str, package_dir: Path) -> None:
+    """Keep a passed package under its key (hard links where the file system allows: no copy)."""
+    folder = cache_dir("builds") / key
+    if (folder / _COMPLETE).is_file():
+        return
+    scratch = folder.with_name(f".{key}.{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    link_tree(package_dir, scratch / "package")
+    (scratch / _COMPLETE).write_text(key + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.rename(scratch, folder)
+    except OSError:  # another build stored the same key first
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def link_tree(source: Path, destination: Path) -> None:
+    """`destination` as a copy of `source`. Content-hashed files (`name.<16 hex>.ext`, immutable:
+    nothing rewrites them in place) are hard-linked where the file system allows; the small
+    unhashed ones (manifest, reports, loader) are copied, so editing them never reaches the store."""
+    destination.mkdir(parents=True, exist_ok=True)
+    os.chmod(destination, folder_mode())
+    for path in sorted(source.rglob("*")):
+        target = destination / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+            os.chmod(target, folder_mode())
+            continue
+        if _HASHED_NAME.search(path.name):
+            try:
+                os.link(path, target)
+                continue
+            except OSError:
+                pass
+        shutil.copy2(path, target)

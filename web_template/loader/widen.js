@@ -1,0 +1,239 @@
+// fp16 on the wire, fp32 in the kernels: a variant marked `widen: "fp16-initializers"` ships the
+// fp32 graph with its float32 initializers stored as FLOAT16; this module rewrites every FLOAT16
+// initializer of the model's main graph back to FLOAT before the session is created. It reads the
+// ONNX protobuf just far enough (ModelProto.graph → GraphProto.initializer → TensorProto) and copies
+// every other field verbatim: the byte-for-byte twin of pipeline/precision/fp16w.py, which the
+// build's host and webgpu-kernels checks run.
+//
+// In a page the work runs in a module Worker started from this file (the main thread stays free);
+// where no Worker can be started (Node, a CSP that forbids it, a cross-origin loader) it runs here.
+
+import { PackLoadError } from './errors.js';
+
+export const WIDEN = 'fp16-initializers';
+const MODEL_GRAPH = 7;
+const GRAPH_INITIALIZER = 5;
+const TENSOR_DATA_TYPE = 2;
+const TENSOR_RAW_DATA = 9;
+const FLOAT = 1;
+const FLOAT16 = 10;
+
+let table = null;
+/** fp16 bits → fp32 bits for all 65536 halves, exactly as numpy converts them (NaN payloads too). */
+export function halfToFloatBits() {
+  if (table) return table;
+  table = new Uint32Array(65536);
+  for (let h = 0; h < 65536; h++) {
+    const sign = (h & 0x8000) << 16;
+    const exponent = (h >> 10) & 0x1f;
+    let mantissa = h & 0x3ff;
+    let bits;
+    if (exponent === 0x1f) bits = sign | 0x7f800000 | (mantissa << 13);
+    else if (exponent !== 0) bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else if (mantissa === 0) bits = sign;
+    else {
+      // subnormal half: normalise
+      let e = 113;
+      while ((mantissa & 0x400) === 0) {
+        mantissa <<= 1;
+        e -= 1;
+      }
+      bits = sign | (e << 23) | ((mantissa & 0x3ff) << 13);
+    }
+    table[h] = bits >>> 0;
+  }
+  return table;
+}
+
+function fail(message) {
+  throw new PackLoadError(`fp16w model: ${message}; rebuild the package`);
+}
+
+function readVarint(bytes, pos) {
+  let value = 0;
+  let scale = 1;
+  for (let i = 0; i < 10; i++) {
+    if (pos >= bytes.length) fail('truncated varint');
+    const byte = bytes[pos++];
+    value += (byte & 0x7f) * scale; // lengths stay below 2^53: plain numbers suffice
+    if (byte < 0x80) return [value, pos];
+    scale *= 128;
+  }
+  return fail('varint longer than 10 bytes');
+}
+
+function varint(value) {
+  const out = [];
+  while (value >= 0x80) {
+    out.push((value % 128) | 0x80);
+    value = Math.floor(value / 128);
+  }
+  out.push(value);
+  return Uint8Array.from(out);
+}
+
+/** [{ number, wire, start, valueStart, end }] of the top-level fields of bytes[from, to). */
+function fields(bytes, from, to) {
+  const out = [];
+  let pos = from;
+  while (pos < to) {
+    const start = pos;
+    let key;
+    [key, pos] = readVarint(bytes, pos);
+    const number = Math.floor(key / 8);
+    const wire = key % 8;
+    let valueStart = pos;
+    if (wire === 0) [, pos] = readVarint(bytes, pos);
+    else if (wire === 1) pos += 8;
+    else if (wire === 2) {
+      let length;
+      [length, valueStart] = readVarint(bytes, pos);
+      pos = valueStart + length;
+    } else if (wire === 5) pos += 4;
+    else fail(`unsupported protobuf wire type ${wire}`);
+    if (pos > to) fail('a field runs past the end of its message');
+    out.push({ number, wire, start, valueStart, end: pos });
+  }
+  return out;
+}
+
+const size = (pieces) => pieces.reduce((n, p) => n + p.byteLength, 0);
+
+function delimited(number, pieces) {
+  return [varint(number * 8 + 2), varint(size(pieces)), ...pieces];
+}
+
+function widenTensor(bytes, from, to) {
+  const parts = fields(bytes, from, to);
+  const typeField = parts.find((f) => f.number === TENSOR_DATA_TYPE && f.wire === 0);
+  if (!typeField || readVarint(bytes, typeField.valueStart)[0] !== FLOAT16) return null;
+  if (parts.filter((f) => f.number === TENSOR_RAW_DATA && f.wire === 2).length !== 1) fail('a FLOAT16 initializer without raw_data (not made by pack)');
+  const halves = halfToFloatBits();
+  const pieces = [];
+  let count = 0;
+  for (const f of parts) {
+    if (f === typeField) pieces.push(varint(TENSOR_DATA_TYPE * 8), varint(FLOAT));
+    else if (f.number === TENSOR_RAW_DATA && f.wire === 2) {
+      const n = (f.end - f.valueStart) >> 1;
+      // raw_data may sit at an odd offset: one aligned copy, then a table lookup per value
+      const half = new Uint16Array(bytes.slice(f.valueStart, f.valueStart + 2 * n).buffer);
+      const wide = new Uint32Array(n);
+      for (let i = 0; i < n; i++) wide[i] = halves[half[i]];
+      count += n;
+      pieces.push(...delimited(TENSOR_RAW_DATA, [new Uint8Array(wide.buffer)]));
+    } else pieces.push(bytes.subarray(f.start, f.end));
+  }
+  return { pieces, count };
+}
+
+function rewrite(bytes, from, to, wanted, inner) {
+  const pieces = [];
+  for (const f of fields(bytes, from, to)) {
+    const replaced = f.number === wanted && f.wire === 2 ? inner(f.valueStart, f.end) : null;
+    if (replaced) pieces.push(...delimited(f.number, replaced));
+    else pieces.push(bytes.subarray(f.start, f.end));
+  }
+  return pieces;
+}
+
+/** Little-endian hosts only (typed arrays use the host's order); every browser onnxruntime-web runs in is one. */
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/**
+ * The model with every FLOAT16 initializer of its main graph widened to FLOAT:
+ * { bytes: Uint8Array, tensors, values, ms }.
+ */
+export function widenFp16Initializers(input) {
+  if (!LITTLE_ENDIAN) fail('widening needs a little-endian host');
+  const started = globalThis.performance ? performance.now() : Date.now();
+  const bytes = input instanceof Uint8Array ? input : new Uint8Array(input);
+  const stats = { tensors: 0, values: 0 };
+  const tensor = (from, to) => {
+    const widened = widenTensor(bytes, from, to);
+    if (!widened) return null;
+    stats.tensors += 1;
+    stats.values += widened.count;
+    return widened.pieces;
+  };
+  const graph = (from, to) => rewrite(bytes, from, to, GRAPH_INITIALIZER, tensor);
+  const pieces = rewrite(bytes, 0, bytes.length, MODEL_GRAPH, graph);
+  const out = new Uint8Array(size(pieces));
+  let offset = 0;
+  for (const piece of pieces) {
+    out.set(piece, offset);
+    offset += piece.byteLength;
+  }
+  const ms = (globalThis.performance ? performance.now() : Date.now()) - started;
+  return { bytes: out, tensors: stats.tensors, values: stats.values, ms };
+}
+
+/** widenFp16Initializers in a module Worker started from this file; rejects when none can start. */
+export function widenInWorker(bytes, signal) {
+  return new Promise((resolve, reject) => {
+    const worker = new Worker(new URL(import.meta.url), { type: 'module', name: 'pack-widen' });
+    const done = () => {
+      worker.terminate();
+      if (signal) signal.removeEventListener('abort', aborted);
+    };
+    const aborted = () => {
+      done();
+      reject(signal.reason);
+    };
+    if (signal) signal.addEventListener('abort', aborted, { once: true });
+    worker.onmessage = ({ data }) => {
+      done();
+      if (data.error) reject(new PackLoadError(data.error));
+      else resolve({ ...data, bytes: new Uint8Array(data.bytes) });
+    };
+    // A worker that cannot load (CSP, cross-origin script) fires 'error' before any message.
+    worker.onerror = (event) => {
+      done();
+      if (event && event.preventDefault) event.preventDefault();
+      reject(new Error(`worker failed to start${event && event.message ? `: ${event.message}` : ''}`));
+    };
+    // A copy goes over: the fetched bytes may be shared with another caller of Files.get.
+    const copy = bytes.slice();
+    worker.postMessage(copy.buffer, [copy.buffer]);
+  });
+}
+
+/**
+ * The bytes onnxruntime-web gets for `variant`: the package file, widened when the manifest says
+ * so (in a Worker where one starts, else here). Emits { type: 'widen', variant, where, ms, tensors, bytes }.
+ */
+export async function variantBytes(files, manifest, variant, signal, emit = () => {}) {
+  const spec = manifest.variants[variant];
+  const bytes = await files.get(spec.model, signal);
+  if (!spec.widen) return bytes;
+  if (spec.widen !== WIDEN) throw new PackLoadError(`manifest.json variants.${variant}.widen "${spec.widen}" is unknown to this loader (it knows "${WIDEN}"); update loader.js`);
+  let result = null;
+  let where = 'worker';
+  let why = null;
+  if (typeof Worker === 'function' && typeof window !== 'undefined') {
+    try {
+      result = await widenInWorker(bytes, signal);
+    } catch (error) {
+      if (signal && signal.aborted) throw error;
+      if (error instanceof PackLoadError) throw error;
+      why = error && error.message ? error.message : String(error);
+    }
+  } else why = 'no Worker here';
+  if (!result) {
+    where = typeof window !== 'undefined' ? 'main thread' : 'this thread';
+    result = widenFp16Initializers(bytes);
+  }
+  emit({ type: 'widen', variant, where, ...(why ? { why } : {}), ms: result.ms, tensors: result.tensors, bytes: result.bytes.byteLength });
+  return result.bytes;
+}
+
+// Worker entry: this module started as a Worker widens what it is sent.
+if (typeof WorkerGlobalScope !== 'undefined' && globalThis instanceof WorkerGlobalScope) {
+  globalThis.onmessage = ({ data }) => {
+    try {
+      const result = widenFp16Initializers(new Uint8Array(data));
+      globalThis.postMessage({ bytes: result.bytes.buffer, tensors: result.tensors, values: result.values, ms: result.ms }, [result.bytes.buffer]);
+    } catch (error) {
+      globalThis.postMessage({ error: error && error.message ? error.message : String(error) });
+    }
+  };
+}
