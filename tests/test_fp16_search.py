@@ -225,7 +225,7 @@ def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch, host
     # a bare model's kept nodes go to pack.lock.json in the current folder (issue 22)
     assert [k["node"] for k in json.loads((tmp_path / "pack.lock.json").read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
     lock = tmp_path / "locks" / "energy.json"
-    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--lock", str(lock)])
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--lock", str(lock), "--no-reuse"])  # a reused build writes no lock
     assert result.exit_code == 0, result.output
     assert [k["node"] for k in json.loads(lock.read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
 
