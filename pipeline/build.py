@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import onnx
 
-from pipeline.manifest import Manifest, Verification, adapter_runs, describe_run, measurements_from, refused, run_sort_key, runs_from_checks, write_manifest
+from pipeline.manifest import Manifest, Verification, adapter_runs, describe_run, measurements_from, package_verdict, refused, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
@@ -39,12 +39,12 @@ from pipeline.progress import Progress
 from pipeline.report.data import ReportData
 from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
-from pipeline.lockfile import lock_for
+from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.runtime import max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
-from pipeline.verify.checks import browser_thresholds, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
+from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
 from pipeline.verify.host import run_model
 
 
@@ -180,7 +180,7 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
     def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         return run_model(path, run_feeds).outputs
 
-    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
 
 
 def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
@@ -374,8 +374,10 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
                 contents.ep_options = browser.ep_options
             else:
                 browser = _browser_skipped(contents.manifest())
-        checks = host + kernels.checks + browser.checks
+        checks = host + contradicted_kernel_errors(kernels.checks, browser.checks) + browser.checks
         verification = _verification(checks)
+        if recipe.verify_require:
+            verification["require"] = list(recipe.verify_require)
         report = {
             "name": recipe.name,
             "passed": verification["passed"] and not browser.policy_failed,
@@ -399,6 +401,11 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
         final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         report["refused"] = _refused_pairs(contents.manifest(**final))
+        verification["passed"], report["verdict"] = package_verdict(contents.manifest(**final))
+        if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
+            verification["passed"] = False
+            report["verdict"].append("remote browsers: endpoints ended in error beyond the exit policy (docs/remote.md)")
+        report["passed"] = verification["passed"]
         for _ in range(4):  # report.json states the package's sizes, its own and the manifest's included: settle them
             (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
             add_plain_files(staging, contents, ["report.json"])

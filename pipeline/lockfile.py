@@ -72,3 +72,11 @@ def lock_for(recipe: Recipe, override: Path | None) -> LockFile:
     if recipe.path.resolve().parent == RECIPES_DIR.resolve():
         return LockFile(Path.cwd() / "pack.lock.json")
     return LockFile(recipe.path.with_name(f"{recipe.path.stem}.lock.json"))
+
+
+def fp16_lock_for(recipe: Recipe, override: Path | None) -> LockFile:
+    """Where the fp16 kept nodes are recorded: as lock_for, and for a bare model (no recipe)
+    `pack.lock.json` in the current folder, so its next build applies them instead of searching."""
+    if override is None and recipe.path is None:
+        return LockFile(Path.cwd() / "pack.lock.json")
+    return lock_for(recipe, override)

@@ -92,9 +92,10 @@ class AdapterRuns(TypedDict):
 
 class Verification(TypedDict):
     browser: bool
-    passed: bool
+    passed: bool  # package_verdict: every chain keeps a verified variant per EP
     runs: list[Run]
     adapters: NotRequired[list[AdapterRuns]]  # per adapter class, when verified on several browsers
+    require: NotRequired[list[str]]  # [verify] require
 
 
 class Measurement(TypedDict):
@@ -389,6 +390,34 @@ def same_adapter_class(a: dict, b: dict) -> bool:
     if va != vb:
         return False
     return aa == ab if (aa or ab) else da == db
+
+
+def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
+    """The package rule (build's exit code, `pack publish`): a refused variant is not a failed
+    package. Passes when every platform chain has, on each of its EPs, a variant that no run
+    refuses and that some run passed, and no variant in `verification.require` is refused.
+    Returns (passed, the problems that fail it)."""
+    runs = manifest["verification"]["runs"]
+    if not any(run["status"] == "passed" for run in runs):
+        return False, ["no check passed (every one failed, was skipped or was not verifiable)"]
+    problems = []
+    for platform, chain in manifest["executionProviders"].items():
+        bundle = chain_bundle(chain)
+        for ep in chain:
+            usable = [
+                v for v in manifest["variantFor"].get(ep, [])
+                if refused(manifest, bundle, ep, v) is None
+                and any(r["status"] == "passed" and _matches(r["bundle"], bundle) and _matches(r["ep"], ep) and r["variant"] == v for r in runs)
+            ]
+            if not usable:
+                why = "; ".join(describe_run(r) for r in failed_runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep))
+                problems.append(f"platform {platform}: no verified variant left on {ep}" + (f" ({why})" if why else ""))
+    for variant in manifest["verification"].get("require", []):
+        for run in failed_runs(manifest):
+            if _matches(run["variant"], variant):
+                problems.append(f"variant {variant} is required ([verify] require) but refused: {describe_run(run)}")
+                break
+    return not problems, problems
 
 
 def failed_runs(manifest: Manifest) -> list[Run]:

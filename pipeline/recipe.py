@@ -85,10 +85,11 @@ class Recipe:
     fp16_keep_nodes: list[str] = field(default_factory=list)  # node names always kept in fp32
     fp16_search: bool = True  # search for nodes to keep in fp32 when fp16 misses a threshold
     fp16_search_trials: int = 40
-    fp16_search_seconds: float = 120.0
+    fp16_search_seconds: float = 1800.0  # a last guard: trials bound the search (same result on any machine)
     repairs_auto: bool = True
     repairs: list[str] = field(default_factory=list)
     seed: int = 0
+    verify_require: list[str] = field(default_factory=list)  # [verify] require: variants whose refusal fails the build
     runtime_version: str = DEFAULT_RUNTIME
     runtime_path: Path | None = None  # a local onnxruntime-web build ([runtime] path), instead of npm
     chains: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CHAINS.items()})
@@ -299,9 +300,13 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         r.fail("repairs.passes", "a list of repair names", passes)
     recipe.repairs = passes
 
-    verify = r.table(data.get("verify", {}), "verify", ("seed",))
+    verify = r.table(data.get("verify", {}), "verify", ("seed", "require"))
     seed = r.typed(verify, "verify", "seed", int, "an integer")
     recipe.seed = 0 if seed is None else seed
+    require = verify.get("require", [])
+    if not isinstance(require, list) or any(v not in recipe.variants for v in require):
+        r.fail("verify.require", f"a list of the recipe's variants ({', '.join(recipe.variants)})", require)
+    recipe.verify_require = list(require)
 
     runtime = r.table(data.get("runtime", {}), "runtime", ("version", "path"))
     version = r.typed(runtime, "runtime", "version", str, "an onnxruntime-web version like '1.30.0'")

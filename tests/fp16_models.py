@@ -54,18 +54,20 @@ def pad_in_if_model() -> onnx.ModelProto:
 
 
 def overflow_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
-    """An audio head: `pcm` = tanh(...) × 32767 (the int16 scale, a constant fp16 conversion clamps
-    to 1e4) and its `energy` = ReduceSumSquare(pcm), far above 65504 (inf in fp16); beside them a
-    small MLP output `y` that fp16 handles well. Both failures show on onnxruntime CPU, which runs
-    most fp16 ops in fp32 internally: a clamped constant and an out-of-range graph output do not
-    depend on that."""
+    """An audio head: `pcm` = tanh(...) × 32768 (the int16 scale, exact in fp16) minus a DC estimate tanh(...) ×
+    32600.3 (a cancellation: fp16 rounds 32600.3 to 32608, and `pcm` is 196× smaller than its
+    inputs), and its `energy` = ReduceSumSquare(pcm), far above 65504 (inf in fp16); beside them a
+    small MLP output `y` that fp16 handles well. The rounded constant shows on onnxruntime CPU,
+    which runs most fp16 ops in fp32 internally; the overflow only on fp16 kernels."""
     rng = np.random.default_rng(seed)
     w1 = rng.normal(0, 1 / np.sqrt(width), (width, width)).astype(np.float32)
     w2 = rng.normal(0, 1 / np.sqrt(width), (width, width)).astype(np.float32)
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
         helper.make_node("Tanh", ["a"], ["t"], name="tanh1"),
-        helper.make_node("Mul", ["t", "int16_scale"], ["pcm"], name="pcm_scale"),
+        helper.make_node("Mul", ["t", "int16_scale"], ["pcm_raw"], name="pcm_scale"),
+        helper.make_node("Mul", ["t", "dc_gain"], ["dc"], name="dc_est"),
+        helper.make_node("Sub", ["pcm_raw", "dc"], ["pcm"], name="dc_remove"),
         helper.make_node("ReduceSumSquare", ["pcm", "axes"], ["energy"], keepdims=1, name="energy_sum"),
         helper.make_node("MatMul", ["t", "w2"], ["y"], name="mm2"),
     ]
@@ -79,7 +81,8 @@ def overflow_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
         ],
         [
             numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-            numpy_helper.from_array(np.array(32767.0, np.float32), "int16_scale"),
+            numpy_helper.from_array(np.array(32768.0, np.float32), "int16_scale"),
+            numpy_helper.from_array(np.array(32600.3, np.float32), "dc_gain"),
             numpy_helper.from_array(np.array([1], np.int64), "axes"),
         ],
     )
@@ -90,6 +93,80 @@ def overflow_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
 
 
 # onnxruntime CPU computes fp16 ReduceSumSquare in fp32 and drops the casts around it, so on the
-# host only the clamped constant needs fp32; fp16 kernels (WebGPU) need `energy_sum` too.
-OVERFLOW_KEPT = ["pcm_scale"]
-OVERFLOW_KEPT_FP16_KERNELS = ["energy_sum", "pcm_scale"]
+# host only the rounded DC gain needs fp32; fp16 kernels (WebGPU) need `energy_sum` too, and the
+# cancelling Sub (inputs near 28000 have an fp16 spacing of 16; its output is near 145).
+OVERFLOW_KEPT = ["dc_est"]
+OVERFLOW_KEPT_FP16_KERNELS = ["dc_est", "dc_remove", "energy_sum"]
+
+
+_UNARY = ("Tanh", "Relu", "Sigmoid", "Neg", "Abs")
+_BINARY = ("Add", "Mul", "Sub")
+
+
+def random_graph(seed: int, width: int = 8, nodes: int = 12) -> onnx.ModelProto:
+    """A random float graph for property tests of the fp16 conversion: fan-out (any earlier tensor
+    may be read again), shared constants (initializers and `Constant` nodes read by several nodes,
+    also from inside subgraphs), MatMul and ReduceMean beside elementwise ops, and, by seed, an `If`
+    whose branches read outer-scope tensors and constants and a `Loop` accumulating over 3 steps."""
+    rng = np.random.default_rng(seed)
+    body: list[onnx.NodeProto] = []
+    tensors = ["x"]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 1, (width, width)).astype(np.float32), "w_shared"),
+        numpy_helper.from_array(rng.uniform(0.5, 2, (width,)).astype(np.float32), "c_shared"),
+    ]
+    body.append(helper.make_node("Constant", [], ["k_const"], name="k_node", value=numpy_helper.from_array(rng.uniform(-1, 1, (width,)).astype(np.float32))))
+    constants = ["w_shared", "c_shared", "k_const"]
+    for index in range(nodes):
+        name, out = f"n{index}", f"t{index}"
+        kind = rng.integers(0, 10)
+        pick = lambda: tensors[int(rng.integers(0, len(tensors)))]  # noqa: E731
+        if kind < 2:
+            body.append(helper.make_node(str(rng.choice(_UNARY)), [pick()], [out], name=name))
+        elif kind < 6:
+            other = str(rng.choice(constants[1:])) if rng.random() < 0.4 else pick()
+            body.append(helper.make_node(str(rng.choice(_BINARY)), [pick(), other], [out], name=name))
+        elif kind < 8:
+            body.append(helper.make_node("MatMul", [pick(), "w_shared"], [out], name=name))
+        else:
+            body.append(helper.make_node("ReduceMean", [pick()], [f"{out}_m"], name=f"{name}_mean", keepdims=1))
+            body.append(helper.make_node("Sub", [tensors[-1], f"{out}_m"], [out], name=name))
+        tensors.append(out)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])]
+    outputs = [tensors[-1], tensors[len(tensors) // 2]]
+    if seed % 3 == 1:
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+        inner = lambda tag, op: helper.make_graph(  # noqa: E731
+            [helper.make_node(op, [tensors[-1], "c_shared"], [f"{tag}_a"], name=f"{tag}_a"),
+             helper.make_node("Mul", [f"{tag}_a", "k_const"], [f"{tag}_b"], name=f"{tag}_b")],
+            tag, [], [helper.make_tensor_value_info(f"{tag}_b", TensorProto.FLOAT, [1, width])])
+        body.append(helper.make_node("If", ["c"], ["branch"], name="if0", then_branch=inner("then", "Add"), else_branch=inner("else", "Sub")))
+        outputs.append("branch")
+    elif seed % 3 == 2:
+        loop_body = helper.make_graph(
+            [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="loop_cond"),
+             helper.make_node("Mul", ["acc_in", "c_shared"], ["acc_m"], name="loop_mul"),
+             helper.make_node("Add", ["acc_m", tensors[1]], ["acc_out"], name="loop_add")],
+            "loop_body",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, width])],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, width])])
+        inits += [numpy_helper.from_array(np.array(3, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go")]
+        body.append(helper.make_node("Loop", ["trips", "go", tensors[-1]], ["looped"], name="loop0", body=loop_body))
+        outputs.append("looped")
+    graph = helper.make_graph(body, f"random_{seed}", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, width]) for o in dict.fromkeys(outputs)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        if value.type.tensor_type.elem_type == TensorProto.BOOL:
+            feeds[value.name] = np.array(bool(seed % 2))
+        else:
+            feeds[value.name] = rng.uniform(-1, 1, [d.dim_value for d in value.type.tensor_type.shape.dim]).astype(np.float32)
+    return feeds

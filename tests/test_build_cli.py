@@ -159,8 +159,15 @@ def test_failed_check_exits_1_and_still_writes_the_package(conv_file, tmp_path):
     recipe = tmp_path / "strict.toml"
     recipe.write_text(f'source.uri = "{conv_file.name}"\n[outputs.y.fp16]\nmax_abs = 0.0\n')
     out = tmp_path / "dist"
+    # fp16 refused, fp32 verified on every chain: a refused variant is not a failed package
+    lenient = build(str(recipe), "--no-browser", "--out", str(tmp_path / "lenient"))
+    assert lenient.exit_code == 0, lenient.output
+    assert "REFUSED VARIANTS: fp16" in lenient.output and "PASSED" in lenient.output
+    # ... unless the recipe requires fp16
+    recipe.write_text(recipe.read_text() + '[verify]\nrequire = ["fp16"]\n')
     result = build(str(recipe), "--no-browser", "--out", str(out))
     assert result.exit_code == 1, result.output
+    assert "FAILED: variant fp16 is required ([verify] require) but refused: host fp16" in result.output
     report = json.loads((out / "strict" / "report.json").read_text())
     failed = [c for c in report["checks"] if c["status"] == "failed"]
     assert report["passed"] is False and failed[0]["variant"] == "fp16" and "max_abs" in failed[0]["detail"]

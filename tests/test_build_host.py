@@ -49,7 +49,7 @@ def test_build_survives_a_crashing_variant(crashing_worker, tmp_path, monkeypatc
 
     monkeypatch.setattr(host, "_run_uncached", reference_then_crash)
     result = CliRunner().invoke(app, ["build", str(model), "--no-browser", "--json", "--out", str(tmp_path / "d")])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 0, result.output  # fp16 refused; the fp32 variant serves every chain
     report = json.loads(result.stdout)
     failed = [c for c in report["checks"] if c["status"] == "failed"]
     assert failed and all("SIGSEGV" in c["detail"] for c in failed)

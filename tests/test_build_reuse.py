@@ -86,7 +86,8 @@ def test_any_input_that_changes_the_result_builds_again(model_file, tmp_path, mo
 
 def test_a_failed_build_is_never_reused(model_file, tmp_path):
     recipe = tmp_path / "strict.toml"
-    recipe.write_text(f'source.uri = "{model_file.name}"\n[outputs.y.fp16]\nmax_abs = 0.0\n')
+    # fp16 refused and required: the package fails (a refused variant alone would not fail it)
+    recipe.write_text(f'source.uri = "{model_file.name}"\n[outputs.y.fp16]\nmax_abs = 0.0\n[verify]\nrequire = ["fp16"]\n')
     for out in ("a", "b"):
         result = build(str(recipe), "--no-browser", "--out", str(tmp_path / out))
         assert result.exit_code == 1 and "unchanged:" not in result.output

@@ -161,7 +161,7 @@ def test_fp16_passes_on_webgpu_kernels_and_pack_verify_runs_the_stage(tmp_path):
 @needs_kernels
 def test_a_planted_fp16_accumulation_failure_is_caught_where_the_cpu_ep_passes(tmp_path):
     result, report, manifest = build_reduction(tmp_path, "long_reduction", 4096)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 0, result.output  # fp16 refused on WebGPU; fp32 serves every chain
     [host] = [c for c in report["checks"] if c["stage"] == "host" and c["variant"] == "fp16"]
     assert host["status"] == "passed" and host["metrics"]["rel_l2"] < 1e-3
     [kernels] = stage_checks(report, "fp16")
@@ -173,8 +173,9 @@ def test_a_planted_fp16_accumulation_failure_is_caught_where_the_cpu_ep_passes(t
     run = next(r for r in manifest["verification"]["runs"] if r["stage"] == "webgpu-kernels" and r["variant"] == "fp16")
     assert run["bundle"] == "*" and run["ep"] == "webgpu" and run["status"] == "failed"
     assert run["detail"].startswith("y: max_abs_of_range") and "> 0.03" in run["detail"]
-    assert "FAIL webgpu-kernels webgpu/fp16" in result.output and "FAILED" in result.output
-    assert not report["passed"] and not manifest["verification"]["passed"]
+    assert "FAIL webgpu-kernels webgpu/fp16" in result.output and "REFUSED VARIANTS: fp16" in result.output
+    assert report["passed"] and manifest["verification"]["passed"]
+    assert any(item["variant"] == "fp16" and item["ep"] == "webgpu" for item in report["refused"])
 
 
 def test_a_model_too_heavy_for_lavapipe_is_not_verifiable_without_running(tmp_path, monkeypatch):

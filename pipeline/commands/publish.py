@@ -12,7 +12,7 @@ from pipeline.commands.common import cli_errors, print_json, progress_for
 from pipeline.errors import PackError
 from pipeline.publish.cors import set_cors, validate_origins
 from pipeline.publish.plan import PackagePlan, find_packages, plan_package, with_report
-from pipeline.manifest import describe_run
+from pipeline.manifest import describe_run, package_verdict
 from pipeline.publish.publisher import PublishResult, local_plan, publish as publish_plans
 from pipeline.publish.s3 import Target, check_bucket, is_r2, make_client, normalize_prefix
 from pipeline.publish.transfer import MIB, MIN_PART_SIZE
@@ -190,12 +190,16 @@ def _trust_gate(plans: list[PackagePlan], allow_failed: bool) -> list[str]:
         for path in plan.unlisted:
             warn(f"{plan.root / path}: not listed in manifest.json, not uploaded; rebuild the package, or remove the file")
         verification = plan.manifest["verification"]
-        if not verification["passed"]:
+        passed, problems = package_verdict(plan.manifest)  # the build's rule
+        if passed:
+            for run in plan.failed:
+                warn(f"{plan.name}: refused (the loader will not pick it; every chain keeps a verified variant): {describe_run(run)}")
+        else:
             failed = plan.failed
-            reasons = [describe_run(run) for run in failed] or ["no check ran to completion (every one was skipped or not verifiable)"]
+            reasons = [describe_run(run) for run in failed] or problems
             if not allow_failed:
                 raise PackError(
-                    f"{plan.root}: verification failed, not publishing {plan.name}: {'; '.join(reasons)}; "
+                    f"{plan.root}: verification failed, not publishing {plan.name}: {'; '.join(dict.fromkeys(problems + reasons))}; "
                     "fix the model or recipe and rebuild, or pass --allow-failed (PACK_ALLOW_FAILED=1) to publish it anyway"
                 )
             for reason in reasons:

@@ -177,7 +177,15 @@ def fp16_kept_lines(report: dict) -> list[str]:
     search = record.get("search")
     if search:
         outcome = f"failed: {search['failed']}" if "failed" in search else ("minimal" if search.get("minimal") else f"not minimal: {search.get('stopped')}")
+        fp16_refused = any(item.get("variant") == "fp16" for item in report.get("refused") or []) or "fp16" in (report.get("variants_refused") or {})
+        if "failed" in search and report.get("passed") and not fp16_refused:
+            # A later fix (the NCHW layout retry) passed what the search was started for.
+            outcome = f"ended without a kept set, and none was needed: fp16 passed every check as shipped (the search started on: {search.get('first_failure')})"
         lines.append(f"    search: {search['trials']} trials, {search['seconds']:.1f} s over {search['candidates']} ranked nodes with {', '.join(search['evaluators'])}; {outcome}")
+        for line in search.get("unfixable") or []:
+            lines.append(f"    not fixable by node choice: {line}")
+        for line in search.get("diagnosis") or []:
+            lines.append(f"    what the search faced: {line}")
     if record.get("lock"):
         lines.append(f"    {record['lock']}")
     return lines
@@ -258,6 +266,12 @@ def print_summary(report: dict, package_dir: Path) -> None:
         kernels_ran = any(c["stage"] == "webgpu-kernels" and c["status"] in ("passed", "failed") for c in report["checks"])
         why = "no browser finished" if grid else "--no-browser"
         echo(f"NOT browser-verified ({why}): host{' and webgpu-kernels' if kernels_ran else ''} checks only")
+    for problem in report.get("verdict") or []:
+        echo(f"  FAILED: {problem}")
+    refused_fp = [item for item in report.get("refused") or []]
+    if report["passed"] and (refused_fp or report.get("variants_refused")):
+        names = sorted({item["variant"] for item in refused_fp} | set(report.get("variants_refused") or {}))
+        echo(f"REFUSED VARIANTS: {', '.join(names)} (listed above; every platform chain still has a verified variant on each EP)")
     verdict = "PASSED" if report["passed"] else "FAILED"
     echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped"
          + (f", {errors} error" if (errors := sum(c['status'] == 'error' for c in report['checks'])) else ""))

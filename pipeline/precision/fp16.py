@@ -22,6 +22,7 @@ from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.graph.passes.util import all_graphs
 from pipeline.graph.registry import in_stage, run_passes
+from pipeline.precision.regions import FP16_MAX, FP16_MIN_SUBNORMAL, keep_fp32_regions, unholdable_constants
 from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
@@ -37,17 +38,19 @@ def _converter_step(model: onnx.ModelProto, block_list: list[str], keep: set[str
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block_list, node_block_list=sorted(keep))
+            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block_list, node_block_list=sorted(keep), max_finite_val=FP16_MAX, min_positive_val=FP16_MIN_SUBNORMAL)
         except Exception as error:  # the converter raises bare Exceptions and ValueErrors
             raise ConversionError(f"onnxconverter-common failed: {error}") from None
     added = cast_kept_inputs(converted, keep)
     restore_fp32_outputs(converted, {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT})
+    regions = keep_fp32_regions(converted, model)
+    converted = regions.model
     notes = sorted({str(w.message).splitlines()[0][:200] for w in caught})
     blocked = sorted({n.op_type for n in model.graph.node if n.op_type in block_list})
     what = f"converted to fp16, fp32 I/O kept; ops kept in fp32: {', '.join(blocked) or 'none'}"
     if keep:
         what += f"; {len(keep)} nodes kept in fp32 ({added} casts added inside subgraphs)"
-    records = [{"what": what}] + [{"warning": note} for note in notes]
+    records = [{"what": what}] + regions.records + [{"warning": note} for note in notes]
     return PassResult(converted, True, records)
 
 
@@ -63,6 +66,20 @@ def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str],
         raise ConversionError(f"converted model fails onnx.checker: {error}", converted) from None
     steps.append({"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]})
     return converted
+
+
+def _with_repair_identities(prepared: onnx.ModelProto, original: onnx.ModelProto, keep: dict[str, str]) -> dict[str, str]:
+    """An Identity the fp16-before repairs added (detach_consumed_outputs) follows its input's
+    producer: kept with it, so a kept node's graph output does not pass through fp16."""
+    own = {n.name for g in all_graphs(original.graph) for n in g.node}
+    keep = dict(keep)
+    for graph in all_graphs(prepared.graph):
+        producer = {out: n for n in graph.node for out in n.output}
+        for node in graph.node:
+            before = producer.get(node.input[0]) if node.op_type == "Identity" and node.input else None
+            if node.name not in own and before is not None and before.name in keep:
+                keep.setdefault(node.name, f"follows kept '{before.name}'")
+    return keep
 
 
 @dataclass
@@ -83,6 +100,10 @@ def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (),
     if named.changed:
         steps.append(named.as_step(name_unnamed_nodes.name))
     attempt_steps: list[dict] = []
+    # Constants fp16 cannot hold are never clamped: their readers stay fp32 (regions.py).
+    node_ops = {n.name: n.op_type for g in all_graphs(named.model.graph) for n in g.node}
+    keep = {**{name: why for name, why in unholdable_constants(named.model).items() if node_ops.get(name) not in block_list}, **(keep or {})}
+    keep = _with_repair_identities(named.model, model, keep)
     try:
         converted, kept, records = convert_keeping(named.model, lambda m, k: _convert_once(m, block_list, k, attempt_steps), keep, validate, blocked_ops=set(block_list))
     except KeepFailed as error:

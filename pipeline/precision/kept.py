@@ -19,8 +19,9 @@ from pipeline.graph.model_io import model_bytes
 from pipeline.lockfile import LockFile
 from pipeline.precision.detect import weight_bytes_by_type
 from pipeline.precision.fp16 import SAFE_BLOCK_LIST
+from pipeline.precision.kernel_hazards import known_kernel_hazards
 from pipeline.precision.ranking import RunOutputs, rank_nodes
-from pipeline.precision.search import search_keep_set
+from pipeline.precision.search import SearchResult, search_keep_set
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 
@@ -37,6 +38,7 @@ class Evaluator:
 
     name: str
     judge: Callable[[Path], tuple[bool, str]]
+    failures: Callable[[Path], dict[str, str]] | None = None  # {output: why} per failing output ("*": did not run)
 
 
 @dataclass
@@ -67,6 +69,144 @@ def _judge_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> tuple
     return True, "passes " + ", ".join(e.name for e in evaluators)
 
 
+def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen: set[str] = set()
+    stack = [output]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in seen:
+            seen.add(node.name)
+            stack += list(node.input)
+    return seen
+
+
+def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int]) -> SearchResult | None:
+    """One search per failing output, over the ranked nodes that output depends on, each starting
+    from the nodes earlier outputs needed: independent failures cost a few trials each instead of
+    one search whose every trial must fix them all. All of them share the trial budget; an output
+    the budget does not reach keeps its whole ranked cone (not minimal, and said so). None when
+    there is a single failing output (the caller searches as before)."""
+    import time
+
+    start = time.perf_counter()
+    plain = {k: v for k, v in failures_of([]).items() if k not in unfixable}
+    targets = sorted({output for _, output in plain})
+    if len(targets) < 2 or "*" in targets:
+        return None
+    fixed: list[str] = []
+    minimal, stopped = True, None
+    for output in targets:
+        def trial(nodes: list[str], output: str = output) -> tuple[bool, str]:
+            left = {k: v for k, v in failures_of(fixed + nodes).items() if k[1] == output and k not in unfixable}
+            return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
+
+        if trial([])[0]:
+            continue  # the nodes kept for earlier outputs fixed this one too
+        cone = _ancestors(model, output)
+        pool = [name for name in ranked if name in cone and name not in fixed]
+        left_trials = recipe.fp16_search_trials - tried[0]
+        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start)) if left_trials > 0 else None
+        if found is not None and found.passed and found.minimal:
+            fixed += found.kept
+        else:
+            fixed += found.kept if found is not None and found.passed else pool
+            minimal = False
+            stopped = (found.stopped if found is not None else None) or f"trial budget ({recipe.fp16_search_trials}) spent"
+    passed = not any(k not in unfixable for k in failures_of(fixed))
+    return SearchResult(passed, fixed if passed else [], tried[0], time.perf_counter() - start, minimal and passed, stopped if passed else (stopped or "the outputs' kept sets together still miss a threshold"))
+
+
+def _failures_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> dict[tuple[str, str], str]:
+    """{(evaluator, output): why} for every output each evaluator fails ("*": did not run)."""
+    found: dict[tuple[str, str], str] = {}
+    with tempfile.TemporaryDirectory(prefix="pack-fp16-") as tmp:
+        path = Path(tmp) / "fp16.onnx"
+        path.write_bytes(model_bytes(converted))
+        for evaluator in evaluators:
+            if evaluator.failures is not None:
+                found.update({(evaluator.name, output): why for output, why in evaluator.failures(path).items()})
+            else:
+                passed, detail = evaluator.judge(path)
+                if not passed:
+                    found[(evaluator.name, "*")] = detail
+    return found
+
+
+def _rounded_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The fp32 model with every float constant rounded to fp16 and back: weight rounding alone."""
+    from onnx import TensorProto, numpy_helper
+
+    from pipeline.graph.passes.util import all_graphs, copy_model
+
+    rounded = copy_model(model)
+    for graph in all_graphs(rounded.graph):
+        tensors = list(graph.initializer) + [a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+        for tensor in tensors:
+            if tensor.data_type == TensorProto.FLOAT:
+                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float16).astype(np.float32), tensor.name))
+    return rounded
+
+
+def _rounded_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The fp32 model reading its float inputs rounded to fp16: input rounding alone."""
+    from onnx import TensorProto, helper
+
+    from pipeline.graph.passes.util import copy_model
+
+    rounded = copy_model(model)
+    casts = []
+    for value in rounded.graph.input:
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+            half, back = f"{value.name}__as_fp16", f"{value.name}__rounded"
+            casts += [helper.make_node("Cast", [value.name], [half], to=TensorProto.FLOAT16, name=half), helper.make_node("Cast", [half], [back], to=TensorProto.FLOAT, name=back)]
+            for node in rounded.graph.node:
+                node.input[:] = [back if name == value.name else name for name in node.input]
+    nodes = casts + list(rounded.graph.node)
+    del rounded.graph.node[:]
+    rounded.graph.node.extend(nodes)
+    return rounded
+
+
+def _discrete_upstream(model: onnx.ModelProto, output: str) -> list[str]:
+    """Discrete ops (Ceil, ArgMax, comparisons, Cast to int, ...) an output depends on."""
+    from pipeline.precision.ranking import is_discrete
+
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen, stack, found = set(), [output], []
+    while stack:
+        node = producer.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if is_discrete(node):
+            found.append(f"{node.op_type} '{node.name}'")
+        stack += list(node.input)
+    return found
+
+
+def diagnose_unfixable(model: onnx.ModelProto, unfixable: dict[tuple[str, str], str], context: Fp16Context, when: str = "with every candidate kept in fp32") -> list[str]:
+    unfixable_run = when == "with every candidate kept in fp32"
+    """One line per (evaluator, output) that keeping every candidate in fp32 still fails, with the
+    figure of what causes it: weight rounding alone, input rounding alone, or a discrete op's flip."""
+    host = context.evaluators[:1]
+    weights = _failures_all(_rounded_weights(model), host)
+    inputs = _failures_all(_rounded_inputs(model), host)
+    lines = []
+    for (evaluator, output), why in sorted(unfixable.items()):
+        causes = []
+        if (host[0].name, output) in weights:
+            causes.append(f"weight rounding alone costs {weights[(host[0].name, output)]} on `{output}`")
+        if (host[0].name, output) in inputs:
+            causes.append(f"input rounding alone costs {inputs[(host[0].name, output)]} on `{output}`")
+        discrete = _discrete_upstream(model, output)
+        if discrete and not causes:
+            causes.append(f"a discrete op ({', '.join(discrete[:3])}) flips: keep its input subgraph, or bound `{output}` by what a flip costs")
+        fallback = "not weight or input rounding (fp16 kernels of ops the search does not rank)" if unfixable_run else "not weight or input rounding: fp16 kernels, which keeping nodes fixes"
+        lines.append(f"{evaluator}: {output}: {why} {when}; " + ("; ".join(causes) if causes else fallback))
+    return lines
+
+
 def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
     """Weight bytes of fp32, of the all-fp16 ideal (every fp32 weight halved) and of the variant."""
     source_weights = weight_bytes_by_type(source)
@@ -93,6 +233,9 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             note = f"lock {context.lock.path.name}: its fp16 entry is for another model (sha256 {str(locked.get('model_sha256'))[:12]}, now {model_sha[:12]}); finding the nodes to keep again"
             context.progress.note(note)
             record["lock"] = note
+    shapes = {name: tuple(np.asarray(value).shape) for name, value in context.feeds.items()} if context else None
+    for name, why in known_kernel_hazards(named, shapes).items():
+        keep.setdefault(name, why)
     converted, conversion_steps, refusal, kept = convert(keep)
     steps.extend(conversion_steps)
     if refusal:
@@ -108,15 +251,39 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             why = {stat.node: f"search: {stat.why}" for stat in ranked}
 
             tried = [0]
+            outcomes: dict[frozenset, dict[tuple[str, str], str]] = {}
+            unfixable: dict[tuple[str, str], str] = {}
+
+            def failures_of(nodes: list[str]) -> dict[tuple[str, str], str]:
+                key = frozenset(nodes)
+                if key not in outcomes:
+                    tried[0] += 1
+                    context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(nodes)} of {len(ranked)} ranked nodes kept in fp32")
+                    candidate, _, refused_now, _ = convert({**kept, **{n: why[n] for n in nodes}})
+                    outcomes[key] = {("*", "*"): refused_now} if refused_now else _failures_all(candidate, context.evaluators)
+                return outcomes[key]
 
             def trial(nodes: list[str]) -> tuple[bool, str]:
-                tried[0] += 1
-                context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(nodes)} of {len(ranked)} ranked nodes kept in fp32")
-                candidate, _, refused_now, _ = convert({**kept, **{n: why[n] for n in nodes}})
-                return (False, refused_now) if refused_now else _judge_all(candidate, context.evaluators)
+                # Each output (and evaluator) on its own: what keeping every candidate cannot fix
+                # does not hide what it can.
+                left = {k: v for k, v in failures_of(nodes).items() if k not in unfixable}
+                return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
 
-            result = search_keep_set([stat.node for stat in ranked], trial, recipe.fp16_search_trials, recipe.fp16_search_seconds)
+            # Keeping every candidate shows what no node choice fixes (one trial, reused by the search).
+            everything = failures_of([stat.node for stat in ranked])
+            if not any(k == ("*", "*") or k[1] == "*" for k in everything):
+                unfixable.update(everything)
+            if unfixable and trial([])[0]:
+                result = SearchResult(True, [], tried[0], 0.0, True, "keeping nodes in fp32 fixes none of the failures")
+            else:
+                result = _search_per_output(named, [stat.node for stat in ranked], failures_of, unfixable, recipe, tried)
+                if result is None:
+                    result = search_keep_set([stat.node for stat in ranked], trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
+            result.trials = tried[0]
             search = {**result.figures(), "candidates": len(ranked), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
+            if unfixable:
+                search["unfixable"] = diagnose_unfixable(named, unfixable, context)
+                context.progress.note("fp16: no node choice fixes " + "; ".join(search["unfixable"]))
             found = {**kept, **{n: why[n] for n in result.kept}}
             candidate = convert(found)[0] if result.passed else None
             sizes = _sizes(named, candidate) if candidate is not None else None
@@ -126,6 +293,9 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
                 search["failed"] = f"the {len(result.kept)} nodes that pass keep {sizes['fp16_bytes']} of {sizes['fp32_bytes']} bytes: more than half of fp16's saving lost"
             else:
                 converted, kept = candidate, found
+            if "failed" in search:
+                # What the search could not get below the bounds, and why: the figure of each cause.
+                search["diagnosis"] = diagnose_unfixable(named, {k: v for k, v in failures_of([]).items() if k[1] != "*"}, context, "with no node kept in fp32")
             search["ranked"] = [stat.as_dict() for stat in ranked[:10]]
     nodes = {n.name: n.op_type for n in named.graph.node}
     kept_list = [{"node": name, "op": nodes.get(name, "?"), "why": why} for name, why in sorted(kept.items())]

@@ -20,12 +20,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from pipeline.graph.model_io import model_bytes
-from pipeline.graph.passes.util import copy_model
+from pipeline.graph.passes.util import all_graphs, copy_model
+from pipeline.precision.regions import float_constants, why_unholdable
 
 FP16_MAX = 65504.0
 FP16_EPS = 2.0**-11  # relative rounding error of fp16
-# onnxconverter-common clamps constants into [1e-7, 1e4] by magnitude (its defaults, which pack uses).
-CLAMP_MIN, CLAMP_MAX = 1e-7, 1e4
 ACCUMULATING_OPS = {
     "ConvTranspose", "LSTM", "GRU", "RNN", "CumSum", "Pow", "ReduceSumSquare", "ReduceSum", "ReduceMean",
     "ReduceL2", "ReduceLogSumExp", "Softmax", "LayerNormalization", "MatMul", "Gemm", "Conv", "Exp", "Sub",
@@ -73,20 +72,14 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
 
 
 def _clamped_constants(model: onnx.ModelProto) -> dict[str, str]:
-    """{constant: why} for fp32 constants the converter would clamp (values it cannot keep)."""
+    """{constant: why} for fp32 constants fp16 cannot hold (regions.py; their readers are kept in
+    fp32 before any search, so this only ranks what a recipe's block list left out)."""
     found = {}
-    constants = {t.name: t for t in model.graph.initializer}
-    constants.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
-    for name, tensor in constants.items():
-        if tensor.data_type != TensorProto.FLOAT:
-            continue
-        values = np.abs(onnx.numpy_helper.to_array(tensor).astype(np.float64))
-        big = values[values > CLAMP_MAX]
-        tiny = values[(values > 0) & (values < CLAMP_MIN)]
-        if big.size:
-            found[name] = f"reads constant '{name}' with values up to {big.max():.4g}, which fp16 conversion clamps to {CLAMP_MAX:g}"
-        elif tiny.size:
-            found[name] = f"reads constant '{name}' with values down to {tiny.min():.3g}, which fp16 conversion raises to {CLAMP_MIN:g}"
+    for graph in all_graphs(model.graph):
+        for name, array in float_constants(graph).items():
+            why = why_unholdable(name, array)
+            if why:
+                found[name] = why
     return found
 
 
@@ -156,5 +149,41 @@ def rank_nodes(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run_outputs
                 if parent is not None and parent.score < stat.score * 0.999:
                     parent.score = stat.score * 0.999
                     parent.why = f"feeds the cancellation in '{stat.node}' ({stat.why})"
+    _rank_discrete_inputs(model, by_name, producer)
     stats.sort(key=lambda stat: -stat.score)
     return stats
+
+
+# Ops whose output jumps by a whole step when their float input crosses a boundary: fp16 rounding
+# of the input flips them (a duration predictor's Ceil, an ArgMax over near-equal scores).
+DISCRETE_OPS = {"Ceil", "Floor", "Round", "ArgMax", "ArgMin", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Equal", "Sign"}
+_DISCRETE_SCORE = 5e5  # below an overflow (1e6+), above everything else
+_UPSTREAM_DEPTH = 6
+
+
+def is_discrete(node: onnx.NodeProto) -> bool:
+    if node.op_type == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return to not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+    return node.op_type in DISCRETE_OPS
+
+
+def _rank_discrete_inputs(model: onnx.ModelProto, by_name: dict[str, NodeStat], producer: dict[str, str]) -> None:
+    """The fp32 producers of a discrete op rank first (after overflows), its input subgraph right
+    after them, nearest first: keeping them is what stops the flip."""
+    nodes = {node.name: node for node in model.graph.node}
+    for node in model.graph.node:
+        if not is_discrete(node):
+            continue
+        frontier = [producer.get(name) for name in node.input if producer.get(name)]
+        for depth in range(_UPSTREAM_DEPTH):
+            upstream = []
+            for name in frontier:
+                stat = by_name.get(name)
+                score = _DISCRETE_SCORE / (2**depth)
+                if stat is not None and stat.score < score:
+                    stat.score = score
+                    stat.why = f"feeds the discrete {node.op_type} '{node.name}'" + (" directly" if depth == 0 else f" ({depth} nodes up)") + ": an fp16 rounding of its input flips it by a whole step"
+                if name in nodes:
+                    upstream += [producer[i] for i in nodes[name].input if i in producer]
+            frontier = upstream

@@ -50,7 +50,7 @@ def search_keep_set(ranked: list[str], trial: Trial, max_trials: int = 40, max_s
         if len(seen) >= max_trials:
             raise _Budget(f"trial budget ({max_trials}) spent")
         if time.perf_counter() - start > max_seconds:
-            raise _Budget(f"time budget ({max_seconds:g} s) spent")
+            raise _Budget(f"time guard ({max_seconds:g} s) hit before the trial budget: this result depends on the machine's speed and the cache")
         passed, detail = trial(keep)
         seen[key] = passed
         log.append({"kept": len(keep), "passed": passed, "detail": detail})

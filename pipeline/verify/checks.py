@@ -244,35 +244,62 @@ def audit_check(base: dict, audit: "node_audit.AuditResult", variant: str, why_a
     return check, run
 
 
-def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> Callable[[Path], tuple[bool, str]]:
-    def judge_model(path: Path) -> tuple[bool, str]:
-        result = run(path, feeds)
+def _fp16_failures(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], dict[str, str]]:
+    """{output: why} for each output a candidate fails (each output judged separately; `"*"` when it
+    did not run). `retry`: the run the stage itself falls back to (the NCHW layout on WebGPU): a
+    candidate that fails only under the default layout passes, as the package will ship it, so no
+    search starts for a failure that the layout retry fixes (GTCRN's Conv)."""
+    def failures_once(runner: Callable[[Path, dict[str, np.ndarray]], HostRun], path: Path) -> dict[str, str]:
+        result = runner(path, feeds)
         if getattr(result, "not_verifiable", None):
-            return True, f"not verifiable: {result.not_verifiable}"  # e.g. over lavapipe's buffer limit
+            return {}  # e.g. over lavapipe's buffer limit: blocks no candidate
         if result.outputs is None:
-            return False, f"{DID_NOT_RUN}: {result.error or 'no outputs'}"
+            return {"*": f"{DID_NOT_RUN}: {result.error or 'no outputs'}"}
+        found = {}
         for name, expected in reference().items():
             spec = recipe.outputs.get(name)
             kind = spec.kind if spec else "tensor"
             threshold = threshold_for(kind, "fp16", ep, spec.thresholds.get("fp16") if spec else None)
             passed, reason = judge(compare(expected, result.outputs[name], kind), threshold)
             if not passed:
-                return False, f"{name}: {reason}"
-        return True, "passed"
+                found[name] = reason
+        return found
 
+    def failures(path: Path) -> dict[str, str]:
+        found = failures_once(run, path)
+        if found and retry is not None and "*" not in found and not failures_once(retry, path):
+            return {}
+        return found
+
+    return failures
+
+
+def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], tuple[bool, str]]:
+    failures = _fp16_failures(run, ep, reference, feeds, recipe, retry)
+
+    def judge_model(path: Path) -> tuple[bool, str]:
+        found = failures(path)
+        if "*" in found:
+            return False, found["*"]
+        return not found, "; ".join(f"{name}: {why}" for name, why in found.items()) or "passed"
+
+    judge_model.failures = failures  # per output, for the search
     return judge_model
 
 
 def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> list[Evaluator]:
     """The checks an fp16 candidate must pass in the keep-in-fp32 search: the host CPU check, and
     the WebGPU-kernel check (fp16 accumulation) when that stage is available on this machine."""
-    evaluators = [Evaluator("host cpu", _fp16_judge(run_model, "cpu", reference, feeds, recipe))]
+    host = _fp16_judge(run_model, "cpu", reference, feeds, recipe)
+    evaluators = [Evaluator("host cpu", host, host.failures)]
     try:
         from pipeline.verify import webgpu_kernels
     except ImportError:
         return evaluators
     if webgpu_kernels.unavailable_reason() is None:
-        evaluators.append(Evaluator("webgpu-kernels", _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe)))
+        nchw = lambda path, run_feeds: webgpu_kernels.run_on_webgpu(path, run_feeds, {"preferredLayout": "NCHW"})  # noqa: E731
+        kernels = _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe, retry=nchw)
+        evaluators.append(Evaluator("webgpu-kernels", kernels, kernels.failures))
     return evaluators
 
 
@@ -288,3 +315,18 @@ def onnxruntime_refusal(feeds: dict[str, np.ndarray]) -> Callable[[onnx.ModelPro
         return run.error or "onnxruntime refused the model"
 
     return refusal
+
+
+def contradicted_kernel_errors(kernel_checks: list[dict], browser_checks: list[dict]) -> list[dict]:
+    """A `webgpu-kernels` run that errored (no outputs: the native EP plugin fails some `If`
+    subgraphs with "All inputs must be tensors on WebGPU buffers") while the browser passed the same
+    variant on WebGPU is evidence about the plugin, not the package: not-verifiable, with the error.
+    A wrong output (figures) stays a failure."""
+    passed_in_browser = {c["variant"] for c in browser_checks if c["ep"] == "webgpu" and c["status"] == "passed"}
+    failed_in_browser = {c["variant"] for c in browser_checks if c["ep"] == "webgpu" and c["status"] == "failed"}
+    fixed = []
+    for check in kernel_checks:
+        if check["status"] == "failed" and not check.get("metrics") and check["variant"] in passed_in_browser - failed_in_browser:
+            check = {**check, "status": "not-verifiable", "detail": f"runtime error on the native WebGPU EP ({check.get('detail', 'no outputs')}), contradicted by the browser, which ran {check['variant']} on WebGPU and passed"}
+        fixed.append(check)
+    return fixed
