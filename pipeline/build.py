@@ -269,7 +269,7 @@ def _refused_pairs(manifest: Manifest) -> list[dict] | None:
     return refusals or None
 
 
-def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock) -> BuildInputs:
+def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock_entry: dict | None) -> BuildInputs:
     """Everything this build's result depends on (pipeline/reuse.py)."""
     from pipeline.verify.browser.chromium import chromium_path
 
@@ -287,7 +287,7 @@ def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock) -> Build
         source=source_hashes(fetched.path, fetched.sha256),
         recipe=as_data(recipe),
         options=options_data,
-        lock={"entry": lock.entry(recipe.name)},
+        lock={"entry": lock_entry},
         runtime=runtime,
         code=code_key(),
         libraries=library_versions(),
@@ -323,11 +323,14 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         recipe = load_build_recipe(options)
         request = source_request(recipe, options)
         lock = lock_for(recipe, options.lock)
+        # the lock as this build reads it: a pin the fetch writes now is an output (the report says
+        # "pinned now"), and the next build, which checks against it, is another build
+        lock_read = lock.entry(recipe.name)
         fetched = fetch_source(request, lock, progress)
         recipe.source = request.uri
         source_path = fetched.path
     # Remote browsers are no input pack can hash (the device behind a URL changes): never reused.
-    inputs_key = _build_inputs(recipe, options, fetched, lock).key() if options.reuse and reuse_enabled() and options.grid is None else None
+    inputs_key = _build_inputs(recipe, options, fetched, lock_read).key() if options.reuse and reuse_enabled() and options.grid is None else None
     if inputs_key is not None:
         reused = _reuse_stored(inputs_key, options, recipe)
         if reused is not None:
