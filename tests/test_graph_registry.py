@@ -137,7 +137,8 @@ def test_discovery_refuses_modules_that_break_the_rules(extra_package):
 def test_run_passes_sorts_dedupes_and_always_finishes_with_the_ir_cap():
     model = neg_slice_model()
     model.ir_version = 14
-    repaired, steps = registry.run_passes(model, ["stale_shapes", "neg_step_slice", "neg_step_slice"])
+    settings = PassSettings(runtime_version="1.30.0", max_ir_version=13)
+    repaired, steps = registry.run_passes(model, ["stale_shapes", "neg_step_slice", "neg_step_slice"], settings)
     assert [s["name"] for s in steps] == ["neg_step_slice", "stale_shapes", "ir_version_cap"]
     assert repaired.ir_version == 13 and model.ir_version == 14
     _, unfinished = registry.run_passes(model, ["neg_step_slice"], finish=False)
@@ -194,6 +195,7 @@ def test_fp16_conversion_keeps_the_ir_version_the_build_capped():
     from pipeline.precision.fp16 import convert_to_fp16
 
     model = clean_conv_model()
+    model.ir_version = 14
     capped, _ = _repair(model, Recipe(name="m"), PassSettings(runtime_version="1.20.1", max_ir_version=10))
     converted, steps = convert_to_fp16(capped)
     assert converted.ir_version == 10

@@ -246,11 +246,9 @@ def _verify_run(
     if not outcome.get("ok"):
         error = outcome.get("error", "no result")
         run_report.update(error=error, failed_stage=outcome.get("stage"))
-        if missing:
-            # whatever failed, the variant did not run as shipped: the loader never runs it on such an adapter
-            said = "onnxruntime refused" if logs.names_missing_feature(error) else "the run failed"
+        if missing and logs.names_missing_feature(error):
             detail = (f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
-                      f"which the adapter lacks; {said}: {_short(error)}")
+                      f"which the adapter lacks; onnxruntime refused: {_short(error)}")
             run_report.update(status="not-verifiable", detail=detail)
             return [dict(base, status="not-verifiable", detail=detail)], run_report, {}
         detail = (f"{planned.ep} ({planned.bundle} bundle) failed at {outcome.get('stage')}: {_short(error)}; "
@@ -283,17 +281,14 @@ def _verify_run(
         metrics = compare(references[name], actual, kind)
         passed, reason = judge(metrics, threshold)
         check.update(metrics=_json_metrics(metrics), threshold=threshold)
-        if missing:
-            # onnxruntime-web 1.20 compiles f16 shaders on an adapter without shader-f16 instead
-            # of refusing: outputs from a variant that cannot run as shipped prove nothing either way
-            outcome_text = "; ".join(filter(None, ["; ".join(signals)[:300], reason])) or "the outputs matched"
-            check.update(status="not-verifiable", detail=(
-                f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
-                f"which the adapter lacks; the variant cannot have run as shipped ({outcome_text})"))
-        elif signals:
+        if signals:
             check.update(status="failed", detail=f"{'; '.join(signals)[:500]}" + (f"; {reason}" if reason else ""))
         elif not passed:
             check.update(status="failed", detail=reason)
+        elif missing:
+            check.update(status="not-verifiable", detail=(
+                f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
+                "which the adapter lacks; the outputs matched but the variant cannot have run as shipped"))
         else:
             check.update(status="passed")
         checks.append(check)
