@@ -197,6 +197,8 @@ def variant_lines(report: dict, manifest: dict) -> list[str]:
     variants = manifest.get("variants") or {}
     if not any(spec.get("widen") for spec in variants.values()):
         return []
+    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+
     files = manifest.get("files") or {}
     fp32 = files.get((variants.get("fp32") or {}).get("model"), {}).get("size")
     lines = ["variants (model bytes on the wire; host error against the fp32 reference):"]

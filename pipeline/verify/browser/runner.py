@@ -138,7 +138,7 @@ class RunnerPage:
             return self.page.evaluate("() => window.__packResult")
         except Exception as error:  # noqa: BLE001 - Playwright TimeoutError, or a crashed page
             if connection_lost(self.page.context.browser, error):
-                raise BrowserLost(f"connection to the browser lost during the run ({type(error).__name__})") from None
+                raise BrowserLost(f"connection lost ({type(error).__name__} during a run)") from None
             if type(error).__name__ == "TimeoutError":
                 return {"ok": False, "stage": "watchdog", "hung": True,
                         "error": f"watchdog: no result within {limit_ms} ms ({type(error).__name__})"}
