@@ -56,7 +56,9 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
     ref_f = np.where(ref_finite, ref, 0.0)
     max_abs = float(np.max(np.abs(diff), initial=0.0))
     # the reference's own span (as compare.js computes it), not widened to include zero
-    value_range = float(np.max(ref_f) - np.min(ref_f)) if ref_f.size else 0.0
+    # the span of the reference's values and zero: a constant or one-element output (an energy, a
+    # score) is judged against its magnitude, not against a zero span (compare.js does the same)
+    value_range = float(max(np.max(ref_f), 0.0) - min(np.min(ref_f), 0.0)) if ref_f.size else 0.0
     # sums of squares without BLAS: np.linalg.norm goes through a threaded dot that stalls for
     # seconds per call on a loaded machine (the node audit compares hundreds of outputs)
     ref_norm = math.sqrt(float(np.sum(np.square(ref_f))))

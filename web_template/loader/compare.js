@@ -65,7 +65,9 @@ export function compareTensor(reference, actual, kind = 'tensor') {
     refSquares += rf * rf;
     errSquares += d * d;
   }
-  const range = ref.length ? max - min : 0;
+  // the span of the reference's values and zero (as metrics.py): a constant or one-element output
+  // is judged against its magnitude, not against a zero span
+  const range = ref.length ? Math.max(max, 0) - Math.min(min, 0) : 0;
   const refNorm = Math.sqrt(refSquares);
   const errNorm = Math.sqrt(errSquares);
   Object.assign(metrics, { nan, inf, max_abs: maxAbs });
