@@ -93,6 +93,7 @@ def test_two_endpoints_verify_through_the_connection_and_a_killed_one_errors(pac
     killer.join(timeout=5)
     assert killed.is_set()
     assert TOKEN not in result.output
+    assert result.stdout.startswith("{"), (result.exit_code, result.output[-3000:], repr(result.exception))
     document = json.loads(result.stdout)
     browser = document["browser"]
     endpoints = {entry["endpoint"]: entry for entry in browser["endpoints"]}

@@ -63,6 +63,11 @@ class GridResult:
         return any(check["status"] == "failed" for check in self.checks)
 
     @property
+    def outputs(self) -> dict:
+        """run label @ endpoint -> output -> what that browser produced (bounded), for report.html."""
+        return {f"{run} @{outcome.endpoint.label}": kept for outcome in self.outcomes for run, kept in outcome.result.outputs.items()}
+
+    @property
     def errored(self) -> list[EndpointOutcome]:
         return [outcome for outcome in self.outcomes if outcome.status == "error"]
 
