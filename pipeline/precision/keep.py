@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from pipeline.graph.passes.base import PassResult
-from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model, subgraphs
+from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model, declared_types, subgraphs
 
 MAX_ROUNDS = 8
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
@@ -69,29 +69,12 @@ def _name_nodes(model: onnx.ModelProto) -> PassResult:
 name_unnamed_nodes = NameUnnamedNodes()
 
 
-def _scope_types(graph: onnx.GraphProto, outer: dict[str, int]) -> dict[str, int]:
-    """Element types of every value visible in `graph`, from declarations, initializers, Constant
-    values and Cast targets (works on models that shape inference refuses)."""
-    types = dict(outer)
-    for info in [*graph.input, *graph.value_info, *graph.output]:
-        types[info.name] = info.type.tensor_type.elem_type
-    for tensor in graph.initializer:
-        types[tensor.name] = tensor.data_type
-    for node in graph.node:
-        for attribute in node.attribute:
-            if node.op_type == "Cast" and attribute.name == "to":
-                types[node.output[0]] = attribute.i
-            elif node.op_type == "Constant" and attribute.name == "value":
-                types[node.output[0]] = attribute.t.data_type
-    return types
-
-
 def mixed_float_nodes(model: onnx.ModelProto) -> list[str]:
     """Nodes (any graph level) that read both fp16 and fp32 tensors: what the checker rejects."""
     found: list[str] = []
 
     def walk(graph: onnx.GraphProto, outer: dict[str, int]) -> None:
-        types = _scope_types(graph, outer)
+        types = declared_types(graph, outer)
         for node in graph.node:
             kinds = {types.get(name) for name in node.input if name} & set(_FLOATS)
             if len(kinds) > 1 and node.op_type != "Cast":
@@ -112,7 +95,7 @@ def cast_kept_inputs(model: onnx.ModelProto, keep: set[str]) -> int:
 
     def walk(graph: onnx.GraphProto, outer: dict[str, int]) -> None:
         nonlocal added
-        types = _scope_types(graph, outer)
+        types = declared_types(graph, outer)
         position = 0
         while position < len(graph.node):
             node = graph.node[position]

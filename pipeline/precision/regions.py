@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.graph.passes.base import PassResult
-from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model, subgraphs
+from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model, declared_types, subgraphs
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0**-14  # 6.1e-5: below it fp16 values are subnormal and lose precision
@@ -108,17 +108,7 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
         inferred = model
     for graphs in (all_graphs(inferred.graph), all_graphs(model.graph)):
         for graph in graphs:
-            for info in [*graph.input, *graph.value_info, *graph.output]:
-                if info.type.tensor_type.elem_type:
-                    types[info.name] = info.type.tensor_type.elem_type
-            for tensor in graph.initializer:
-                types[tensor.name] = tensor.data_type
-            for node in graph.node:
-                for attribute in node.attribute:
-                    if node.op_type == "Cast" and attribute.name == "to":
-                        types[node.output[0]] = attribute.i
-                    elif node.op_type == "Constant" and attribute.name == "value":
-                        types[node.output[0]] = attribute.t.data_type
+            types.update(declared_types(graph))
     return types
 
 

@@ -136,3 +136,22 @@ class NameMaker:
 def node_label(node: onnx.NodeProto, index: int) -> str:
     """A node's name, or a stable stand-in for unnamed nodes."""
     return node.name or f"{node.op_type}#{index}"
+
+
+def declared_types(graph: onnx.GraphProto, outer: dict[str, int] | None = None) -> dict[str, int]:
+    """Element types of every value visible in `graph` (on top of `outer`, the enclosing scopes'),
+    from declarations, initializers, Constant values and Cast targets: works on models that shape
+    inference refuses. A declaration without an element type (0) says nothing and is skipped."""
+    types = dict(outer or {})
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        if info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    for tensor in graph.initializer:
+        types[tensor.name] = tensor.data_type
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to":
+                types[node.output[0]] = attribute.i
+            elif node.op_type == "Constant" and attribute.name == "value":
+                types[node.output[0]] = attribute.t.data_type
+    return types
