@@ -41,7 +41,7 @@ from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
-from pipeline.runtime import max_ir_version, recipe_runtime
+from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
 from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
@@ -282,7 +282,9 @@ def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock_entry: di
     }
     runtime = recipe.runtime_version
     if recipe.runtime_path is not None:  # a local build: its bundles are what runs
-        runtime += ":" + "".join(file_sha256(p) for p in sorted(Path(recipe.runtime_path).rglob("*.m*js")) + sorted(Path(recipe.runtime_path).rglob("*.wasm")))
+        local = local_runtime(Path(recipe.runtime_path))  # only the files a package ships, not the build tree
+        shipped = sorted({path for bundle in local.bundles.values() for path in (bundle.module, bundle.wasm, bundle.glue) if path is not None})
+        runtime += ":" + "".join(file_sha256(path) for path in shipped)
     return BuildInputs(
         source=source_hashes(fetched.path, fetched.sha256),
         recipe=as_data(recipe),
