@@ -225,6 +225,11 @@ def _verify_run(
         # chain picks by default; a non-default wasm variant (wasm x fp16) is only checked and timed.
         # A run that failed gets it too (its placement says what ran where), unless its page hung.
         wanted = profile and not stuck and (planned.ep == "webgpu" or planned.default)
+        if wanted and not outcome.get("ok"):
+            # work the in-page watchdog abandoned (a session still being created) keeps running on
+            # that page; a second session beside it can deadlock onnxruntime's wasm: start afresh
+            page.close()
+            page = runner.open_page()
         profiled = _profile_pass(page, options, watchdog_ms, deadline) if wanted else None
     finally:
         page.close()
