@@ -14,14 +14,25 @@ test('selectMode: the option, else manifest.loader.select, else chain; anything 
   assert.throws(() => selectMode('fastest', manifest()), /select must be one of measured, chain/);
 });
 
-test('packageHash changes with any file of the package, not with the order of the entries', async () => {
-  const m = manifest();
+test('packageHash follows the models, weight chunks, runtime files and EP options only', async () => {
+  const files = { ...manifest().files, 'w.mjs': { sha256: '1'.repeat(64) }, 'w.wasm': { sha256: '2'.repeat(64) }, 'm.mjs': { sha256: '3'.repeat(64) }, 'm.wasm': { sha256: '4'.repeat(64) }, 'report.json': { sha256: '5'.repeat(64) } };
+  const m = manifest({ files });
   const hash = await packageHash(m);
   assert.match(hash, /^[0-9a-f]{64}$/);
-  const reordered = manifest({ files: Object.fromEntries(Object.entries(m.files).reverse()) });
-  assert.equal(await packageHash(reordered), hash);
-  const changed = manifest({ files: { ...m.files, 'loader.js': { sha256: 'c'.repeat(64), size: 1 } } });
-  assert.notEqual(await packageHash(changed), hash);
+  assert.equal(await packageHash(manifest({ files: Object.fromEntries(Object.entries(files).reverse()) })), hash);
+  // a rebuild that changes the report, the demo or the loader keeps the decision
+  const cosmetic = { ...files, 'report.json': { sha256: 'c'.repeat(64) }, 'loader.js': { sha256: 'd'.repeat(64) }, 'demo.js': { sha256: 'e'.repeat(64) } };
+  assert.equal(await packageHash(manifest({ files: cosmetic })), hash);
+  // a model, a runtime file or an EP option does not
+  assert.notEqual(await packageHash(manifest({ files: { ...files, 'model.fp16.bbbbbbbbbbbbbbbb.onnx': { sha256: 'f'.repeat(64) } } })), hash);
+  assert.notEqual(await packageHash(manifest({ files: { ...files, 'w.wasm': { sha256: 'f'.repeat(64) } } })), hash);
+  assert.notEqual(await packageHash(manifest({ files, epOptions: { webgpu: { preferredLayout: 'NCHW' } } })), hash);
+  const chunked = manifest({ files: { ...files, 'p0.bin': { sha256: '6'.repeat(64) } } });
+  chunked.variants.fp32.externalData = { chunks: [{ file: 'p0.bin' }] };
+  const chunkedHash = await packageHash(chunked);
+  assert.notEqual(chunkedHash, hash);
+  chunked.files['p0.bin'] = { sha256: '7'.repeat(64) };
+  assert.notEqual(await packageHash(chunked), chunkedHash);
 });
 
 test('browserKey: the UA-CH brand when there is one, else parsed from the user agent', () => {

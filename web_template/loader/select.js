@@ -86,12 +86,26 @@ export function selectMode(option, manifest) {
 }
 
 /** sha256 over the sorted "path sha256" lines of manifest.files: changes with any file of the package. */
+/**
+ * The part of the package a decision depends on: what changes a candidate's speed or results (the
+ * models and their weight chunks, the runtime files, the EP options). A rebuild that changes only
+ * report.json, the demo page or the loader keeps every user's decision.
+ */
 export async function packageHash(manifest) {
-  const lines = Object.keys(manifest.files || {})
+  const files = manifest.files || {};
+  const paths = new Set();
+  for (const variant of Object.values(manifest.variants || {})) {
+    paths.add(variant.model);
+    for (const chunk of (variant.externalData && variant.externalData.chunks) || []) paths.add(chunk.file);
+  }
+  for (const bundle of Object.values((manifest.runtime && manifest.runtime.bundles) || {})) {
+    for (const part of ['module', 'wasm', 'glue']) if (bundle[part]) paths.add(bundle[part]);
+  }
+  const lines = [...paths]
     .sort()
-    .map((path) => `${path} ${manifest.files[path].sha256}\n`)
+    .map((path) => `${path} ${(files[path] || {}).sha256 || '?'}\n`)
     .join('');
-  return sha256Hex(new TextEncoder().encode(lines));
+  return sha256Hex(new TextEncoder().encode(`${lines}epOptions ${JSON.stringify(manifest.epOptions || {})}\n`));
 }
 
 /** "Chromium/131", "Firefox/133", "Safari/18.1": the browser brand and major version a decision holds for. */
