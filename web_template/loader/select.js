@@ -85,7 +85,6 @@ export function selectMode(option, manifest) {
   return mode;
 }
 
-/** sha256 over the sorted "path sha256" lines of manifest.files: changes with any file of the package. */
 /**
  * The part of the package a decision depends on: what changes a candidate's speed or results (the
  * models and their weight chunks, the runtime files, the EP options). A rebuild that changes only
