@@ -396,7 +396,7 @@ bench-prepare)
 bench-verify|bench-run)
   # on the device, after `stash` (wheels): the packages of .gpu-web/pkgs restored into $STASH/bench,
   # this checkout's code from .gpu-web/src. bench-verify: `pack verify --gpu --json` per package
-  # (verify-<name>.json); bench-run: scripts/bench_ep.py --gpu over all of them (bench.json).
+  # (verify-<name>.json); bench-run: scripts/bench/bench_ep.py --gpu over all of them (bench.json).
   device_env
   export PYTHONPATH=$STASH/site:$PWD/.gpu-web/src
   restore_bench || exit 1
@@ -416,7 +416,7 @@ bench-verify|bench-run)
     done
   else
     t=$(date +%s)
-    timeout "${PACK_GPU_BENCH_S:-540}" python3 .gpu-web/src/scripts/bench_ep.py "$STASH"/bench/*/ --gpu \
+    timeout "${PACK_GPU_BENCH_S:-540}" python3 .gpu-web/src/scripts/bench/bench_ep.py "$STASH"/bench/*/ --gpu \
       --pages "${PACK_BENCH_PAGES:-3}" --steady "${PACK_BENCH_STEADY:-10}" --json "$OUT/bench.json" 2>"$OUT/bench.err"
     rc=$?
     echo "bench_ep.py --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 2000 "$OUT/bench.err"
