@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_verify.sh MODE — verify a built package on a real GPU (WebGPU on the device machine's NVIDIA H200).
-# docs/gpu.md has the background and the figures measured with this recipe.
+# Lab material, not part of pack (lab/README.md): lab/gpu-runs.md has the figures measured with this
+# recipe; docs/gpu.md has the flow any user follows on a GPU machine of their own.
 #
 # MODE, here (Debian 12 x86_64, repo root):
 #   prepare         build the package, the gpu-browser payload, the wheels and the travelling pieces:
