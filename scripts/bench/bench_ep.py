@@ -145,7 +145,7 @@ def bench_package(package: Path, runtime, args, facts: dict) -> dict:
     ratios = {}
     for result in results:
         if result["ep"] == "webgpu" and result.get("steady_ms") and wasm:
-            ratios[result["label"]] = round(wasm["steady_ms"] / result["steady_ms"], 2)
+            ratios[result["label"]] = float(f"{wasm['steady_ms'] / result['steady_ms']:.3g}")  # 3 figures: a ratio far below 1 must not round to 0
     return {"package": manifest.get("name") or package.name, "inputs": {n: t["dims"] for n, t in manifest["sample"]["tensors"].items()},
             "runtime": runtime.label if runtime is not None else manifest["runtime"]["version"],
             "results": results, "webgpu_speedup_over_wasm": ratios}
