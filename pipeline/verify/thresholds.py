@@ -11,7 +11,7 @@ rounding only: each weight moves by at most 2^-11 ≈ 4.9e-4 of itself (≈ 2.8e
 rounding errors add up as √(depth) times the cancellation gain of each layer. Its bounds allow ten
 times the unit roundoff (5e-3, half of fp16's CPU bounds, which round activations too) and are the
 same on every EP, since no kernel computes in fp16. Measured on the eight flagship-architecture
-exports (scripts/measure_fp16w.py, random inputs, onnxruntime CPU): rel_l2 ≤ 6.2e-4, max_abs_of_range
+exports (scripts/bench/measure_fp16w.py, random inputs, onnxruntime CPU): rel_l2 ≤ 6.2e-4, max_abs_of_range
 ≤ 4.0e-4 (docs/precision.md).
 """
 
