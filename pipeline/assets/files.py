@@ -134,7 +134,7 @@ def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str,
 
 
 def describe_file(root: Path, path: str) -> PackageFile:
-    """A file already in the package whose name carries no hash (loader files, demo page,
-    report.json): listed with a short cache lifetime and no encoded copy."""
+    """A file already in the package whose name carries no hash (loader files, demo page):
+    listed with a short cache lifetime and no encoded copy."""
     target = root / path
     return PackageFile(path, file_sha256(target), target.stat().st_size, None, None, cache="short")

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PackError
+from pipeline.manifest import Manifest
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime
 from pipeline.verify.browser.chromium import launch_browser
@@ -86,10 +87,12 @@ def verify_on_endpoints(
     budget_s: float = DEFAULT_BUDGET_S,
     remote_executable: str | None = None,
     require_all: bool = False,
+    manifest: Manifest | None = None,
 ) -> GridResult:
-    """Each endpoint verifies the package (verify_in_browser) in its own thread, concurrently."""
+    """Each endpoint verifies the package (verify_in_browser) in its own thread, concurrently;
+    `manifest`: served from memory in place of the package's file (verify_in_browser)."""
     progress = progress or Progress.quiet()
-    planned = plan_runs(load_manifest(package_dir))
+    planned = plan_runs(manifest if manifest is not None else load_manifest(package_dir))
     outcomes = [EndpointOutcome(endpoint) for endpoint in endpoints]
 
     def work(outcome: EndpointOutcome) -> None:
@@ -107,7 +110,7 @@ def verify_on_endpoints(
                         raise _Unreachable(str(error)) from None
                     try:
                         verify_in_browser(package_dir, references, thresholds, gpu=gpu, bundle=bundle, watchdog_ms=watchdog_ms,
-                                          browser=browser, runtime=runtime, deadline=deadline, result=outcome.result)
+                                          browser=browser, runtime=runtime, deadline=deadline, result=outcome.result, manifest=manifest)
                     except (PackError, BudgetSpent, BrowserLost):
                         raise
                     except Exception as error:
@@ -253,12 +256,14 @@ def browsers_for(grid: GridSettings | None, gpu: bool):
 
 
 def verify_on_grid(grid: GridSettings | None, package_dir: Path, references, thresholds, *, gpu: bool, progress: Progress,
-                   browser=None, bundle: str | None = None, watchdog_ms: int | None = None, runtime: Runtime | None = None):
+                   browser=None, bundle: str | None = None, watchdog_ms: int | None = None, runtime: Runtime | None = None,
+                   manifest: Manifest | None = None):
     """verify_in_browser on the local `browser` when no endpoint is given (a BrowserResult), else
-    verify_on_endpoints (a GridResult); both have .checks, .report and .failed."""
+    verify_on_endpoints (a GridResult); both have .checks, .report and .failed. `manifest`: the
+    package's manifest in memory, served in place of its file (None: the file on disk)."""
     if grid is None or not grid.endpoints:
         return verify_in_browser(package_dir, references, thresholds, gpu=gpu, progress=progress, browser=browser,
-                                 bundle=bundle, watchdog_ms=watchdog_ms, runtime=runtime)
+                                 bundle=bundle, watchdog_ms=watchdog_ms, runtime=runtime, manifest=manifest)
     return verify_on_endpoints(package_dir, references, thresholds, list(grid.endpoints), gpu=gpu, progress=progress, bundle=bundle,
                                watchdog_ms=watchdog_ms, runtime=runtime, budget_s=grid.budget_s,
-                               remote_executable=grid.remote_executable, require_all=grid.require_all)
+                               remote_executable=grid.remote_executable, require_all=grid.require_all, manifest=manifest)

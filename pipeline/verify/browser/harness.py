@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PackError
+from pipeline.manifest import Manifest, manifest_bytes, validate
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime, resolve_runtime
 from pipeline.verify.browser import logs
@@ -68,6 +69,7 @@ def verify_in_browser(
     profile: bool = True,
     deadline: float | None = None,
     result: BrowserResult | None = None,
+    manifest: Manifest | None = None,
 ) -> BrowserResult:
     """Verify `package_dir` in headless Chromium against fp32 `references` (output name -> array).
 
@@ -85,10 +87,16 @@ def verify_in_browser(
     launched and closed. `deadline` (time.monotonic()) is an endpoint's time budget: past it,
     BudgetSpent. `result` collects into a caller's BrowserResult and skips the runs it holds
     already (a reconnect resumes where the lost connection stopped).
+    `manifest`: the package's manifest in memory, served as its manifest.json in place of the
+    file (`pack build` checks its staging folder before it writes the manifest); None: the file.
     """
     progress = progress or Progress.quiet()
     package_dir = Path(package_dir)
-    manifest = load_manifest(package_dir)
+    served = None
+    if manifest is None:
+        manifest = load_manifest(package_dir)
+    else:
+        served = manifest_bytes(validate(manifest, package_dir / "manifest.json (in memory)"))
     runs = plan_runs(manifest)
     watchdog = watchdog_ms or int((manifest.get("loader") or {}).get("watchdogMs") or DEFAULT_WATCHDOG_MS)
     if bundle is not None and runtime is None:
@@ -101,7 +109,7 @@ def verify_in_browser(
     launch_start = time.monotonic()
     with ExitStack() as stack:
         runner = stack.enter_context(BrowserRunner(
-            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser))
+            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser, manifest=served))
         adapter, navigator = runner.probe_device()
         result.report = {
             "chromium": runner.browser.version,

@@ -45,12 +45,14 @@ class BrowserRunner:
 
     `runtimes`: key -> Runtime whose dist/ is mounted at /__pack__/runtime/<key>/. `browser` reuses
     an open Playwright browser; otherwise one is launched (`gpu`: hardware Vulkan flags) and closed.
-    Use as a context manager.
+    `manifest` (bytes) is served as the package's manifest.json instead of the file in `root`
+    (server.py). Use as a context manager.
     """
 
     def __init__(self, root: Path, *, runtimes: dict[str, Runtime] | None = None, gpu: bool = False, browser=None,
-                 models: Path | None = None):
+                 models: Path | None = None, manifest: bytes | None = None):
         self.root = Path(root)
+        self.manifest = manifest
         self.runtimes = dict(runtimes or {})
         self.gpu = gpu
         self.browser = browser
@@ -65,7 +67,7 @@ class BrowserRunner:
         if self.models is not None:
             mounts[MODEL_PREFIX] = self.models
         try:
-            self.server = self._stack.enter_context(running_server(self.root, mounts))
+            self.server = self._stack.enter_context(running_server(self.root, mounts, manifest=self.manifest))
             if self.browser is None:
                 self.browser = self._stack.enter_context(launch_browser(gpu=self.gpu))
         except BaseException:
