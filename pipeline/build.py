@@ -44,7 +44,9 @@ from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, libr
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
-from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
+from pipeline.verify.checks import contradicted_kernel_errors, self_reference_checks, skipped_runs
+from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
+from pipeline.verify.thresholds import threshold_table
 from pipeline.verify.host import run_model
 
 
@@ -242,11 +244,7 @@ def _browser_verify(staging: Path, contents: PackageContents, reference: dict[st
 
 def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
     """--no-browser: every run the browser checks would make, recorded as skipped."""
-    checks = [
-        {"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle, "status": "skipped", "metrics": {}, "threshold": {}, "detail": "--no-browser"}
-        for run in plan_runs(manifest)
-    ]
-    return BrowserOutcome(checks)
+    return BrowserOutcome(skipped_runs(plan_runs(manifest), "--no-browser"))
 
 
 def _verification(checks: list[dict]) -> Verification:
@@ -375,7 +373,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             write_manifest(staging, contents.manifest(thresholds=thresholds))
         with timer.stage("browser_verify"):
             if options.browser:
-                browser = _browser_verify(staging, contents, reference, browser_thresholds(made.variants, reference, recipe), options.gpu, progress, options.grid)
+                browser = _browser_verify(staging, contents, reference, thresholds, options.gpu, progress, options.grid)
                 contents.ep_options = browser.ep_options
             else:
                 browser = _browser_skipped(contents.manifest())
