@@ -48,7 +48,9 @@ from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, libr
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
-from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
+from pipeline.verify.checks import contradicted_kernel_errors, self_reference_checks, skipped_runs
+from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
+from pipeline.verify.thresholds import threshold_table
 from pipeline.verify.host import run_model
 
 
@@ -212,7 +214,7 @@ def _webgpu_failed(checks: list[dict]) -> bool:
     return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
 
 
-def _browser_verify(staging: Path, contents: PackageContents, manifest_thresholds: Thresholds, license: str | None, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, progress: Progress, grid=None) -> BrowserOutcome:
+def _browser_verify(staging: Path, contents: PackageContents, thresholds: Thresholds, license: str | None, reference: dict[str, np.ndarray], gpu: bool, progress: Progress, grid=None) -> BrowserOutcome:
     """Browser verification through the package's loader, on the staging folder with the manifest
     served from memory: this one records no runs, so every variant is tried as shipped (the final
     manifest is written once the verdict is known). When WebGPU fails under the EP's default NHWC
@@ -224,12 +226,12 @@ def _browser_verify(staging: Path, contents: PackageContents, manifest_threshold
     ep_options = contents.ep_options
     steps = []
     with browsers_for(grid, gpu) as browser:
-        served = contents.manifest(thresholds=manifest_thresholds, license=license)
+        served = contents.manifest(thresholds=thresholds, license=license)
         result = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser, manifest=served)
         if _webgpu_failed(result.checks) and "preferredLayout" not in ep_options.get("webgpu", {}):
             progress.note("webgpu failed with the NHWC layout; trying preferredLayout NCHW")
             nchw = {**ep_options, "webgpu": {**ep_options.get("webgpu", {}), "preferredLayout": "NCHW"}}
-            served = replace(contents, ep_options=nchw).manifest(thresholds=manifest_thresholds, license=license)
+            served = replace(contents, ep_options=nchw).manifest(thresholds=thresholds, license=license)
             retry = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser, manifest=served)
             fixed = not _webgpu_failed(retry.checks)
             failed_before = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in result.checks if c["ep"] == "webgpu" and c["status"] == "failed"]
@@ -248,11 +250,7 @@ def _browser_verify(staging: Path, contents: PackageContents, manifest_threshold
 
 def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
     """--no-browser: every run the browser checks would make, recorded as skipped."""
-    checks = [
-        {"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle, "status": "skipped", "metrics": {}, "threshold": {}, "detail": "--no-browser"}
-        for run in plan_runs(manifest)
-    ]
-    return BrowserOutcome(checks)
+    return BrowserOutcome(skipped_runs(plan_runs(manifest), "--no-browser"))
 
 
 def _verification(checks: list[dict]) -> Verification:
@@ -381,7 +379,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
             contents = replace(contents, plain=plain_files(staging, rendered))
         with timer.stage("browser_verify"):
             if options.browser:
-                browser = _browser_verify(staging, contents, thresholds, recipe.license, reference, browser_thresholds(made.variants, reference, recipe), options.gpu, progress, options.grid)
+                browser = _browser_verify(staging, contents, thresholds, recipe.license, reference, options.gpu, progress, options.grid)
                 contents = replace(contents, ep_options=browser.ep_options)
             else:
                 browser = _browser_skipped(contents.manifest())

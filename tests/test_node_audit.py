@@ -20,9 +20,9 @@ from pipeline.manifest import runs_from_checks
 from pipeline.progress import Progress
 from pipeline.precision.fp16 import convert_with_keeps
 from pipeline.verify import node_audit, node_slicing, webgpu_kernels
-from pipeline.verify.checks import webgpu_kernel_checks
+from pipeline.verify.stages import webgpu_kernel_checks
 from pipeline.verify.host import reference_outputs
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.thresholds import node_bounds, threshold_for
 
 REASON = webgpu_kernels.unavailable_reason()
 needs_kernels = pytest.mark.skipif(REASON is not None, reason=f"webgpu-kernels not available: {REASON}")
@@ -145,7 +145,7 @@ def test_the_audit_names_the_fp16_matmul_and_reducemean_failures_and_passes_fp32
     assert failed == {"long_matmul", "long_mean"}, [v.line() for v in verdicts]
     matmul, mean = by_node["long_matmul"], by_node["long_mean"]
     assert matmul.op == "MatMul" and matmul.shape == [[4, 4096], [4096, 16]] and "K = 4096 whole" in matmul.cut
-    assert matmul.metrics["max_abs_of_scale"] > node_audit.node_bounds("fp16")["max_abs_of_scale"]
+    assert matmul.metrics["max_abs_of_scale"] > node_bounds("fp16")["max_abs_of_scale"]
     assert mean.metrics["rel_l2"] > 0.9  # the fp16 ReduceMean over 70000 values gives 0
     assert "70000 values per reduction" in mean.cut
     assert by_node["conv"].status == "passed" and "output channels" in by_node["conv"].cut

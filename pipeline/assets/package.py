@@ -20,7 +20,7 @@ import onnx
 from pipeline.assets.chunks import chunk_bytes, write_chunked
 from pipeline.assets.files import PackageFile, add_hashed_file, describe_file
 from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
-from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
+from pipeline.assets.samples import declared_shape, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.fp16w import widened_model_file
@@ -28,6 +28,7 @@ from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.runtime import recipe_runtime
+from pipeline.sample_file import sample_bytes
 
 
 def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, recipe: Recipe, outputs: bool) -> list[dict]:

@@ -17,7 +17,6 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from pipeline.assets.samples import read_sample
 from pipeline.cache import atomic_write
 from pipeline.errors import PackError
 from pipeline.manifest import read_manifest
@@ -25,6 +24,7 @@ from pipeline.progress import Progress
 from pipeline.report import REPORT_HTML, figures
 from pipeline.report.data import ReportData, load, save
 from pipeline.report.record import read_record
+from pipeline.sample_file import read_sample
 from pipeline.verify.browser.harness import run_label
 from pipeline.verify.metrics import LOWER_BOUNDS, compare, format_metrics
 

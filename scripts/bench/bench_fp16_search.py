@@ -82,7 +82,7 @@ def run_pack(model: onnx.ModelProto, feeds: dict, trials: int, seconds: float) -
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.recipe import Recipe
-    from pipeline.verify.checks import fp16_evaluators, onnxruntime_refusal
+    from pipeline.verify.stages import fp16_evaluators, onnxruntime_refusal
     from pipeline.verify.host import run_model
 
     with tempfile.TemporaryDirectory() as tmp:

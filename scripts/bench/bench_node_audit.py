@@ -25,14 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.commands.verify import sample_feeds  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
+from pipeline.sample_file import read_sample  # noqa: E402
 from pipeline.verify import node_audit, webgpu_kernels  # noqa: E402
 
 
 def bench(package: Path, runs: int, out=sys.stdout) -> dict:
     manifest = json.loads((package / "manifest.json").read_text())
-    feeds = sample_feeds(package, manifest)
+    feeds = read_sample(package, manifest)[0]
     variants = {name: (package / v["model"], v["precision"]) for name, v in manifest["variants"].items() if v.get("precision") in ("fp16", "fp16w", "fp32")}
     reference = variants["fp32"][0]
     limit = webgpu_kernels.whole_run_limit(reference, feeds)

@@ -33,6 +33,7 @@ from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_i
 from pipeline.verify.browser.plan import load_manifest, plan_runs
 from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
 from pipeline.verify.browser.runner import BrowserLost, connection_lost
+from pipeline.verify.checks import Check, any_failed, check, tagged
 
 ATTEMPTS = 2  # the first connection and one retry
 GRACE_S = 60  # connecting and closing, beyond the budget, before a worker is abandoned
@@ -55,13 +56,13 @@ class EndpointOutcome:
 
 @dataclass
 class GridResult:
-    checks: list[dict]
+    checks: list[Check]
     report: dict  # report.json "browser": {"endpoints": [...], "devices": [...], "policy": ...}
     outcomes: list[EndpointOutcome]
 
     @property
     def failed(self) -> bool:
-        return any(check["status"] == "failed" for check in self.checks)
+        return any_failed(self.checks)
 
     @property
     def outputs(self) -> dict:
@@ -76,7 +77,7 @@ class GridResult:
 def verify_on_endpoints(
     package_dir: Path,
     references: dict[str, np.ndarray],
-    thresholds: dict[str, dict[str, dict]],
+    thresholds: dict[str, dict[str, dict[str, dict]]],
     endpoints: list[Endpoint],
     *,
     gpu: bool = False,
@@ -172,7 +173,7 @@ class _Unreachable(Exception):
 
 
 def _merge(outcomes: list[EndpointOutcome], planned, require_all: bool) -> GridResult:
-    checks: list[dict] = []
+    checks: list[Check] = []
     endpoints_report = []
     devices: dict[str, dict] = {}
     for outcome in outcomes:
@@ -181,15 +182,13 @@ def _merge(outcomes: list[EndpointOutcome], planned, require_all: bool) -> GridR
         device = report.get("device")
         key = device_key(device) if device else None
         tags = {"endpoint": label, "device": key, "adapter": adapter_class(device) if device else None}
-        for check in outcome.result.checks:
-            checks.append({**check, **tags})
+        checks.extend(tagged(outcome.result.checks, **tags))
         if not outcome.finished:
             done = {(r["bundle"], r["ep"], r["variant"]) for r in report.get("runs", [])}
             reason = _reason(outcome.errors)
             for run in planned:
                 if (run.bundle, run.ep, run.variant) not in done:
-                    checks.append({"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle,
-                                   "status": "error", "detail": f"{label}: {reason}", **tags})
+                    checks.append(check("browser", run.ep, run.variant, "error", bundle=run.bundle, detail=f"{label}: {reason}", **tags))
         entry = {"endpoint": label, "kind": outcome.endpoint.kind, "status": outcome.status, "attempts": len(outcome.errors) + (1 if outcome.finished else 0),
                  "seconds": outcome.seconds, "device": key, "browser": report or None}
         if outcome.errors:
