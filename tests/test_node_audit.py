@@ -197,3 +197,23 @@ def test_a_node_that_crashes_the_worker_is_named_and_the_others_are_still_audite
     assert verdicts["relu"].status == "failed" and verdicts["relu"].detail == "crashed the worker (SIGSEGV)"
     assert {n for n, v in verdicts.items() if v.status == "failed"} == {"relu", "long_matmul", "long_mean"}
     assert verdicts["conv"].status == "passed" and verdicts["centre"].status == "passed"
+
+
+SCALAR_INPUT_MODEL = """
+<ir_version: 8, opset_import: ["" : 18]>
+spectrum (float[2, 64, 1] x) => (float[2, 33, 2] y) <int64 length = {64}> {
+    y = DFT <axis = 1, onesided = 1> (x, length)
+}
+"""
+
+
+@needs_kernels
+def test_a_scalar_constant_a_node_reads_stays_a_scalar_in_its_audit(tmp_path):
+    # LaMa's rfft: DFT's dft_length is a 0-d initializer; the audit used to store it as shape [1]
+    # (np.ascontiguousarray), which onnxruntime refuses ("dft_length input must be a scalar"),
+    # so every node of a 512² LaMa export was left not verifiable.
+    model = onnx.parser.parse_model(SCALAR_INPUT_MODEL)
+    onnx.save(model, tmp_path / "fp32.onnx")
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 64, 1)).astype(np.float32)}
+    verdicts = node_audit.node_verdicts(tmp_path / "fp32.onnx", tmp_path / "fp32.onnx", feeds, precision="fp32")
+    assert [(v.op, v.status) for v in verdicts] == [("DFT", "passed")], [v.line() for v in verdicts]
