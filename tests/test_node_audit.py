@@ -96,6 +96,14 @@ def test_cut_matmul_gemm_reductions_and_softmax_keep_the_reduced_axes_whole():
     _cut_matches_whole("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [RNG.standard_normal((1, 16, 64, 64)).astype(np.float32)])
 
 
+def test_a_cut_dft_keeps_its_transform_axis_whole():
+    # LaMa's FFC: a 2-D rfft as two DFTs over [1, C, 256, 256]; each runs whole otherwise (slow on lavapipe).
+    real = RNG.standard_normal((1, 4, 64, 96, 1)).astype(np.float32)
+    assert "64 values per transform" in _cut_matches_whole("DFT", {"axis": 2, "onesided": 1}, [real])
+    spectrum = RNG.standard_normal((1, 4, 64, 96, 2)).astype(np.float32)
+    assert "96 values per transform" in _cut_matches_whole("DFT", {"axis": 3, "inverse": 1}, [spectrum])
+
+
 def hazard_model(k: int = 4096, n: int = 70000) -> onnx.ModelProto:
     """The two WebGPU fp16 failures the stage must catch, with harmless neighbours: a MatMul whose
     fp16 accumulation drifts over K = 4096 positive terms, and a ReduceMean over 70000 values
