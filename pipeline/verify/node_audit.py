@@ -372,6 +372,12 @@ class _Built:
     out_types: dict[str, list[int]]
 
 
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy that keeps the rank: np.ascontiguousarray turns a 0-d array into shape
+    [1], and a scalar input (DFT's dft_length, a Pow exponent) must stay a scalar."""
+    return np.require(array, requirements="C")
+
+
 def _cut(array: np.ndarray, win: list[int] | None) -> np.ndarray:
     if win is None or array.ndim != len(win):
         return array
@@ -455,7 +461,7 @@ def _one_node(job: _Job, node, model_name: str, constants, producers, reference_
                 value = np.array([1, plan.attributes["_resize_channels"], *value.ravel()[2:]], dtype=value.dtype)
             for to in casts:
                 value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
-            initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), local))
+            initializers.append(numpy_helper.from_array(_contiguous(value), local))
             continue
         if i not in job.fed:
             return f"input {tensor} of {job.label} is a constant in the reference but computed in {model_name}"
@@ -468,7 +474,7 @@ def _one_node(job: _Job, node, model_name: str, constants, producers, reference_
             elem = known.get(tensor, (0, None))[0] if known else 0
             if elem:
                 value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-        feeds[local] = np.ascontiguousarray(value)
+        feeds[local] = _contiguous(value)
         inputs.append(helper.make_tensor_value_info(local, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
     attrs = [a for a in node.attribute if a.name not in plan.attributes]
     copy = helper.make_node(node.op_type, names, [f"o{k}" if o else "" for k, o in enumerate(node.output)], name=job.label, domain=node.domain)
