@@ -50,6 +50,15 @@ def smoke_test(script: str):
     return register
 
 
+@smoke_test("measure_flagship_real_size.py")
+def test_measure_flagship_real_size_smoke(tmp_path):
+    rows = smoke("measure_flagship_real_size.py", str(tmp_path / "dist"))
+    assert [r["model"] for r in rows] == ["vocos"]
+    row = rows[0]
+    assert row["verdict"] == "verified" and 0 < row["fp16_bytes"] < row["fp32_bytes"], row
+    assert positive(row["gmac"]) and positive(row["build_s"])
+
+
 @smoke_test("bench_build.py")
 def test_bench_build_smoke():
     figures = smoke("bench_build.py")

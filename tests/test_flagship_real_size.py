@@ -7,7 +7,7 @@ and `--no-browser`: the host checks, then the webgpu-kernels stage as a node aud
 model by PACK_WEBGPU_KERNELS_MAX_GMAC=0: each node at its real shapes on lavapipe's WebGPU kernels,
 cut to a few outputs with full accumulation depth). Each package must ship a verified fp16 variant,
 with the nodes kept in fp32 listed with their cost. The table in docs/precision.md comes from the
-same builds (scripts/measure_flagship_real_size.py).
+same builds (scripts/bench/measure_flagship_real_size.py).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def built(tmp_path_factory):
 
     from pipeline.cli import app
 
-    sys_path = str(Path(__file__).resolve().parent.parent / "scripts")
+    sys_path = str(Path(__file__).resolve().parent.parent / "scripts" / "bench")
     import sys
 
     sys.path.insert(0, sys_path)

@@ -4,9 +4,10 @@ Builds each export of tests/data/flagship_real/ with its recipe at the sizes cas
 (`pack build --no-browser --json`: host checks and the webgpu-kernels stage, node audit forced with
 PACK_WEBGPU_KERNELS_MAX_GMAC=0 unless set), or reads packages built before (--from DIR), and prints
 one markdown row per model: input size, GMAC, fp16 verdict, the host's fp16 figures (PSNR or SNR),
-the audit's worst node, kept nodes, fp16 bytes against fp32, audit time, build time.
+the audit's worst node, kept nodes, fp16 bytes beside fp32 (side by side), audit time, build time.
 
-Usage: PYTHONPATH=. python scripts/measure_flagship_real_size.py OUT_DIR [NAME ...] [--from]
+Usage: python scripts/bench/measure_flagship_real_size.py OUT_DIR [NAME ...] [--from] [--json]
+Smoke: python scripts/bench/measure_flagship_real_size.py OUT_DIR --smoke --json (Vocos only, the smallest)
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "flagship_real"
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run from anywhere: the checkout's own pipeline/
+DATA = REPO / "tests" / "data" / "flagship_real"
 
 
 def cases() -> dict[str, dict]:
@@ -107,8 +110,11 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("names", nargs="*")
     parser.add_argument("--from", dest="existing", action="store_true", help="read the packages already in OUT (no build)")
+    parser.add_argument("--smoke", action="store_true", help="Vocos only (the smallest export), to check the script runs")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of the markdown table")
     args = parser.parse_args()
-    names = args.names or list(cases())
+    args.out.mkdir(parents=True, exist_ok=True)  # its parent holds the built-in recipes' lock (./pack.lock.json)
+    names = ["vocos"] if args.smoke else (args.names or list(cases()))
     env = {**os.environ, "PACK_WEBGPU_KERNELS_MAX_GMAC": os.environ.get("PACK_WEBGPU_KERNELS_MAX_GMAC", "0")}
     rows = []
     for name in names:
@@ -116,11 +122,12 @@ def main() -> None:
         seconds = None
         if not args.existing:
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "pipeline.cli", *build_args(name, args.out)], env=env, cwd=args.out.parent, stdout=subprocess.DEVNULL, check=False)
+            subprocess.run([sys.executable, "-m", "pipeline.cli", *build_args(name, args.out.resolve())], env={**env, "PYTHONPATH": str(REPO)}, cwd=args.out.resolve().parent, stdout=subprocess.DEVNULL, check=False)
             seconds = time.perf_counter() - started
         rows.append(row(name, package, seconds))
-        print(json.dumps(rows[-1]), file=sys.stderr)
-    print(markdown(rows))
+        if not args.json:
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    print(json.dumps(rows) if args.json else markdown(rows))
 
 
 if __name__ == "__main__":
