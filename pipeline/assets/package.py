@@ -130,12 +130,14 @@ def write_models(staging: Path, contents: PackageContents, recipe: Recipe, varia
     runtime); a model over `[assets] chunk_mib` as its graph plus chunked weights (assets/chunks.py)."""
     limit = chunk_bytes(recipe.chunk_mib)
     for variant in variants:
-        # fp16w stays one file: the loader widens the initializers inside the model's bytes
-        if not variant.widen and variant.model.ByteSize() > limit:
-            chunked = write_chunked(staging, f"model.{variant.name}", variant.model, limit, progress)
+        # fp16w too: its fp16 weights in chunks, widened by the loader chunk by chunk
+        chunked = write_chunked(staging, f"model.{variant.name}", variant.model, limit, progress, widen=bool(variant.widen)) if variant.model.ByteSize() > limit else None
+        if chunked is not None:
             contents.add(chunked.graph, *chunked.chunks)
             contents.model_paths[variant.name] = contents.check_paths[variant.name] = chunked.verify_path
             contents.variants[variant.name] = {"precision": variant.precision, "model": chunked.graph.path, "requires": variant.requires, "externalData": chunked.external}
+            if variant.widen:
+                contents.variants[variant.name]["widen"] = variant.widen
             continue
         entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
         contents.add(entry)

@@ -167,7 +167,6 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
     options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
     the defaults."""
     from pipeline.assets.chunks import runnable_model
-    from pipeline.precision.fp16w import widened_model_file
     from pipeline.verify.checks import webgpu_kernel_checks
 
     recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
@@ -178,8 +177,8 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
         precision = variant.get("precision", "fp32")
         if precision not in ("fp16", "fp16w", "fp32"):
             continue
-        # fp16w: the widened model, as the loader hands it to onnxruntime-web
-        models[name] = widened_model_file(package / variant["model"]) if variant.get("widen") else runnable_model(package, variant, name)
+        # as the loader hands it to onnxruntime-web: chunks reassembled, fp16w widened
+        models[name] = runnable_model(package, variant, name)
         thresholds[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in references}
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
     return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)
