@@ -12,11 +12,11 @@ scripts/make_image_calibration_models.py makes with --lama-width 128 --lama-bloc
 variant ships); fp16w is the fp32 graph with its float32 initializers stored as fp16
 (pipeline/precision/fp16w.py), laid out as the build lays it out (the fp16 values last, widened by
 the loader). The chunks are those a build cuts at the default [assets] chunk_mib.
-Single-threaded seconds (the build compresses chunks in parallel across cores; the `parallel s`
-column is that wall time).
+Seconds are CPU seconds of one thread (a shared machine's load does not count; the build
+compresses chunks in parallel across cores, and the `parallel s` column is that wall time).
 
-Usage: .venv/bin/python scripts/bench_coding.py [--no-isnet] [--lama PATH] [--json]. Prints
-figures, asserts nothing.
+Usage: .venv/bin/python scripts/bench_coding.py [--no-isnet] [--lama PATH] [--no-sweep] [--json].
+Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -96,9 +96,10 @@ def chunks_of(model: onnx.ModelProto, widen: bool) -> tuple[list[tuple[memoryvie
 
 
 def compress_all(pieces: list[bytes], quality: int) -> tuple[int, float]:
-    started = time.perf_counter()
+    """(brotli bytes, CPU seconds of this thread): on a shared machine wall time counts the others' load."""
+    started = time.thread_time()
     size = sum(len(brotli.compress(p, quality=quality)) for p in pieces)
-    return size, time.perf_counter() - started
+    return size, time.thread_time() - started
 
 
 def parallel_seconds(pieces: list[bytes], quality: int) -> float:
@@ -112,6 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-isnet", action="store_true", help="skip ISNet (88 MB; slow)")
     parser.add_argument("--lama", type=Path, help="a LaMa-architecture export to measure instead of tests/data/flagship/lama.onnx")
+    parser.add_argument("--no-sweep", action="store_true", help="only the coding table: no quality sweep, no plane counts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.lama:
@@ -128,7 +130,7 @@ def main() -> None:
             planar, planar_s = compress_all(coded, WEIGHTS_QUALITY)
             rows.append({"model": name, "precision": precision, "chunks": len(chunks), "raw": total, "plain_br": plain, "plain_s": plain_s,
                          "planes_br": planar, "planes_s": planar_s, "parallel_s": parallel_seconds(coded, WEIGHTS_QUALITY)})
-            for quality in QUALITIES:
+            for quality in () if args.no_sweep else QUALITIES:
                 # the first SWEEP_BYTES of the weights (q11, at well under 1 MB/s: 4 MiB), coded as shipped
                 budget = 4 << 20 if quality == 11 else SWEEP_BYTES
                 sample, taken = [], 0
@@ -140,7 +142,7 @@ def main() -> None:
                     taken += len(piece)
                 size, seconds = min((compress_all(sample, quality) for _ in range(REPEATS)), key=lambda r: r[1])
                 sweep.append({"model": name, "precision": precision, "quality": quality, "bytes": taken, "br": size, "s": seconds})
-            for (offset, length, width), view in groups:
+            for (offset, length, width), view in [] if args.no_sweep else groups:
                 if width == 1:
                     continue
                 data = bytes(view[offset : offset + min(length, SWEEP_BYTES)])
@@ -149,11 +151,13 @@ def main() -> None:
     if args.json:
         print(json.dumps({"coding": rows, "quality": sweep, "planes": widths}, indent=2))
         return
-    print(f"weights as shipped at chunk_mib {DEFAULT_CHUNK_MIB:g}, brotli q{WEIGHTS_QUALITY}; % of raw; single-thread seconds ({os.cpu_count()} cores for 'parallel s')")
+    print(f"weights as shipped at chunk_mib {DEFAULT_CHUNK_MIB:g}, brotli q{WEIGHTS_QUALITY}; % of raw; CPU seconds of one thread ({os.cpu_count()} cores for 'parallel s', wall)")
     print(f"{'model':<8}{'prec':<6}{'chunks':>7}{'raw bytes':>13}{'plain br':>13}{'%':>7}{'s':>7}{'planes+br':>13}{'%':>7}{'s':>7}{'parallel s':>11}")
     for r in rows:
         print(f"{r['model']:<8}{r['precision']:<6}{r['chunks']:>7}{r['raw']:>13,}{r['plain_br']:>13,}{100 * r['plain_br'] / r['raw']:>7.1f}{r['plain_s']:>7.2f}"
               f"{r['planes_br']:>13,}{100 * r['planes_br'] / r['raw']:>7.1f}{r['planes_s']:>7.2f}{r['parallel_s']:>11.2f}")
+    if args.no_sweep:
+        return
     print("\nbrotli quality on byte-plane chunks (up to 8 MiB per model; q11 on 4 MiB; fastest of 2 runs): % of raw, MB/s")
     for key in sorted({(s["model"], s["precision"]) for s in sweep}, key=lambda k: (names.index(k[0]), k[1])):
         cells = [s for s in sweep if (s["model"], s["precision"]) == key]

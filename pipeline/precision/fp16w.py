@@ -183,7 +183,7 @@ def _decimal(data: memoryview, what: str) -> int:
 
 def _widen_external(data: memoryview, fields: list, type_field: tuple, layout: WidenedLayout) -> bytes:
     """A FLOAT16 initializer in the external data, as FLOAT at the place of its widened bytes."""
-    entries = []  # (field, {key: value field}) per external_data entry
+    entries = []  # (field, key) per external_data entry
     values: dict[bytes, memoryview] = {}
     for f in fields:
         if f[0] == _TENSOR_EXTERNAL_DATA and f[1] == 2:
