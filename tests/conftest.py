@@ -17,19 +17,20 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def chunked_packages(tmp_path_factory) -> dict[str, Path]:
-    """`pack build --no-browser` of one small model twice: "chunked" at a tiny [assets] chunk_mib
-    (weights in byte-plane coded chunks), "single" at the default (one file per variant)."""
+    """`pack build --no-browser` of one small model twice, variants fp16, fp16w and fp32: "chunked"
+    at a tiny [assets] chunk_mib (weights in byte-plane coded chunks), "single" at the default (one
+    file per variant)."""
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from tests.chunk_helpers import CHUNK_MIB, write_recipe
+    from tests.chunk_helpers import CHUNK_MIB, VARIANTS, write_recipe
 
     folder = tmp_path_factory.mktemp("chunky")
     packages = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PACK_WEBGPU_KERNELS", "off")  # the browser tests check WebGPU; lavapipe adds nothing here
         for key, name, chunk_mib in (("chunked", "chunky", CHUNK_MIB), ("single", "chunky-single", None)):
-            recipe = write_recipe(folder, name, chunk_mib)
+            recipe = write_recipe(folder, name, chunk_mib, VARIANTS)
             result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(folder / "dist")])
             assert result.exit_code == 0, result.output[-3000:]
             packages[key] = folder / "dist" / name
