@@ -42,6 +42,7 @@ class Evaluator:
     # Node-local evaluators (the node audit judges each node on the host's fp32 values): {node: why}
     # for each node the candidate fails, a node that then fails in every candidate leaving it in fp16.
     failing_nodes: Callable[[Path], dict[str, str]] | None = None
+    facts: Callable[[], dict] | None = None  # what its trials cost (the node audit: node runs, verdicts reused)
 
 
 @dataclass
@@ -238,6 +239,9 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
     `detail`): (its report figures, the fp16 model, kept {node: why}). Nodes a node-local
     evaluator (the node audit) fails are ranked first and kept without bisecting: each fails in
     every candidate that leaves it in fp16; when they alone pass, no ranking run is needed."""
+    import time
+
+    started = time.perf_counter()
     context.progress.note(f"fp16 misses a threshold ({detail}); searching for nodes to keep in fp32")
     ops = {n.name: n.op_type for n in named.graph.node}
     needed = {node: found for node, found in _failing_nodes(converted, context.evaluators).items() if node not in kept and node in ops}
@@ -264,7 +268,7 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
 
     ranked: list = []
     if needed and trial([])[0]:
-        result = SearchResult(True, [], tried[0], 0.0, True)
+        result = SearchResult(True, [], tried[0], time.perf_counter() - started, True)
     else:
         blocked = set(SAFE_BLOCK_LIST) | set(recipe.fp16_block_ops)
         ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept and stat.node not in needed]
@@ -275,7 +279,7 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         if not any(k == ("*", "*") or k[1] == "*" for k in everything):
             unfixable.update(everything)
         if (unfixable or needed) and trial([])[0]:
-            result = SearchResult(True, [], tried[0], 0.0, True, None if needed else "keeping nodes in fp32 fixes none of the failures")
+            result = SearchResult(True, [], tried[0], time.perf_counter() - started, True, None if needed else "keeping nodes in fp32 fixes none of the failures")
         else:
             result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried)
             if result is None:
@@ -284,6 +288,9 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         result.kept = [*needed, *result.kept]
     result.trials = tried[0]
     search = {**result.figures(), "candidates": len(needed) + len(pool), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
+    costs = {e.name: e.facts() for e in context.evaluators if e.facts is not None}
+    if costs:
+        search["evaluator_costs"] = costs
     if needed:
         search["node_failures"] = [{"node": node, "op": ops[node], "evaluator": evaluator, "why": reason} for node, (evaluator, reason) in needed.items()]
     if unfixable:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,9 @@ class CandidateAudit:
         self._reference_runs: dict[int, object] = {}  # job index -> the fp32 node's outputs on CPU
         self._verdicts: dict[tuple[str, str], NodeVerdict] = {}  # (layout, node model key) -> verdict
         self._by_file: dict[str, tuple[list[NodeVerdict], dict[str, str]]] = {}  # candidate sha -> last audit
-        self.runs = 0  # node runs on lavapipe, for the report
-        self.cached = 0  # verdicts reused
+        self.runs = 0  # candidate nodes run on lavapipe
+        self.cached = 0  # candidate nodes whose verdict was reused
+        self.seconds = 0.0
 
     def _prepare(self) -> tuple:
         if self._prepared is None:
@@ -59,6 +61,17 @@ class CandidateAudit:
         memo = f"{hashlib.sha256(data).hexdigest()}|{layout}"
         if memo in self._by_file:
             return self._by_file[memo]
+        started = time.perf_counter()
+        try:
+            return self._audit(data, memo, layout, ep_options)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def facts(self) -> dict:
+        """What the audits cost so far: candidates audited, node runs on lavapipe, verdicts reused."""
+        return {"audits": len(self._by_file), "node_runs": self.runs, "verdicts_reused": self.cached, "seconds": round(self.seconds, 2)}
+
+    def _audit(self, data: bytes, memo: str, layout: str, ep_options: dict | None) -> tuple[list[NodeVerdict], dict[str, str]]:
         jobs, values = self._prepare()
         if isinstance(values, str):
             found = [NodeVerdict("*", "*", [], "not-verifiable", f"the host run of the fp32 model for the audit failed: {values}")], {}

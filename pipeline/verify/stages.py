@@ -233,7 +233,7 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
                 return False, found["*"]
             return not found, "; ".join(f"{name}: {why}" for name, why in found.items()) or "passed"
 
-        evaluators.append(Evaluator("webgpu-kernels", judge, failures, failing_nodes))
+        evaluators.append(Evaluator("webgpu-kernels", judge, failures, failing_nodes, audit.facts))
     return evaluators
 
 
