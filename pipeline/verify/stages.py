@@ -188,14 +188,19 @@ def _fp16_failures(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: st
 
 def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], tuple[bool, str]]:
     failures = _fp16_failures(run, ep, reference, feeds, recipe, retry)
+    judge_model = _judge_of(failures)
+    judge_model.failures = failures  # per output, for the search
+    return judge_model
 
+
+def _judge_of(failures: Callable[[Path], dict[str, str]]) -> Callable[[Path], tuple[bool, str]]:
+    """(passed, one-line detail) of a candidate from its failures per output."""
     def judge_model(path: Path) -> tuple[bool, str]:
         found = failures(path)
         if "*" in found:
             return False, found["*"]
         return not found, "; ".join(f"{name}: {why}" for name, why in found.items()) or "passed"
 
-    judge_model.failures = failures  # per output, for the search
     return judge_model
 
 
@@ -227,13 +232,7 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
         def failing_nodes(path: Path) -> dict[str, str]:
             return audit.failing_nodes(path) if webgpu_kernels.whole_run_limit(path, feeds) else {}
 
-        def judge(path: Path) -> tuple[bool, str]:
-            found = failures(path)
-            if "*" in found:
-                return False, found["*"]
-            return not found, "; ".join(f"{name}: {why}" for name, why in found.items()) or "passed"
-
-        evaluators.append(Evaluator("webgpu-kernels", judge, failures, failing_nodes, audit.facts))
+        evaluators.append(Evaluator("webgpu-kernels", _judge_of(failures), failures, failing_nodes, audit.facts))
     return evaluators
 
 
