@@ -186,7 +186,7 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
     def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         return run_model(path, run_feeds).outputs
 
-    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe, model), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
 
 
 def _host_verify(models: ModelFiles, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
