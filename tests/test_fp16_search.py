@@ -127,8 +127,8 @@ def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_ski
     def no_search(*args, **kwargs):
         raise AssertionError("searched although the lock holds the answer")
 
-    monkeypatch.setattr("pipeline.precision.kept.search_keep_set", no_search)
-    monkeypatch.setattr("pipeline.precision.kept.rank_nodes", no_search)
+    monkeypatch.setattr("pipeline.precision.kept_nodes.search_keep_set", no_search)
+    monkeypatch.setattr("pipeline.precision.kept_nodes.rank_nodes", no_search)
     again = _build(recipe, tmp_path / "b")
     assert again.exit_code == 0, again.output
     assert _fp16_bytes(tmp_path / "b" / "energy") == _fp16_bytes(tmp_path / "a" / "energy")
@@ -167,7 +167,7 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     import onnx
 
     from pipeline.commands.summary import fp16_kept_lines
-    from pipeline.precision.kept import Evaluator, Fp16Context
+    from pipeline.precision.kept_nodes import Evaluator, Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators
@@ -238,7 +238,7 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     reason = webgpu_kernels.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from pipeline.precision.kept import Fp16Context
+    from pipeline.precision.kept_nodes import Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators
@@ -287,7 +287,7 @@ def test_over_the_whole_run_limit_the_node_audit_judges_the_search(tmp_path, mon
     webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
     if webgpu_kernels.unavailable_reason():
         pytest.skip(webgpu_kernels.unavailable_reason())
-    from pipeline.precision.kept import Fp16Context
+    from pipeline.precision.kept_nodes import Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators, webgpu_kernel_checks

@@ -20,7 +20,7 @@ from typing import Any
 from pipeline.cache import staging_folder, swap_into_place
 from pipeline.errors import PackError
 from pipeline.manifest import Manifest, chain_bundle, validate, variant_files, write_manifest
-from pipeline.publish.plan import DEMO_SCRIPT, PackagePlan, plan_package
+from pipeline.publish.upload_plan import DEMO_SCRIPT, PackagePlan, plan_package
 
 # Files no static host serves to the loader (report.json: listed by packages of earlier pack versions).
 NOT_EXPORTED = frozenset({"report.json", "index.html", DEMO_SCRIPT})

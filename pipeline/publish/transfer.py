@@ -15,7 +15,7 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
 from pipeline.errors import PackError
-from pipeline.publish.plan import PlannedObject
+from pipeline.publish.upload_plan import PlannedObject
 from pipeline.publish.s3 import TRANSFER_THREADS, Target, describe_error
 
 MIB = 1024 * 1024

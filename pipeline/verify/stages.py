@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from pipeline.graph.model_io import model_bytes
-from pipeline.precision.kept import DID_NOT_RUN, Evaluator
+from pipeline.precision.kept_nodes import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe

@@ -1,5 +1,5 @@
 """The fp16 variant's nodes kept in fp32: from the recipe (`[fp16] keep_nodes`), the lock, the
-converter's errors (keep.py, inside the conversion) and, when the variant misses a threshold, a
+converter's errors (converter_errors.py, inside the conversion) and, when the variant misses a threshold, a
 search (ranking.py, search.py) judged by the verify stage's evaluators. Records the decision in
 report.json and the lock file (docs/precision.md).
 """
