@@ -1,5 +1,11 @@
 """Shared test set-up: one pack cache for the whole run (downloads, brotli, runtime), so tests that
-build packages reuse each other's work; CI points PACK_CACHE_DIR at a folder it keeps."""
+build packages reuse each other's work; CI points PACK_CACHE_DIR at a folder it keeps.
+
+Test modules are named by the pipeline stage they prove, `test_<stage>_<what>.py`: source
+(`recipes_sources`), graph, fp16 (precision), verify and browser (verify/browser), assets, report,
+loader (web_template/loader and what pipeline/web renders), publish; build (whole builds, the
+flagship exports among them), cli, manifest, runtime, architecture (the import layout) and benchmarks for what spans stages.
+Helpers shared by several modules are `<topic>_helpers.py` beside them, imported by name."""
 
 import os
 from pathlib import Path
