@@ -210,6 +210,29 @@ def _schema_text() -> str:
 
 
 @functools.cache
+def required_keys() -> dict[str, list[str]]:
+    """The keys the schema requires, by where they sit: "" (the top level), "variants.*" (each
+    variant), and each required top-level object's own ("sample", "runtime", ...). The loader's
+    check (web_template/loader/manifest_keys.js, `loader_keys_module`) is generated from this."""
+    schema = json.loads(_schema_text())
+    keys = {"": list(schema["required"])}
+    for name, spec in schema["properties"].items():
+        if name in schema["required"] and isinstance(spec.get("required"), list):
+            keys[name] = list(spec["required"])
+        item = spec.get("additionalProperties")
+        if isinstance(item, dict) and isinstance(item.get("required"), list):
+            keys[f"{name}.*"] = list(item["required"])
+    return keys
+
+
+def loader_keys_module() -> str:
+    """web_template/loader/manifest_keys.js: the schema's required keys for the loader's check."""
+    body = "{\n" + "".join(f"  {json.dumps(where)}: {json.dumps(keys)},\n" for where, keys in required_keys().items()) + "}"
+    return ("// Generated from pipeline/manifest.schema.json by pipeline/manifest.py `loader_keys_module`\n"
+            "// (tests/test_manifest.py checks it is current): the keys a manifest must have, by where they sit.\n"
+            f"export const REQUIRED_KEYS = Object.freeze({body});\n")
+
+
 def _validator():  # -> jsonschema.Draft202012Validator; imported here, as commands that never validate need it not
     import jsonschema
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 import json
 from importlib import resources
 
@@ -123,3 +124,15 @@ def test_measurements_come_from_passed_runs_with_times():
          "bundle": "webgpu", "ep": "webgpu", "variant": "fp32", "createMs": 40.0, "firstMs": 12.5, "steadyMs": 9.0},
     ]
     assert measurements_from(None) == []
+
+
+def test_the_loaders_required_keys_are_generated_from_the_schema():
+    """web_template/loader/manifest_keys.js is what the loader checks a fetched manifest against."""
+    from pipeline.manifest import loader_keys_module, required_keys
+
+    shipped = Path(__file__).resolve().parent.parent / "web_template" / "loader" / "manifest_keys.js"
+    assert shipped.read_text(encoding="utf-8") == loader_keys_module(), (
+        "manifest_keys.js is stale: python -c 'from pipeline.manifest import loader_keys_module as m; "
+        "open(\"web_template/loader/manifest_keys.js\", \"w\").write(m())'")
+    keys = required_keys()
+    assert {"files", "variants", "runtime", "sample"} <= set(keys[""]) and keys["variants.*"] == ["precision", "model", "requires"]

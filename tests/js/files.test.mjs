@@ -4,6 +4,7 @@ import { afterEach, test } from 'node:test';
 
 import { PackIntegrityError, PackLoadError } from '../../web_template/loader/errors.js';
 import { CACHE_KEY_PREFIX, Files, ProgressTracker, checkManifest, fetchManifest, packageBase, sha256Hex } from '../../web_template/loader/files.js';
+import { manifest } from './helpers.mjs';
 
 const realFetch = globalThis.fetch;
 afterEach(() => {
@@ -98,10 +99,17 @@ test('progress sums every planned file once; a throwing listener is logged, not 
 });
 
 test('checkManifest reads schema 2 and names what is missing', () => {
-  const ok = { schema: 2, files: {}, variants: {}, runtime: {} };
+  const ok = manifest();
   assert.equal(checkManifest(ok), ok);
   assert.throws(() => checkManifest({ ...ok, schema: 1 }), (e) => e instanceof PackLoadError && /schema 1, this loader reads schema 2; rebuild the package/.test(e.message));
-  assert.throws(() => checkManifest({ schema: 2, files: {}, runtime: {} }), /has no "variants"/);
+  const { variants, ...noVariants } = ok;
+  assert.throws(() => checkManifest(noVariants), /manifest\.json has no "variants"; rebuild the package/);
+  // every key the schema requires, where it sits: inside each variant and the required sections too
+  const { model, ...noModel } = ok.variants.fp16;
+  assert.throws(() => checkManifest({ ...ok, variants: { ...ok.variants, fp16: noModel } }), /has no "variants\.fp16\.model"/);
+  const { bundles, ...noBundles } = ok.runtime;
+  assert.throws(() => checkManifest({ ...ok, runtime: noBundles }), /has no "runtime\.bundles"/);
+  assert.throws(() => checkManifest({ ...ok, sample: null }), /has no "sample\.file"/);
 });
 
 // A body that yields `first` bytes and then fails as a cut connection does in a browser.
@@ -153,7 +161,7 @@ test('an HTML page where manifest.json should be names baseUrl and where it came
   await assert.rejects(fetchManifest(new URL('https://app.test/'), null, { how: "this module's own URL" }), (e) =>
     e instanceof PackLoadError && e.url === 'https://app.test/manifest.json' &&
     /manifest\.json at https:\/\/app\.test\/manifest\.json is an HTML page, not the package's manifest: baseUrl https:\/\/app\.test\/ \(this module's own URL\) is not where the package is; pass load\(\{ baseUrl \}\)/.test(e.message));
-  globalThis.fetch = async () => new Response('{"schema": 2, "files": {}, "variants": {}, "runtime": {}}', { headers: { 'Content-Type': 'application/json' } });
+  globalThis.fetch = async () => new Response(JSON.stringify(manifest()), { headers: { 'Content-Type': 'application/json' } });
   assert.equal((await fetchManifest(new URL('https://cdn.test/pkg/'), null)).schema, 2);
   globalThis.fetch = async () => new Response('nope', { status: 404 });
   await assert.rejects(fetchManifest(new URL('https://cdn.test/pkg/'), null), /manifest\.json: HTTP 404 from https:\/\/cdn\.test\/pkg\/manifest\.json: is the package published there\? baseUrl https:\/\/cdn\.test\/pkg\/ comes from the baseUrl option/);

@@ -2,6 +2,7 @@
 // use, Cache Storage keyed by hash.
 
 import { PackIntegrityError, PackLoadError, isAbort, messageOf, throwIfAborted } from './errors.js';
+import { REQUIRED_KEYS } from './manifest_keys.js';
 
 export const CACHE_NAME = 'pack-files-v1';
 // Cache keys are content hashes, so packages on one origin share identical runtime files.
@@ -348,8 +349,15 @@ export function checkManifest(manifest, where = 'manifest.json') {
       `${where}: schema ${manifest && manifest.schema}, this loader reads schema ${SCHEMAS.join(' or ')}; rebuild the package`,
     );
   }
-  for (const key of ['files', 'variants', 'runtime']) {
-    if (!manifest[key]) throw new PackLoadError(`${where} has no "${key}"; rebuild the package`);
+  // every key the schema requires, where it sits (manifest_keys.js is generated from the schema)
+  for (const [place, keys] of Object.entries(REQUIRED_KEYS)) {
+    const [top, each] = place.split('.');
+    const holders = !top ? [['', manifest]] : each ? Object.entries(manifest[top] || {}).map(([name, value]) => [`${top}.${name}.`, value]) : [[`${top}.`, manifest[top]]];
+    for (const [prefix, holder] of holders) {
+      for (const key of keys) {
+        if (!holder || typeof holder !== 'object' || !(key in holder)) throw new PackLoadError(`${where} has no "${prefix}${key}"; rebuild the package`);
+      }
+    }
   }
   return manifest;
 }
