@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Annotated, Optional
 
 import click
@@ -86,6 +85,8 @@ app = typer.Typer(
 
 
 def package_version() -> str:
+    from importlib import metadata  # here, not at the top: every command would pay for it (30 ms)
+
     try:
         return metadata.version("pack")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 
 import boto3
 from botocore.config import Config
@@ -176,6 +177,51 @@ def test_an_object_with_stale_headers_is_uploaded_again(proxy, s3_server, tmp_pa
     summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
     assert [obj["key"] for obj in summary["objects"] if obj["action"] == "uploaded"] == [f"demo/{wasm}"]
     assert admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["ContentType"] == "application/wasm"
+
+
+def _object_heads(proxy, bucket: str) -> list[str]:
+    """HeadObject requests the proxy has seen (HeadBucket is `HEAD /bucket`)."""
+    return [r.path for r in proxy.requests if r.method == "HEAD" and r.path.partition("?")[0].startswith(f"/{bucket}/")]
+
+
+def test_a_re_publish_from_the_same_machine_lists_instead_of_reading_each_object(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist")
+    args = (str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+    first = run_json(*args)
+    objects = first["uploaded"]
+    time.sleep(1.1)  # a HEAD answered in a later second than the objects' LastModified vouches for them
+    run_json(*args)
+    assert len(_object_heads(proxy, bucket)) == objects  # read once: what they hold is remembered
+    again = run_json(*args)
+    assert again["skipped"] == objects and again["uploaded"] == 0
+    assert len(_object_heads(proxy, bucket)) == objects  # one listing, no HEAD per object
+
+    # Another tool rewrites an object with the same bytes (same ETag) and a wrong type: its new
+    # LastModified is no earlier than the remembered answer's second, so it is read and fixed.
+    wasm = package.manifest["runtime"]["bundles"]["wasm"]["wasm"]
+    admin = s3_server.client()
+    admin.copy_object(
+        Bucket=bucket, Key=f"demo/{wasm}", CopySource={"Bucket": bucket, "Key": f"demo/{wasm}"},
+        MetadataDirective="REPLACE", ContentType="application/octet-stream", ContentEncoding="br",
+        CacheControl=IMMUTABLE_CACHE, Metadata=admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["Metadata"],
+    )
+    fixed = run_json(*args)
+    assert [obj["key"] for obj in fixed["objects"] if obj["action"] == "uploaded"] == [f"demo/{wasm}"]
+    assert admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["ContentType"] == "application/wasm"
+
+
+def test_a_listing_vouches_only_for_objects_unwritten_since_the_remembered_answer():
+    from pipeline.publish.remembered import Headers, Listed, Memory, Seen
+
+    headers = Headers("a" * 64, "b" * 64, "application/wasm", "br", IMMUTABLE_CACHE)
+    memory = Memory(None, ["http://s3", "bucket", "demo/"], {"demo/x": Seen(etag='"e"', size=3, answered=100, headers=headers)})
+    assert memory.headers("demo/x", Listed(size=3, etag='"e"', modified=99)) == headers
+    assert memory.headers("demo/x", Listed(size=3, etag='"e"', modified=100)) is None  # a write in the answer's second
+    assert memory.headers("demo/x", Listed(size=3, etag='"e"', modified=101)) is None  # written since
+    assert memory.headers("demo/x", Listed(size=3, etag='"f"', modified=99)) is None
+    assert memory.headers("demo/x", Listed(size=4, etag='"e"', modified=99)) is None
+    assert memory.headers("demo/y", Listed(size=3, etag='"e"', modified=99)) is None
 
 
 def test_dry_run_lists_the_plan_and_changes_nothing(proxy, s3_server, tmp_path):
