@@ -297,3 +297,36 @@ def test_large_uploads_show_a_byte_progress_bar(s3_server, aws_env, tmp_path):
     total_mb = f"{result.bytes / 1000 / 1000:.1f}"
     assert final.startswith("upload demo ") and " 100% " in final
     assert f" {total_mb}/{total_mb} MB " in final and "/s" in final  # amount and rate
+
+
+def test_the_client_reads_botocore_models_as_botocore_does_and_parses_each_once(monkeypatch, tmp_path):
+    """pack's model loader (no OrderedDict hook, a marshal copy in the cache) gives botocore's data."""
+    import os
+
+    import botocore.loaders
+
+    from pipeline.publish import s3
+
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    root = os.path.join(os.path.dirname(botocore.loaders.__file__), "data")
+    reference = botocore.loaders.JSONFileLoader()
+    for name in ("endpoints", "partitions", "s3/2006-03-01/service-2", "s3/2006-03-01/endpoint-rule-set-1"):
+        path = os.path.join(root, name)
+        parsed = s3._ModelFiles().load_file(path)
+        assert parsed == reference.load_file(path)
+        assert s3._ModelFiles().load_file(path) == parsed  # from the marshal copy
+    assert len(list((tmp_path / "cache" / "botocore-models").iterdir())) == 4
+    assert s3._ModelFiles().load_file(os.path.join(root, "no-such-model")) is None
+
+    # a model file that changes (another botocore) is parsed again
+    own = tmp_path / "models" / "thing"
+    own.parent.mkdir()
+    own.with_suffix(".json").write_text('{"a": 1}')
+    assert s3._ModelFiles().load_file(str(own)) == {"a": 1}
+    own.with_suffix(".json").write_text('{"a": 22}')
+    os.utime(own.with_suffix(".json"), ns=(1, 1))
+    assert s3._ModelFiles().load_file(str(own)) == {"a": 22}
+
+    loader = s3._Loader(file_loader=s3._ModelFiles())
+    services = loader.list_available_services("service-2")
+    assert "s3" in services and "sts" in services and "no-such-service" not in services and "../s3" not in services
