@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_verify.sh MODE — verify a built package on a real GPU (WebGPU on the device machine's NVIDIA H200).
-# docs/gpu.md has the background and the figures measured with this recipe.
+# Lab material, not part of pack (lab/README.md): lab/gpu-runs.md has the figures measured with this
+# recipe; docs/gpu.md has the flow any user follows on a GPU machine of their own.
 #
 # MODE, here (Debian 12 x86_64, repo root):
 #   prepare         build the package, the gpu-browser payload, the wheels and the travelling pieces:
@@ -396,7 +397,7 @@ bench-prepare)
 bench-verify|bench-run)
   # on the device, after `stash` (wheels): the packages of .gpu-web/pkgs restored into $STASH/bench,
   # this checkout's code from .gpu-web/src. bench-verify: `pack verify --gpu --json` per package
-  # (verify-<name>.json); bench-run: scripts/bench_ep.py --gpu over all of them (bench.json).
+  # (verify-<name>.json); bench-run: scripts/bench/bench_ep.py --gpu over all of them (bench.json).
   device_env
   export PYTHONPATH=$STASH/site:$PWD/.gpu-web/src
   restore_bench || exit 1
@@ -416,7 +417,7 @@ bench-verify|bench-run)
     done
   else
     t=$(date +%s)
-    timeout "${PACK_GPU_BENCH_S:-540}" python3 .gpu-web/src/scripts/bench_ep.py "$STASH"/bench/*/ --gpu \
+    timeout "${PACK_GPU_BENCH_S:-540}" python3 .gpu-web/src/scripts/bench/bench_ep.py "$STASH"/bench/*/ --gpu \
       --pages "${PACK_BENCH_PAGES:-3}" --steady "${PACK_BENCH_STEADY:-10}" --json "$OUT/bench.json" 2>"$OUT/bench.err"
     rc=$?
     echo "bench_ep.py --gpu: exit $rc in $(( $(date +%s) - t )) s"; tail -c 2000 "$OUT/bench.err"

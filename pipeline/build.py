@@ -1,15 +1,18 @@
 """`pack build`: recipe → repaired, converted, verified, compressed package in dist/<name>/.
 
-Stages run in pipeline order, one function each, and return what they found (steps, checks); the
-report and the manifest are made from those once, at the end. The package is assembled in a
-temporary folder beside its destination and renamed into place at the end, so a build that stops
-on bad input (PackError, exit 2) leaves nothing half-written.
+Stages run in pipeline order, one function each, and return what they found (files, steps,
+checks); the manifest (`PackageContents.manifest`, pipeline/assets/package.py) and report.json
+(`make_record`, pipeline/report/record.py) are each made from those and written exactly once, at
+the end: the manifest first, then report.json (its sizes count the manifest's bytes). The browser
+stage is handed the manifest in memory (served as the staging folder's manifest.json), so no
+provisional manifest is ever written. The package is assembled in a temporary folder beside its
+destination and renamed into place at the end, so a build that stops on bad input (PackError,
+exit 2) leaves nothing half-written.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 import time
 from contextlib import contextmanager
@@ -21,8 +24,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import onnx
 
-from pipeline.manifest import Manifest, Verification, adapter_runs, describe_run, measurements_from, package_verdict, refused, run_sort_key, runs_from_checks, write_manifest
-from pipeline.assets.package import PackageContents, add_plain_files, io_entries, start_package, write_models, write_runtime, write_sample
+from pipeline.manifest import Manifest, Thresholds, Verification, adapter_runs, describe_run, measurements_from, package_verdict, refused, run_sort_key, runs_from_checks, write_manifest
+from pipeline.assets.package import ModelFiles, PackageContents, io_entries, plain_files, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
 from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish
@@ -37,6 +40,7 @@ from pipeline.precision.kept import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.report.data import ReportData
+from pipeline.report.record import Record, Refusal, make_record, read_record, write_record
 from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
@@ -44,7 +48,9 @@ from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, libr
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.plan import plan_runs
-from pipeline.verify.checks import browser_thresholds, contradicted_kernel_errors, fp16_evaluators, host_checks, onnxruntime_refusal, self_reference_checks, threshold_table, webgpu_kernel_stage
+from pipeline.verify.checks import contradicted_kernel_errors, self_reference_checks, skipped_runs
+from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
+from pipeline.verify.thresholds import threshold_table
 from pipeline.verify.host import run_model
 
 
@@ -66,7 +72,7 @@ class BuildOptions:
 @dataclass
 class BuildResult:
     package_dir: Path
-    report: dict
+    report: Record
     reused: str | None = None  # the build key, when a stored package with the same inputs was linked into place
 
     @property
@@ -183,10 +189,10 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
     return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
 
 
-def _host_verify(contents: PackageContents, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
+def _host_verify(models: ModelFiles, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
     """The fp32 reference outputs and the host checks of every variant against them."""
-    reference = _reference_outputs(made.reference, made.variants, contents.model_paths, feeds, source_path)
-    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, contents.check_paths)
+    reference = _reference_outputs(made.reference, made.variants, models.model_paths, feeds, source_path)
+    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, models.check_paths)
     declared = io_entries(made.reference, reference, recipe, outputs=True)
     for variant in made.variants:
         if variant.precision == "quantized":
@@ -208,23 +214,25 @@ def _webgpu_failed(checks: list[dict]) -> bool:
     return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
 
 
-def _browser_verify(staging: Path, contents: PackageContents, reference: dict[str, np.ndarray], thresholds: dict, gpu: bool, progress: Progress, grid=None) -> BrowserOutcome:
-    """Browser verification through the package's loader. When WebGPU fails under the EP's default
-    NHWC layout, the same package is tried with `preferredLayout: 'NCHW'` (onnxruntime-web 1.30's
-    NHWC transform breaks some real graphs, GTCRN's Conv among them); if that passes, the package
-    keeps it, and the step records both figures. The manifest on disk meanwhile is provisional:
-    the final one is written once the verdict is known."""
+def _browser_verify(staging: Path, contents: PackageContents, thresholds: Thresholds, license: str | None, reference: dict[str, np.ndarray], gpu: bool, progress: Progress, grid=None) -> BrowserOutcome:
+    """Browser verification through the package's loader, on the staging folder with the manifest
+    served from memory: this one records no runs, so every variant is tried as shipped (the final
+    manifest is written once the verdict is known). When WebGPU fails under the EP's default NHWC
+    layout, the same package is tried with `preferredLayout: 'NCHW'` in its in-memory manifest
+    (onnxruntime-web 1.30's NHWC transform breaks some real graphs, GTCRN's Conv among them); if
+    that passes, the package keeps it, and the step records both figures."""
     from pipeline.verify.browser.grid import browsers_for, exit_policy, verify_on_grid
 
     ep_options = contents.ep_options
     steps = []
     with browsers_for(grid, gpu) as browser:
-        result = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
+        served = contents.manifest(thresholds=thresholds, license=license)
+        result = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser, manifest=served)
         if _webgpu_failed(result.checks) and "preferredLayout" not in ep_options.get("webgpu", {}):
             progress.note("webgpu failed with the NHWC layout; trying preferredLayout NCHW")
             nchw = {**ep_options, "webgpu": {**ep_options.get("webgpu", {}), "preferredLayout": "NCHW"}}
-            write_manifest(staging, replace(contents, ep_options=nchw).manifest())
-            retry = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser)
+            served = replace(contents, ep_options=nchw).manifest(thresholds=thresholds, license=license)
+            retry = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser, manifest=served)
             fixed = not _webgpu_failed(retry.checks)
             failed_before = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in result.checks if c["ep"] == "webgpu" and c["status"] == "failed"]
             steps.append({
@@ -242,11 +250,7 @@ def _browser_verify(staging: Path, contents: PackageContents, reference: dict[st
 
 def _browser_skipped(manifest: Manifest) -> BrowserOutcome:
     """--no-browser: every run the browser checks would make, recorded as skipped."""
-    checks = [
-        {"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle, "status": "skipped", "metrics": {}, "threshold": {}, "detail": "--no-browser"}
-        for run in plan_runs(manifest)
-    ]
-    return BrowserOutcome(checks)
+    return BrowserOutcome(skipped_runs(plan_runs(manifest), "--no-browser"))
 
 
 def _verification(checks: list[dict]) -> Verification:
@@ -259,9 +263,9 @@ def _verification(checks: list[dict]) -> Verification:
     return {"browser": browser_ran, "passed": passed, "runs": runs, **({"adapters": adapters} if adapters else {})}
 
 
-def _refused_pairs(manifest: Manifest) -> list[dict] | None:
+def _refused_pairs(manifest: Manifest) -> list[Refusal] | None:
     """Each (bundle, EP, variant) the package lists that the refusal rule turns away, and why."""
-    refusals = []
+    refusals: list[Refusal] = []
     for platform_run in plan_runs(manifest):
         run = refused(manifest, platform_run.bundle, platform_run.ep, platform_run.variant)
         if run is not None:
@@ -307,7 +311,7 @@ def _reuse_stored(key: str, options: BuildOptions, recipe: Recipe) -> BuildResul
     _make_out_dir(options.out_dir)
     with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
         link_tree(stored, staging)
-        report = json.loads((staging / "report.json").read_text(encoding="utf-8"))
+        report = read_record(staging)
         _finish(staging, destination)
     return BuildResult(destination, report, reused=key)
 
@@ -355,71 +359,66 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
 
     destination = options.out_dir / recipe.name
     _make_out_dir(options.out_dir)
+    sample_rate = next((int(s.pattern_options["sample_rate"]) for s in recipe.inputs.values() if "sample_rate" in s.pattern_options), None)
     with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
-        contents = start_package(recipe)
         with timer.stage("assets"):
-            write_models(staging, contents, recipe, made.variants, made.reference, feeds, progress)
+            models = write_models(staging, recipe, made.variants, made.reference, feeds, progress)
+            contents = replace(start_package(recipe), models=models, ep_options=models.ep_options)
         with timer.stage("host_verify"):
-            reference, host = _host_verify(contents, made, feeds, recipe, source_path, progress)
+            reference, host = _host_verify(models, made, feeds, recipe, source_path, progress)
         with timer.stage("webgpu_kernels"):
-            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, contents.check_paths, contents.ep_options.get("webgpu", {}))
+            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, models.check_paths, contents.ep_options.get("webgpu", {}))
             if kernels.ep_options:
-                contents.ep_options = {**contents.ep_options, "webgpu": kernels.ep_options}
+                contents = replace(contents, ep_options={**contents.ep_options, "webgpu": kernels.ep_options})
         with timer.stage("assets"):
-            write_sample(staging, contents, recipe, made.reference, feeds, reference, progress)
-            write_runtime(staging, contents, recipe, progress)
-            thresholds = threshold_table(made.variants, reference, recipe, contents.variant_for)
-            # The browser stage loads the package through its own loader: it needs a manifest on
-            # disk. This provisional one records no runs, so every variant is tried as shipped.
-            add_plain_files(staging, contents, render_loader(staging, contents.manifest(license=recipe.license)))
-            write_manifest(staging, contents.manifest(thresholds=thresholds))
+            sample = write_sample(staging, recipe, made.reference, feeds, reference, progress)
+            runtime = write_runtime(staging, recipe, progress)
+            contents = replace(contents, sample=sample, runtime=runtime)
+            thresholds = threshold_table(made.variants, reference, recipe, models.variant_for)
+            rendered = render_loader(staging, contents.manifest(license=recipe.license), sample_rate=sample_rate)
+            contents = replace(contents, plain=plain_files(staging, rendered))
         with timer.stage("browser_verify"):
             if options.browser:
-                browser = _browser_verify(staging, contents, reference, browser_thresholds(made.variants, reference, recipe), options.gpu, progress, options.grid)
-                contents.ep_options = browser.ep_options
+                browser = _browser_verify(staging, contents, thresholds, recipe.license, reference, options.gpu, progress, options.grid)
+                contents = replace(contents, ep_options=browser.ep_options)
             else:
                 browser = _browser_skipped(contents.manifest())
         checks = host + contradicted_kernel_errors(kernels.checks, browser.checks) + browser.checks
         verification = _verification(checks)
         if recipe.verify_require:
             verification["require"] = list(recipe.verify_require)
-        report = {
-            "name": recipe.name,
-            "passed": verification["passed"] and not browser.policy_failed,
-            "refused": None,
-            "checks": checks,
-            "steps": repair_steps + made.steps + kernels.steps + browser.steps,
-            "timings": timer.timings,
-            "source": {"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
-            "license": recipe.license,
-            "variants_refused": made.refused,
-            "sample_rate": next((int(s.pattern_options["sample_rate"]) for s in recipe.inputs.values() if "sample_rate" in s.pattern_options), None),
-        }
-        if kernels.facts is not None:
-            report["webgpu_kernels"] = kernels.facts
-        if browser.report is not None:
-            report["browser"] = browser.report
         measurements = measurements_from(browser.report)
         select, why = default_select(recipe.loader_select, [m["steadyMs"] for m in measurements])
-        contents.loader["select"] = select
-        report["loader"] = {"select": select, "why": why}
+        contents = replace(contents, loader={**contents.loader, "select": select})
         kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
-        final = dict(thresholds=thresholds, verification=verification, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
-        report["refused"] = _refused_pairs(contents.manifest(**final))
-        verification["passed"], report["verdict"] = package_verdict(contents.manifest(**final))
+        final = dict(thresholds=thresholds, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
+        judged = contents.manifest(verification=verification, **final)  # the runs decide; `passed` follows
+        refusals = _refused_pairs(judged)
+        passed, verdict = package_verdict(judged)
         if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
-            verification["passed"] = False
-            report["verdict"].append("remote browsers: endpoints ended in error beyond the exit policy (docs/remote.md)")
-        report["passed"] = verification["passed"]
-        for _ in range(4):  # report.json states the package's sizes, its own and the manifest's included: settle them
-            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-            add_plain_files(staging, contents, ["report.json"])
-            manifest = contents.manifest(**final)
-            sizes = delivery_sizes(manifest, write_manifest(staging, manifest).stat().st_size)
-            if report.get("delivery") == sizes:
-                break
-            report["delivery"] = sizes
-        write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files (pipeline/report)
+            passed = False
+            verdict.append("remote browsers: endpoints ended in error beyond the exit policy (docs/remote.md)")
+        manifest = contents.manifest(verification={**verification, "passed": passed}, **final)
+        manifest_size = write_manifest(staging, manifest).stat().st_size  # the one write of the manifest
+        report = make_record(
+            name=recipe.name,
+            passed=passed,
+            verdict=verdict,
+            refused=refusals,
+            checks=checks,
+            steps=repair_steps + made.steps + kernels.steps + browser.steps,
+            timings=timer.timings,
+            source={"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
+            license=recipe.license,
+            variants_refused=made.refused,
+            sample_rate=sample_rate,
+            webgpu_kernels=kernels.facts,
+            browser=browser.report,
+            loader={"select": select, "why": why},
+            delivery=delivery_sizes(manifest, manifest_size),
+        )
+        write_record(staging, report)  # after the manifest, once: not in manifest.files (pipeline/report)
+        write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files either
         if inputs_key is not None and report["passed"]:
             store_package(inputs_key, staging)
         _finish(staging, destination)

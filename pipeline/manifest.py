@@ -347,11 +347,17 @@ def read_manifest(package_dir: Path) -> Manifest:
     return valid
 
 
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The bytes of manifest.json: indented, keys in builder order, one trailing newline. What
+    `write_manifest` writes, and what the build's browser stage serves from memory."""
+    return (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
+
+
 def write_manifest(package_dir: Path, manifest: Manifest) -> Path:
-    """manifest.json (validated first): indented, keys in builder order, one trailing newline."""
+    """manifest.json (validated first), as `manifest_bytes`."""
     path = Path(package_dir) / "manifest.json"
     validate(manifest, path)
-    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    path.write_bytes(manifest_bytes(manifest))
     return path
 
 

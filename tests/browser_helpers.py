@@ -24,7 +24,7 @@ from pipeline.manifest import make_manifest, write_manifest
 from pipeline.loader.render import render_loader
 from pipeline.runtime import resolve_runtime
 from pipeline.verify.host import reference_outputs
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.thresholds import BROWSER_EPS, check_bounds
 
 RUNTIME_VERSION = "1.30.0"
 # onnx 1.23 writes IR version 14 by default; onnxruntime-web 1.30 reads up to 13.
@@ -211,12 +211,16 @@ def reference_of(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp: Path
     return reference_outputs(save_model(model, tmp / "reference.onnx"), feeds)
 
 
-def thresholds_for(package: Path, kinds: dict[str, str] | None = None) -> dict[str, dict[str, dict]]:
-    """thresholds[variant][output] as the build passes them: host (wasm) bounds per precision."""
+def thresholds_for(package: Path, kinds: dict[str, str] | None = None) -> dict[str, dict[str, dict[str, dict]]]:
+    """thresholds[ep][variant][output] as the build passes them: the default browser bounds per
+    precision (fp16 widened on webgpu), no recipe overrides."""
     manifest = json.loads((package / "manifest.json").read_text())
     return {
-        variant: {o["name"]: threshold_for((kinds or {}).get(o["name"], o.get("kind", "tensor")), spec["precision"], "wasm") for o in manifest["outputs"]}
-        for variant, spec in manifest["variants"].items()
+        ep: {
+            variant: {o["name"]: check_bounds((kinds or {}).get(o["name"], o.get("kind", "tensor")), spec["precision"], ep) for o in manifest["outputs"]}
+            for variant, spec in manifest["variants"].items()
+        }
+        for ep in BROWSER_EPS
     }
 
 

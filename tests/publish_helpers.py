@@ -439,8 +439,9 @@ def write_package(
     (root / "loader.d.ts").write_text("export declare function load(): Promise<Response>;\n")
     (root / "index.html").write_text(f"<!doctype html><title>{name} {version}</title><script type=module src=demo.js></script>\n")
     (root / "demo.js").write_text("import { load } from './loader.js';\nwindow.packDemo = await load();\n")
+    # the build's record: in the folder, not in manifest.files (published only with --with-report)
     (root / "report.json").write_text(json.dumps({"name": name, "passed": True, "refused": None, "checks": []}))
-    for plain in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"):
+    for plain in ("loader.js", "loader.d.ts", "index.html", "demo.js"):
         files[plain] = describe_file(root, plain).manifest_entry()
 
     manifest = make_manifest(

@@ -80,3 +80,31 @@ def test_one_mount_prefix_and_no_page_code_in_python_strings() -> None:
                 # a long string with arrow functions or awaits is page code: it belongs in page/*.js
                 assert not re.search(r"=>\s*\{|\bawait\b", node.value), f"{path.relative_to(PIPELINE)}: page code in a Python string"
     assert prefixes == {"/__pack__/"}
+
+
+def test_check_records_are_made_in_one_module() -> None:
+    # a report.json check entry is built by pipeline/verify/checks.py `check()` only: no other
+    # module writes one as a dict literal
+    owner = PIPELINE / "verify" / "checks.py"
+    found = []
+    for path in PIPELINE.rglob("*.py"):
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            keys = set()
+            if isinstance(node, ast.Dict):
+                keys = {key.value for key in node.keys if isinstance(key, ast.Constant)}
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
+                keys = {keyword.arg for keyword in node.keywords}
+            # a verdict with its figures and bounds, or a verdict on a (stage, ep, variant) with its why
+            # (a manifest run has no detail in its literal; a report.html row no ep or figures)
+            if "status" in keys and (keys & {"metrics", "threshold"} or {"stage", "ep", "variant", "detail"} <= keys):
+                found.append(f"{path.relative_to(PIPELINE)}:{node.lineno}")
+    assert found == [], found
+
+
+def test_the_runner_page_uses_the_loaders_tensor_code() -> None:
+    # page/runner.js imports web_template/loader/tensors.js (mounted at /__pack__/loader/), no copy of it
+    page = (PIPELINE / "verify" / "browser" / "page" / "runner.js").read_text()
+    assert "from '../loader/tensors.js'" in page
+    assert "Float32Array" not in page and "function decodeTensors" not in page

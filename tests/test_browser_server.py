@@ -100,3 +100,30 @@ def test_extra_mount_serves_its_folder_under_its_prefix_only(package: Path, tmp_
             _get(url + "harness.html")
     assert body == b"<p>harness</p>" and headers["Content-Type"].startswith("text/html")
     assert not_in_package.value.code == 404
+
+
+def test_a_manifest_in_memory_is_served_as_the_file_would_be(package: Path, tmp_path: Path) -> None:
+    """`pack build` serves its browser stage the manifest from memory (no manifest.json written
+    before the end of the build): same headers as the file, its media types used, the file on disk
+    (if any) shadowed, nothing under another mount replaced."""
+    with running_server(package) as server:
+        _, from_disk, _ = _get(server.url + "manifest.json")
+    in_memory = json.dumps({"files": {"custom.dat": {"mediaType": "application/x-in-memory"}}}).encode()
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    (assets / "manifest.json").write_text('{"other": true}')
+    for folder in (package, tmp_path / "empty"):  # over a package folder with and without manifest.json
+        folder.mkdir(exist_ok=True)
+        with running_server(folder, {"/__pack__/": assets}, manifest=in_memory) as server:
+            status, headers, body = _get(server.url + "manifest.json")
+            head_status, head_headers, head_body = _get(server.url + "manifest.json", method="HEAD")
+            _, _, mounted = _get(server.url + "__pack__/manifest.json")
+            custom = _get(server.url + "custom.dat")[1]["Content-Type"] if folder == package else None
+            assert server.requests[0].path == "/manifest.json" and server.requests[0].size == len(in_memory)
+        assert (status, body) == (200, in_memory)
+        assert (head_status, head_headers["Content-Length"], head_body) == (200, str(len(in_memory)), b"")
+        same = ("Content-Type", "Cache-Control", "Vary", "Cross-Origin-Opener-Policy", "Cross-Origin-Embedder-Policy", "Cross-Origin-Resource-Policy")
+        assert {k: headers[k] for k in same} == {k: from_disk[k] for k in same} and "Content-Encoding" not in headers
+        assert headers["Content-Length"] == str(len(in_memory))
+        assert mounted == b'{"other": true}'
+        assert custom in (None, "application/x-in-memory")  # the served manifest's media types

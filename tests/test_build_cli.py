@@ -68,11 +68,12 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     # every file of the package is listed, except manifest.json itself
     on_disk = {p.relative_to(package).as_posix() for p in package.rglob("*") if p.is_file()}
     listed = set(manifest["files"]) | {e["encodings"]["br"]["path"] for e in manifest["files"].values() if e["encodings"]}
-    # report.html and its data are for people, not published: outside manifest.files (pipeline/report)
-    assert on_disk - listed == {"manifest.json", "report.html", "report.data.npz"} and listed <= on_disk
+    # the build's reports (report.json, the record; report.html and its data, for people) are not
+    # what the loader needs: outside manifest.files (pipeline/report)
+    assert on_disk - listed == {"manifest.json", "report.json", "report.html", "report.data.npz"} and listed <= on_disk
     modules = [path for path in manifest["files"] if path.startswith("loader/")]  # the loader's ES modules
     assert "loader/load.js" in modules
-    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", "report.json", *modules):
+    for name in ("loader.js", "loader.d.ts", "index.html", "demo.js", *modules):
         assert manifest["files"][name]["cache"] == "short"
     assert all(entry["cache"] == "immutable" for path, entry in manifest["files"].items() if path.startswith("ort/") or path.endswith((".onnx", ".bin")))
     assert set(manifest["runtime"]["bundles"]) == {"webgpu", "wasm"}
@@ -96,6 +97,7 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     assert "NOT browser-verified" in result.output
     # the sizes: the whole folder, and what a desktop first visit fetches (webgpu chain: webgpu bundle, fp16 model)
     delivery = report["delivery"]
+    assert delivery["package"]["files"] == len(on_disk) - 3  # report.json, report.html, report.data.npz aside
     assert delivery["package"]["bytes"] == sum(p.stat().st_size for p in package.rglob("*") if p.is_file() and p.name not in ("report.json", "report.html", "report.data.npz"))
     desktop = delivery["first_visit"]["desktop"]
     fetched = ["manifest.json", "loader.js", *modules, *manifest["runtime"]["bundles"]["webgpu"].values(), manifest["variants"]["fp16"]["model"]]
@@ -107,12 +109,14 @@ def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_pat
     assert f"delivery: package {delivery['package']['bytes'] / 1e6:.1f} MB" in result.output and "  first visit desktop [webgpu, wasm]: " in result.output
 
 
-def test_rebuild_from_scratch_is_byte_identical_but_for_the_reports_timings(conv_file, tmp_path):
+def test_rebuild_from_scratch_is_byte_identical_manifest_included(conv_file, tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     assert build(str(conv_file), "--no-browser", "--no-reuse", "--out", str(first)).exit_code == 0
     assert build(str(conv_file), "--no-browser", "--no-reuse", "--out", str(second)).exit_code == 0
     files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
+    # manifest.json does not list report.json (whose timings differ), so it is the same bytes
+    assert (first / "tiny-conv" / "manifest.json").read_bytes() == (second / "tiny-conv" / "manifest.json").read_bytes()
     for rel in files:
         a, b = (first / rel), (second / rel)
         if rel.name in ("report.html", "report.data.npz"):  # for people, never published (docs/report.md)
@@ -121,12 +125,55 @@ def test_rebuild_from_scratch_is_byte_identical_but_for_the_reports_timings(conv
             ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
             ra.pop("timings"), rb.pop("timings")
             assert ra == rb
-        elif rel.name == "manifest.json":  # lists report.json, whose timings differ: nothing else may
-            ma, mb = json.loads(a.read_text()), json.loads(b.read_text())
-            ma["files"].pop("report.json"), mb["files"].pop("report.json")
-            assert ma == mb
         else:
             assert a.read_bytes() == b.read_bytes(), rel
+
+
+def test_the_browser_stage_is_served_the_manifest_from_memory_and_it_is_written_once(conv_file, tmp_path, monkeypatch):
+    """No provisional manifest.json on disk while the browser runs (the NCHW retry included): the
+    browser stage gets the manifest in memory, and the build writes manifest.json once, at the end,
+    then report.json once."""
+    from contextlib import nullcontext
+
+    import pipeline.build
+    import pipeline.verify.browser.grid as grid
+    from pipeline.manifest import write_manifest
+    from pipeline.verify.browser.harness import BrowserResult
+    from pipeline.verify.browser.plan import plan_runs
+
+    served = []
+
+    def fake_verify_on_grid(grid_settings, package_dir, references, thresholds, *, manifest=None, **options):
+        assert manifest is not None, "the build hands the browser stage its manifest in memory"
+        assert not (package_dir / "manifest.json").exists(), "a manifest.json on disk before the end of the build"
+        assert not (package_dir / "report.json").exists()
+        assert (package_dir / "loader.js").is_file() and (package_dir / manifest["sample"]["file"]).is_file()
+        served.append(manifest)
+        nchw = manifest["epOptions"].get("webgpu", {}).get("preferredLayout") == "NCHW"
+        checks = [{"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle, "output": "y",
+                   "status": "failed" if run.ep == "webgpu" and not nchw else "passed", "metrics": {}, "threshold": {}, "detail": "fake"}
+                  for run in plan_runs(manifest)]
+        return BrowserResult(checks, {"runs": []})
+
+    monkeypatch.setattr(grid, "verify_on_grid", fake_verify_on_grid)
+    monkeypatch.setattr(grid, "browsers_for", lambda grid_settings, gpu: nullcontext(None))
+    writes = []
+    monkeypatch.setattr(pipeline.build, "write_manifest", lambda folder, manifest: writes.append(manifest) or write_manifest(folder, manifest))
+    result = build(str(conv_file), "--no-reuse", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.output
+    # webgpu failed under NHWC, so the retry was served another in-memory manifest, with NCHW
+    assert [m["epOptions"].get("webgpu", {}).get("preferredLayout") for m in served] == [None, "NCHW"]
+    assert all(m["verification"]["runs"] == [] for m in served)  # every variant tried as shipped
+    assert len(writes) == 1
+    package = tmp_path / "d" / "tiny-conv"
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert manifest == writes[0] and manifest["epOptions"] == {"webgpu": {"preferredLayout": "NCHW"}}
+    assert "report.json" not in manifest["files"]
+    report = json.loads((package / "report.json").read_text())
+    assert report["delivery"]["first_visit"]["desktop"]["bytes"] > (package / "manifest.json").stat().st_size
+    assert report["delivery"]["repeat_visit"]["bytes_after_republish"] - (package / "manifest.json").stat().st_size == sum(
+        manifest["files"][path]["size"] for path in report["delivery"]["repeat_visit"]["revalidated"][1:])
+    assert any(step["name"] == "layout" and step["changed"] for step in report["steps"])
 
 
 def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
@@ -152,7 +199,7 @@ def test_json_output_is_the_report(conv_file, tmp_path):
     assert report["name"] == "tiny-conv" and report["passed"] is True and report["refused"] is None
     assert {"stage", "ep", "variant", "status", "metrics", "threshold"} <= set(report["checks"][0])
     assert any(step["name"] == "fp16_convert" and step["changed"] for step in report["steps"])
-    # report.json is published with the package: the build machine's folders stay out of it.
+    # report.json may be published (--with-report): the build machine's folders stay out of it.
     assert report["source"]["uri"] == conv_file.name and str(conv_file.parent) not in result.stdout
 
 

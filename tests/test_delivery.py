@@ -27,7 +27,7 @@ def test_first_visit_per_chain_and_the_trials_of_the_measured_choice(tmp_path):
     # webgpu's other candidate and the sample; a wasm-only chain has one candidate: the sample only
     assert desktop["trials"] == {"files": 2, "bytes": size(fp32) + size(sample), "wire_bytes": wire(fp32) + wire(sample)}
     assert android["trials"] == {"files": 1, "bytes": size(sample), "wire_bytes": wire(sample)}
-    # the folder: every file but report.json, .br copies and the manifest included
+    # the folder: every file but the build's record (report.json, not listed), .br copies and the manifest included
     on_disk = sum(p.stat().st_size for p in package.root.rglob("*") if p.is_file() and p.name not in ("report.json", "manifest.json"))
     assert sizes["package"]["bytes"] == on_disk + 1000
     assert sizes["repeat_visit"] == {"bytes": 0, "revalidated": ["manifest.json", "loader.js"], "bytes_after_republish": 1000 + size("loader.js")}

@@ -128,3 +128,32 @@ def test_uint8_images_allow_one_level_on_a_small_share_of_pixels(precision, ep):
     passed, reason = judge(compare(reference, patch, "image"), threshold)
     assert not passed and "block_mae_of_range" in reason
     assert not judge(compare(reference, np.zeros_like(reference), "image"), threshold)[0]
+
+
+def test_pack_verify_reads_back_exactly_the_bounds_the_build_checked():
+    # the manifest's table (threshold_table) is what the build's browser checks use; `pack verify`
+    # (recorded_thresholds) must use the same bounds, recipe overrides and fp16-on-WebGPU widening included
+    from dataclasses import dataclass
+
+    from pipeline.recipe import OutputSpec, Recipe
+    from pipeline.verify.thresholds import BROWSER_EPS, check_bounds, recorded_thresholds, threshold_table
+
+    @dataclass
+    class Variant:
+        name: str
+        precision: str
+
+    variants = [Variant("fp32", "fp32"), Variant("fp16", "fp16"), Variant("fp16w", "fp16w")]
+    recipe = Recipe(name="m")
+    recipe.outputs["image"] = OutputSpec(kind="image", thresholds={"fp16": {"p999_abs_of_range": 0.05, "psnr_db": 40.0}})
+    recipe.outputs["audio"] = OutputSpec(kind="audio", thresholds={"fp32": {"snr_db": 70.0}})
+    outputs = ["image", "audio", "tensor"]
+    table = threshold_table(variants, outputs, recipe, {"webgpu": ["fp16", "fp32"], "wasm": ["fp32"]})
+    manifest = {"thresholds": table, "variants": {v.name: {"precision": v.precision} for v in variants},
+                "outputs": [{"name": name, "kind": recipe.outputs[name].kind if name in recipe.outputs else "tensor"} for name in outputs]}
+    read_back = recorded_thresholds(manifest)
+    for ep in BROWSER_EPS:
+        assert read_back[ep] == table[ep]
+    # an override tighter than the WebGPU default is widened there, as fp16 accumulates in fp16
+    assert table["webgpu"]["fp16"]["image"]["psnr_db"] == check_bounds("image", "fp16", "webgpu")["psnr_db"] < 40.0
+    assert table["wasm"]["fp16"]["image"]["psnr_db"] == 40.0 and table["cpu"]["fp32"]["audio"]["snr_db"] == 70.0

@@ -14,7 +14,8 @@ import pytest
 from pipeline.commands.summary import fp16_kept_lines
 from pipeline.manifest import package_verdict
 from pipeline.recipe import Recipe
-from pipeline.verify.checks import _fp16_judge, contradicted_kernel_errors
+from pipeline.verify.checks import contradicted_kernel_errors
+from pipeline.verify.stages import _fp16_judge
 from tests.test_manifest import _manifest
 
 

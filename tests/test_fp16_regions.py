@@ -141,3 +141,28 @@ def test_values_fp16_cannot_hold_keep_their_readers_in_fp32_and_nothing_is_clamp
     feeds = {"x": np.array([[0.5, -0.25, 1.0, 0.125]], np.float32)}
     for expected, got in zip(_run(model, feeds), _run(result.model, feeds), strict=True):
         assert np.array_equal(expected, got)  # 32768 * x is exact in fp16; the rest stayed fp32
+
+
+SMALL_WEIGHTS_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+tdf (float[4, 3072] x) => (float[4, 24] y, float[4, 24] z) <float gain = {1e-6}> {
+    y = MatMul (x, w)
+    z = Mul (y, gain)
+}
+"""
+
+
+def test_small_weights_whose_tiny_entries_fp16_rounds_within_the_peaks_step_convert():
+    # A 3072-wide Linear (MDX's TDF at its real 3072 bins): weights peak near 0.018, and the entries
+    # near 2e-5 are subnormal in fp16 (1.5e-3 of themselves, 1.7e-6 of the peak). They used to keep
+    # every such MatMul in fp32 (+331776 B on the real-size MDX export); a scalar gain
+    # of 1e-6 (fp16 holds it to 3 %) is still kept.
+    model = onnx.parser.parse_model(SMALL_WEIGHTS_MODEL)
+    w = (np.random.default_rng(0).uniform(-1, 1, (3072, 24)) / np.sqrt(3072)).astype(np.float32)
+    w[0, 0] = 2e-5  # at least one entry in the subnormal range, above 1e-3 of the peak
+    model.graph.initializer.append(numpy_helper.from_array(w, "w"))
+    for node, name in zip(model.graph.node, ("tdf_linear", "gain_mul")):
+        node.name = name
+    found = unholdable_constants(model)
+    assert set(found) == {"gain_mul"}, found
+    assert "1e-06" in found["gain_mul"]

@@ -170,7 +170,7 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     from pipeline.precision.kept import Evaluator, Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
-    from pipeline.verify.checks import fp16_evaluators
+    from pipeline.verify.stages import fp16_evaluators
     model = overflow_model()
     feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32)}
     reference_file = save(model, tmp_path / "ref.onnx")
@@ -241,7 +241,7 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     from pipeline.precision.kept import Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
-    from pipeline.verify.checks import fp16_evaluators
+    from pipeline.verify.stages import fp16_evaluators
     from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS
 
     model = overflow_model()

@@ -20,9 +20,9 @@ from pipeline.manifest import runs_from_checks
 from pipeline.progress import Progress
 from pipeline.precision.fp16 import convert_with_keeps
 from pipeline.verify import node_audit, node_slicing, webgpu_kernels
-from pipeline.verify.checks import webgpu_kernel_checks
+from pipeline.verify.stages import webgpu_kernel_checks
 from pipeline.verify.host import reference_outputs
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.thresholds import node_bounds, threshold_for
 
 REASON = webgpu_kernels.unavailable_reason()
 needs_kernels = pytest.mark.skipif(REASON is not None, reason=f"webgpu-kernels not available: {REASON}")
@@ -96,6 +96,14 @@ def test_cut_matmul_gemm_reductions_and_softmax_keep_the_reduced_axes_whole():
     _cut_matches_whole("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [RNG.standard_normal((1, 16, 64, 64)).astype(np.float32)])
 
 
+def test_a_cut_dft_keeps_its_transform_axis_whole():
+    # LaMa's FFC: a 2-D rfft as two DFTs over [1, C, 256, 256]; each runs whole otherwise (slow on lavapipe).
+    real = RNG.standard_normal((1, 4, 64, 96, 1)).astype(np.float32)
+    assert "64 values per transform" in _cut_matches_whole("DFT", {"axis": 2, "onesided": 1}, [real])
+    spectrum = RNG.standard_normal((1, 4, 64, 96, 2)).astype(np.float32)
+    assert "96 values per transform" in _cut_matches_whole("DFT", {"axis": 3, "inverse": 1}, [spectrum])
+
+
 def hazard_model(k: int = 4096, n: int = 70000) -> onnx.ModelProto:
     """The two WebGPU fp16 failures the stage must catch, with harmless neighbours: a MatMul whose
     fp16 accumulation drifts over K = 4096 positive terms, and a ReduceMean over 70000 values
@@ -145,7 +153,7 @@ def test_the_audit_names_the_fp16_matmul_and_reducemean_failures_and_passes_fp32
     assert failed == {"long_matmul", "long_mean"}, [v.line() for v in verdicts]
     matmul, mean = by_node["long_matmul"], by_node["long_mean"]
     assert matmul.op == "MatMul" and matmul.shape == [[4, 4096], [4096, 16]] and "K = 4096 whole" in matmul.cut
-    assert matmul.metrics["max_abs_of_scale"] > node_audit.node_bounds("fp16")["max_abs_of_scale"]
+    assert matmul.metrics["max_abs_of_scale"] > node_bounds("fp16")["max_abs_of_scale"]
     assert mean.metrics["rel_l2"] > 0.9  # the fp16 ReduceMean over 70000 values gives 0
     assert "70000 values per reduction" in mean.cut
     assert by_node["conv"].status == "passed" and "output channels" in by_node["conv"].cut
@@ -197,3 +205,23 @@ def test_a_node_that_crashes_the_worker_is_named_and_the_others_are_still_audite
     assert verdicts["relu"].status == "failed" and verdicts["relu"].detail == "crashed the worker (SIGSEGV)"
     assert {n for n, v in verdicts.items() if v.status == "failed"} == {"relu", "long_matmul", "long_mean"}
     assert verdicts["conv"].status == "passed" and verdicts["centre"].status == "passed"
+
+
+SCALAR_INPUT_MODEL = """
+<ir_version: 8, opset_import: ["" : 18]>
+spectrum (float[2, 64, 1] x) => (float[2, 33, 2] y) <int64 length = {64}> {
+    y = DFT <axis = 1, onesided = 1> (x, length)
+}
+"""
+
+
+@needs_kernels
+def test_a_scalar_constant_a_node_reads_stays_a_scalar_in_its_audit(tmp_path):
+    # LaMa's rfft: DFT's dft_length is a 0-d initializer; the audit used to store it as shape [1]
+    # (np.ascontiguousarray), which onnxruntime refuses ("dft_length input must be a scalar"),
+    # so every node of a 512² LaMa export was left not verifiable.
+    model = onnx.parser.parse_model(SCALAR_INPUT_MODEL)
+    onnx.save(model, tmp_path / "fp32.onnx")
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 64, 1)).astype(np.float32)}
+    verdicts = node_audit.node_verdicts(tmp_path / "fp32.onnx", tmp_path / "fp32.onnx", feeds, precision="fp32")
+    assert [(v.op, v.status) for v in verdicts] == [("DFT", "passed")], [v.line() for v in verdicts]

@@ -232,9 +232,10 @@ def test_publishes_a_package_built_by_pack_build(proxy, s3_server, tmp_path):
         assert decoded_body(stored) == (tmp_path / "dist" / "tiny-conv" / path).read_bytes()
         if path.endswith(".wasm"):
             assert stored["content_type"] == "application/wasm"
-    # exactly the listed files (report.json and demo.js among them) and the manifest
+    # exactly the listed files (demo.js among them) and the manifest; the build's reports stay home
     assert set(snapshot) == {f"tiny-conv/{path}" for path in [*manifest["files"], "manifest.json"]}
-    assert {"report.json", "demo.js", "index.html"} <= set(manifest["files"])
+    assert {"demo.js", "index.html"} <= set(manifest["files"]) and "report.json" not in manifest["files"]
+    assert (tmp_path / "dist" / "tiny-conv" / "report.json").is_file()
     assert summary["loader_url"].endswith(f"/{bucket}/tiny-conv/loader.js")
     again = run_json("--bucket", bucket, "--endpoint-url", proxy.url, str(tmp_path / "dist"))
     assert again["uploaded"] == 0

@@ -20,8 +20,10 @@ def test_plan_lists_one_object_per_decoded_name_with_headers(tmp_path):
 
     # exactly the manifest's list, and the manifest itself
     assert set(by_path) == set(package.manifest["files"]) | {"manifest.json"}
-    assert {"loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"} <= set(by_path)
+    assert {"loader.js", "loader.d.ts", "index.html", "demo.js"} <= set(by_path)
     assert not any(path.endswith(".br") for path in by_path)
+    # the build's record is in the folder, but neither listed nor planned nor warned about
+    assert (package.root / "report.json").is_file() and "report.json" not in by_path
     assert plan.unlisted == ()
 
     for path, entry in package.manifest["files"].items():
@@ -44,7 +46,7 @@ def test_plan_lists_one_object_per_decoded_name_with_headers(tmp_path):
     assert module.content_type.startswith("text/javascript")
     assert by_path["manifest.json"].content_type == "application/json"
     assert by_path["index.html"].content_type.startswith("text/html")
-    for name in ("manifest.json", "loader.js", "loader.d.ts", "index.html", "demo.js", "report.json"):
+    for name in ("manifest.json", "loader.js", "loader.d.ts", "index.html", "demo.js"):
         assert by_path[name].cache_control == SHORT_CACHE
 
 
@@ -55,7 +57,7 @@ def test_plan_orders_hashed_then_manifest_then_loader_then_page(tmp_path):
     first_manifest = stages.index(Stage.MANIFEST)
     assert all(stage is Stage.HASHED for stage in stages[:first_manifest])
     # a file before every file that imports it: the loader's other files, loader.js, demo.js, index.html
-    assert [obj.path for obj in plan.objects if obj.stage is Stage.SUPPORT] == ["loader.d.ts", "report.json"]
+    assert [obj.path for obj in plan.objects if obj.stage is Stage.SUPPORT] == ["loader.d.ts"]
     assert [obj.path for obj in plan.objects if obj.stage is Stage.LOADER] == ["loader.js"]
     assert [obj.path for obj in plan.objects if obj.stage is Stage.DEMO] == ["demo.js"]
     assert [obj.path for obj in plan.objects if obj.stage is Stage.PAGE] == ["index.html"]
@@ -163,7 +165,7 @@ def test_manifest_that_is_not_json_is_refused(tmp_path):
         plan_package(package.root)
 
 
-@pytest.mark.parametrize("name", ["loader.js", "demo.js", "report.json"])
+@pytest.mark.parametrize("name", ["loader.js", "demo.js", "index.html"])
 def test_missing_listed_plain_file_is_refused(tmp_path, name):
     package = write_package(tmp_path / "dist")
     (package.root / name).unlink()

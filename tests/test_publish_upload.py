@@ -55,7 +55,8 @@ def test_first_publish_stores_every_object_with_its_headers(proxy, s3_server, tm
             assert stored["body"] == (package.root / entry["encodings"]["br"]["path"]).read_bytes()
     wasm_key = next(key for key in snapshot if key.endswith(".wasm"))
     assert snapshot[wasm_key]["content_type"] == "application/wasm"
-    for name in ("manifest.json", "loader.js", "index.html", "demo.js", "report.json"):
+    assert "models/demo/report.json" not in snapshot  # the build's record: only with --with-report
+    for name in ("manifest.json", "loader.js", "index.html", "demo.js"):
         stored = snapshot[f"models/demo/{name}"]
         assert stored["cache_control"] == SHORT_CACHE
         assert stored["body"] == (package.root / name).read_bytes()
@@ -79,8 +80,7 @@ def test_uploads_go_hashed_files_then_manifest_then_loader_then_page(proxy, s3_s
     hashed_names = {path.rsplit("/", 1)[-1] for path, entry in package.manifest["files"].items() if entry["cache"] == "immutable"}
     assert set(order[:manifest_at]) == hashed_names  # every part and completion before the manifest
     # then the loader's other files (in either order), loader.js, and the page that imports it
-    assert set(order[manifest_at + 1 : manifest_at + 3]) == {"loader.d.ts", "report.json"}
-    assert order[manifest_at + 3 :] == ["loader.js", "demo.js", "index.html"]
+    assert order[manifest_at + 1 :] == ["loader.d.ts", "loader.js", "demo.js", "index.html"]
 
 
 def test_large_file_goes_multipart_in_equal_parts(proxy, s3_server, tmp_path):

@@ -41,7 +41,7 @@ def test_a_no_browser_build_writes_a_report_with_every_check_and_the_host_fp16_o
     assert "<script" not in html
     # not published: the manifest does not list the report's files
     manifest = json.loads((no_browser_package / "manifest.json").read_text())
-    assert not {"report.html", "report.data.npz"} & set(manifest["files"])
+    assert not {"report.json", "report.html", "report.data.npz"} & set(manifest["files"])
 
 
 def test_pack_report_rerenders_from_the_package_without_running_anything(no_browser_package, monkeypatch) -> None:
@@ -90,21 +90,27 @@ def test_publish_leaves_the_report_out_unless_asked(s3_server, aws_env, tmp_path
     bucket = new_bucket(s3_server)
     summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url)
     assert summary["warnings"] == []  # the report's files are not "unlisted" files
-    assert not [key for key in bucket_snapshot(s3_server.client(), bucket) if "report." in key and key.endswith((".html", ".npz"))]
+    assert not [key for key in bucket_snapshot(s3_server.client(), bucket) if "report." in key]
     summary = run_json(str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--with-report", "--prune")
     objects = bucket_snapshot(s3_server.client(), bucket)
     assert objects["demo/report.html"]["content_type"] == "text/html; charset=utf-8"
+    assert objects["demo/report.json"]["content_type"] == "application/json"
+    assert objects["demo/report.json"]["body"] == (package.root / "report.json").read_bytes()
     assert "demo/report.data.npz" not in objects
-    assert summary["objects"][-1]["key"] == "demo/report.html"  # a page: uploaded last
-    # a publish of another package with --prune keeps this one's report
+    assert [o["key"] for o in summary["objects"][-2:]] == ["demo/report.html", "demo/report.json"]  # with the page: uploaded last
+    # a publish of another package with --prune keeps this one's reports
     other = write_package(tmp_path / "dist", name="other")
     run_json(str(other.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--prune")
-    assert "demo/report.html" in bucket_snapshot(s3_server.client(), bucket)
+    assert {"demo/report.html", "demo/report.json"} <= set(bucket_snapshot(s3_server.client(), bucket))
     # and asked for a report that is not there: one error line, nothing uploaded
     (package.root / "report.html").unlink()
     result = runner.invoke(app, ["publish", str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--with-report"])
     assert result.exit_code == 2
     assert f"error: {package.root / 'report.html'}: not found; make it with `pack report {package.root}`" in result.output
+    (package.root / "report.json").unlink()
+    result = runner.invoke(app, ["publish", str(package.root), "--bucket", bucket, "--endpoint-url", s3_server.url, "--with-report"])
+    assert result.exit_code == 2
+    assert f"error: {package.root / 'report.json'}: not found; rebuild the package with `pack build`" in result.output
 
 
 def test_audio_plays_at_the_recipe_sample_rate_and_spectrum_frames_are_not_played() -> None:

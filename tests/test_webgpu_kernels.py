@@ -16,11 +16,13 @@ from typer.testing import CliRunner
 
 from pipeline.manifest import runs_from_checks
 from pipeline.cli import app
-from pipeline.commands.verify import package_kernel_checks, sample_feeds
+from pipeline.assets.chunks import runnable_model
 from pipeline.progress import Progress
+from pipeline.sample_file import read_sample
 from pipeline.verify import webgpu_kernels
-from pipeline.verify.checks import webgpu_kernel_checks
+from pipeline.verify.stages import webgpu_kernel_checks
 from pipeline.verify.host import reference_outputs
+from pipeline.verify.package import package_kernel_checks
 
 runner = CliRunner()
 REASON = webgpu_kernels.unavailable_reason()
@@ -151,9 +153,9 @@ def test_fp16_passes_on_webgpu_kernels_and_pack_verify_runs_the_stage(tmp_path):
     assert "ok   webgpu-kernels webgpu/fp16" in result.output
     # `pack verify`'s part of the stage, on the built package, with the recorded bounds
     package = tmp_path / "dist" / "short_reduction"
-    feeds = sample_feeds(package, manifest)
+    feeds = read_sample(package, manifest)[0]
     reference = reference_outputs(package / manifest["variants"]["fp32"]["model"], feeds)
-    checks, facts = package_kernel_checks(package, manifest, feeds, reference, Progress.quiet())
+    checks, facts = package_kernel_checks(package, manifest, feeds, reference, Progress.quiet(), runnable_model)
     assert [(c["variant"], c["status"]) for c in checks] == [("fp16", "passed"), ("fp32", "passed")]
     assert checks[0]["threshold"] == fp16["threshold"] and checks[0]["metrics"] == fp16["metrics"]
 

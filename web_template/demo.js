@@ -301,15 +301,10 @@ function options() {
   return result;
 }
 
-/** The sample rate the build's recipe gave its audio (report.json), else 16 kHz. */
-async function sampleRateOf() {
-  try {
-    const response = await fetch('./report.json');
-    const report = response.ok ? await response.json() : {};
-    return Number(report.sample_rate) || DEFAULT_SAMPLE_RATE;
-  } catch {
-    return DEFAULT_SAMPLE_RATE;
-  }
+/** The sample rate the build's recipe gave its audio (rendered into index.html: report.json is not
+ * published by default), else 16 kHz. */
+function sampleRateOf() {
+  return Number(document.body.dataset.sampleRate) || DEFAULT_SAMPLE_RATE;
 }
 
 async function main() {
@@ -326,7 +321,7 @@ async function main() {
   const compared = comparison(model.manifest, info, outputs, reference);
   const inputSpecs = Object.fromEntries((model.manifest.inputs || []).map((s) => [s.name, s]));
   const outputSpecs = Object.fromEntries((model.manifest.outputs || []).map((s) => [s.name, s]));
-  const sampleRate = await sampleRateOf();
+  const sampleRate = sampleRateOf();
   $('inputs').replaceChildren(...Object.entries(feeds).map(([name, t]) => figure(name, t, inputSpecs[name], null, sampleRate, 'sample input')));
   $('outputs').replaceChildren(...Object.entries(outputs).map(([name, t]) => figure(name, t, outputSpecs[name], reference, sampleRate)));
   showInfo([

@@ -9,7 +9,7 @@ by element width (8, 4, 2, then 1 byte; in graph order inside a group), so a chu
 widths. A chunk of w-byte elements is coded as w byte planes (byte 0 of every element, then byte
 1, ...) before brotli: the plane holding sign and exponent is highly redundant, the low mantissa
 plane nearly random, and brotli finds far more in planes than in interleaved bytes
-(scripts/bench_coding.py). The loader re-interleaves them after the browser's native brotli
+(scripts/bench/bench_coding.py). The loader re-interleaves them after the browser's native brotli
 decoding (web_template/loader/chunks.js).
 
 The build checks the round trip on the files it ships: every chunk file (and its .br copy) is read
@@ -41,7 +41,7 @@ EXTERNAL_MIN_BYTES = 1024
 # Chunk boundaries fall on multiples of this, so every chunk holds whole elements of its width.
 ALIGN = 8
 WIDTHS = (8, 4, 2, 1)
-# Plane counts tried per element width where no one count wins (measured, scripts/bench_coding.py:
+# Plane counts tried per element width where no one count wins (measured, scripts/bench/bench_coding.py:
 # GTCRN's int64 indices compress best in 2 planes, worst in 8).
 PLANE_CANDIDATES = {8: (1, 2, 8)}
 
@@ -158,7 +158,7 @@ def split_external(model: onnx.ModelProto, stem: str) -> tuple[onnx.ModelProto, 
 def best_coding(data: memoryview, chunk: Chunk) -> Chunk:
     """The chunk with the plane count that compresses it best, for widths whose best count
     varies: 8-byte elements (int64 indices and shapes, float64) try 1, 2 and 8 planes; fp16 and
-    fp32 weights always gained from 2 and 4 planes (scripts/bench_coding.py), so they are not tried.
+    fp32 weights always gained from 2 and 4 planes (scripts/bench/bench_coding.py), so they are not tried.
     The winner's brotli bytes stay in the brotli cache, so it is not compressed twice."""
     candidates = PLANE_CANDIDATES.get(chunk.planes)
     if not candidates:

@@ -1,7 +1,7 @@
 """What a package weighs, and what a visitor's browser fetches, computed from its manifest.
 
 - package: every file in the folder (the files the manifest lists, their `.br` copies, the
-  manifest; report.json aside), and what a host stores (one object per listed file, the `.br` body where there is one).
+  manifest; the build's reports, which it does not list, aside), and what a host stores (one object per listed file, the `.br` body where there is one).
 - first visit, per platform chain: what the loader fetches before the first result: manifest.json,
   loader.js and its modules, the runtime bundle the chain loads (`chain_bundle`), and the model
   of the chain's first choice (its first EP's first variant). Raw bytes, and bytes on the wire
@@ -17,9 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.manifest import Manifest, chain_bundle
-
-REPORT = "report.json"
-
 
 def _is_loader_file(path: str) -> bool:
     return path == "loader.js" or (path.startswith("loader/") and path.endswith(".js"))
@@ -40,9 +37,7 @@ def _first_variant(manifest: Manifest, chain: list[str]) -> str | None:
 
 def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
     """The sizes above; `manifest_bytes` is the size of manifest.json as written."""
-    # report.json (the build's evidence for people; browsers never fetch it) is left out: its
-    # timings differ between builds, and the figures should not.
-    files = {path: entry for path, entry in manifest["files"].items() if path != REPORT}
+    files = manifest["files"]
     raw = sum(int(entry["size"]) for entry in files.values())
     copies = sum(int(entry["encodings"]["br"]["size"]) for entry in files.values() if (entry.get("encodings") or {}).get("br"))
     package = {
@@ -96,7 +91,7 @@ def delivery_lines(delivery: dict[str, Any] | None) -> list[str]:
     if not delivery:
         return []
     package = delivery["package"]
-    lines = [f"delivery: package {_mb(package['bytes'])} in {package['files']} files besides report.json ({_mb(package['hosted_bytes'])} stored on a host, brotli bodies replacing their files)"]
+    lines = [f"delivery: package {_mb(package['bytes'])} in {package['files']} files besides the build's reports ({_mb(package['hosted_bytes'])} stored on a host, brotli bodies replacing their files)"]
     for platform, visit in delivery["first_visit"].items():
         trials = visit.get("trials")
         extra = f"; measured choice's trials then fetch {_mb(trials['bytes'])} ({_mb(trials['wire_bytes'])} on the wire)" if trials and trials["files"] else ""

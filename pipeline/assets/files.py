@@ -37,7 +37,7 @@ def media_type(name: str) -> str:
     return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
 
 
-# Byte-plane coded weight chunks (pipeline/assets/chunks.py), measured by scripts/bench_coding.py on
+# Byte-plane coded weight chunks (pipeline/assets/chunks.py), measured by scripts/bench/bench_coding.py on
 # GTCRN, ISNet fp16/fp32 and the LaMa export: q6-q9 gain at most 0.1 point of raw at 1.1-10x the
 # time, q11 2 points at under 1 MB/s, q1-q3 lose 0.5-1 point; q4 and q5 run at the same speed and
 # differ by under 0.7 point either way (q5 smaller on fp16, the precision most weights ship in).
@@ -134,7 +134,7 @@ def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str,
 
 
 def describe_file(root: Path, path: str) -> PackageFile:
-    """A file already in the package whose name carries no hash (loader files, demo page,
-    report.json): listed with a short cache lifetime and no encoded copy."""
+    """A file already in the package whose name carries no hash (loader files, demo page):
+    listed with a short cache lifetime and no encoded copy."""
     target = root / path
     return PackageFile(path, file_sha256(target), target.stat().st_size, None, None, cache="short")

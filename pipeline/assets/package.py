@@ -1,8 +1,11 @@
 """Assemble a package folder: model variants, sample, runtime files, and what the manifest says of them.
 
 The build writes the files stage by stage into its staging folder (models before the host checks,
-which run on the shipped bytes; the sample once the fp32 reference outputs exist) and collects
-them in one `PackageContents`; the manifest is made from it once, at the end (pipeline/build.py).
+which run on the shipped bytes; the sample once the fp32 reference outputs exist). Each writer
+returns what it wrote and what the manifest says of it (`ModelFiles`, `SampleFile`,
+`RuntimeFiles`, the plain files' entries); the build gathers them in a `PackageContents` (never
+changed in place: `dataclasses.replace` makes the next one), whose `manifest()` is the manifest's
+one builder for a package (pipeline/build.py writes it once, at the end).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import onnx
 from pipeline.assets.chunks import chunk_bytes, write_chunked
 from pipeline.assets.files import PackageFile, add_hashed_file, describe_file
 from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
-from pipeline.assets.samples import declared_shape, sample_bytes, tensor_dtype
+from pipeline.assets.samples import declared_shape, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.fp16w import widened_model_file
@@ -25,6 +28,7 @@ from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.runtime import recipe_runtime
+from pipeline.sample_file import sample_bytes
 
 
 def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, recipe: Recipe, outputs: bool) -> list[dict]:
@@ -62,28 +66,56 @@ def variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]]
     return table
 
 
-@dataclass
+@dataclass(frozen=True)
+class ModelFiles:
+    """The model files of every variant (write_models) and the manifest sections they decide."""
+
+    files: tuple[PackageFile, ...]
+    variants: dict[str, VariantEntry]
+    variant_for: dict[str, list[str]]
+    model_paths: dict[str, Path]  # variant name -> shipped model file
+    check_paths: dict[str, Path]  # variant name -> what a session loads (fp16w: widened)
+    inputs: list[dict]
+    outputs: list[dict]  # without sample shapes (the sample's outputs have them)
+    ep_options: dict[str, dict[str, Any]]  # from the layout hazard of the reference model; {} when none
+
+
+@dataclass(frozen=True)
+class SampleFile:
+    """The sample file (write_sample): inputs then their fp32 reference outputs."""
+
+    file: PackageFile
+    sample: Sample
+    outputs: list[dict]  # the manifest's outputs, with their sample shapes
+
+
+@dataclass(frozen=True)
+class RuntimeFiles:
+    """The onnxruntime-web bundle files (write_runtime) and the manifest's `runtime`."""
+
+    files: tuple[PackageFile, ...]
+    runtime: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class PackageContents:
-    """Every file written into the package so far and the manifest sections describing them."""
+    """Every file written into the package so far and the manifest sections describing them.
+    Frozen: a stage's result makes a new one (`dataclasses.replace`)."""
 
     name: str
     description: str | None
     chains: dict[str, list[str]]
     loader: LoaderSettings
-    files: dict[str, PackageFile] = field(default_factory=dict)
-    variants: dict[str, VariantEntry] = field(default_factory=dict)
-    variant_for: dict[str, list[str]] = field(default_factory=dict)
-    model_paths: dict[str, Path] = field(default_factory=dict)  # variant name -> shipped model file
-    check_paths: dict[str, Path] = field(default_factory=dict)  # variant name -> what a session loads (fp16w: widened)
-    inputs: list[dict] = field(default_factory=list)
-    outputs: list[dict] = field(default_factory=list)
-    sample: Sample | None = None
-    runtime: dict[str, Any] = field(default_factory=dict)
+    models: ModelFiles | None = None
+    sample: SampleFile | None = None
+    runtime: RuntimeFiles | None = None
+    plain: tuple[PackageFile, ...] = ()  # loader files and demo page (no hash in their names)
     ep_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def add(self, *files: PackageFile) -> None:
-        for file in files:
-            self.files[file.path] = file
+    @property
+    def files(self) -> dict[str, PackageFile]:
+        listed = [*(self.models.files if self.models else ()), *([self.sample.file] if self.sample else []), *(self.runtime.files if self.runtime else ()), *self.plain]
+        return {file.path: file for file in listed}
 
     def manifest(
         self,
@@ -94,16 +126,18 @@ class PackageContents:
         license: str | None = None,
         fp16: dict[str, Any] | None = None,
     ) -> Manifest:
+        if self.models is None or self.sample is None or self.runtime is None:
+            raise ValueError("a manifest needs the models, the sample and the runtime written first")
         return make_manifest(
             name=self.name,
             description=self.description,
             files={path: file.manifest_entry() for path, file in self.files.items()},
-            variants=self.variants,
-            variant_for=self.variant_for,
-            inputs=self.inputs,
-            outputs=self.outputs,
-            sample=self.sample,  # type: ignore[arg-type]
-            runtime=self.runtime,
+            variants=self.models.variants,
+            variant_for=self.models.variant_for,
+            inputs=self.models.inputs,
+            outputs=self.sample.outputs,
+            sample=self.sample.sample,
+            runtime=self.runtime.runtime,
             execution_providers=self.chains,
             ep_options=self.ep_options,
             loader=self.loader,
@@ -125,58 +159,67 @@ def start_package(recipe: Recipe) -> PackageContents:
     )
 
 
-def write_models(staging: Path, contents: PackageContents, recipe: Recipe, variants: list[Variant], reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Progress) -> None:
+def write_models(staging: Path, recipe: Recipe, variants: list[Variant], reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Progress) -> ModelFiles:
     """One content-hashed model file per variant (the repair passes capped its IR version for the
     runtime); a model over `[assets] chunk_mib` as its graph plus chunked weights (assets/chunks.py)."""
     limit = chunk_bytes(recipe.chunk_mib)
+    files: list[PackageFile] = []
+    entries: dict[str, VariantEntry] = {}
+    model_paths: dict[str, Path] = {}
+    check_paths: dict[str, Path] = {}
     for variant in variants:
         # fp16w stays one file: the loader widens the initializers inside the model's bytes
         if not variant.widen and variant.model.ByteSize() > limit:
             chunked = write_chunked(staging, f"model.{variant.name}", variant.model, limit, progress)
-            contents.add(chunked.graph, *chunked.chunks)
-            contents.model_paths[variant.name] = contents.check_paths[variant.name] = chunked.verify_path
-            contents.variants[variant.name] = {"precision": variant.precision, "model": chunked.graph.path, "requires": variant.requires, "externalData": chunked.external}
+            files += [chunked.graph, *chunked.chunks]
+            model_paths[variant.name] = check_paths[variant.name] = chunked.verify_path
+            entries[variant.name] = {"precision": variant.precision, "model": chunked.graph.path, "requires": variant.requires, "externalData": chunked.external}
             continue
         entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
-        contents.add(entry)
-        contents.model_paths[variant.name] = staging / entry.path
-        contents.check_paths[variant.name] = widened_model_file(contents.model_paths[variant.name]) if variant.widen else contents.model_paths[variant.name]
-        contents.variants[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}
+        files.append(entry)
+        model_paths[variant.name] = staging / entry.path
+        check_paths[variant.name] = widened_model_file(model_paths[variant.name]) if variant.widen else model_paths[variant.name]
+        entries[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}
         if variant.widen:
-            contents.variants[variant.name]["widen"] = variant.widen
-    contents.variant_for = variant_for(variants, recipe)
-    contents.inputs = io_entries(reference_model, feeds, recipe, outputs=False)
-    contents.outputs = io_entries(reference_model, None, recipe, outputs=True)
+            entries[variant.name]["widen"] = variant.widen
     layout = preferred_layout(reference_model)
-    contents.ep_options = {"webgpu": {"preferredLayout": layout}} if layout else {}
+    return ModelFiles(
+        files=tuple(files),
+        variants=entries,
+        variant_for=variant_for(variants, recipe),
+        model_paths=model_paths,
+        check_paths=check_paths,
+        inputs=io_entries(reference_model, feeds, recipe, outputs=False),
+        outputs=io_entries(reference_model, None, recipe, outputs=True),
+        ep_options={"webgpu": {"preferredLayout": layout}} if layout else {},
+    )
 
 
-def write_sample(staging: Path, contents: PackageContents, recipe: Recipe, reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarray], progress: Progress) -> None:
+def write_sample(staging: Path, recipe: Recipe, reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarray], progress: Progress) -> SampleFile:
     """The sample file: inputs, then their fp32 reference outputs; and the outputs' sample shapes."""
     data, tensors, outputs = sample_bytes(feeds, reference)
     sample = add_hashed_file(staging, "sample", ".bin", data, progress)
-    contents.add(sample)
-    contents.sample = {"file": sample.path, "tensors": tensors, "outputs": outputs}
-    contents.outputs = io_entries(reference_model, reference, recipe, outputs=True)
+    return SampleFile(sample, {"file": sample.path, "tensors": tensors, "outputs": outputs}, io_entries(reference_model, reference, recipe, outputs=True))
 
 
-def write_runtime(staging: Path, contents: PackageContents, recipe: Recipe, progress: Progress) -> None:
+def write_runtime(staging: Path, recipe: Recipe, progress: Progress) -> RuntimeFiles:
     """The onnxruntime-web bundles the platform chains need (one per distinct chain bundle)."""
     runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
+    files: list[PackageFile] = []
     bundles = {}
     for key in sorted({chain_bundle(chain) for chain in recipe.chains.values()}):
         bundle = runtime.bundles[key]
         module = add_hashed_file(staging, f"ort/{bundle.module.name.removesuffix('.mjs')}", ".mjs", bundle.module.read_bytes(), progress)
         wasm = add_hashed_file(staging, f"ort/{bundle.wasm.name.removesuffix('.wasm')}", ".wasm", bundle.wasm.read_bytes(), progress)
-        contents.add(module, wasm)
+        files += [module, wasm]
         bundles[key] = {"entry": bundle.entry, "module": module.path, "wasm": wasm.path}
         if bundle.glue is not None:  # releases up to 1.22: emscripten's glue module, imported apart
             glue = add_hashed_file(staging, f"ort/{bundle.glue.name.removesuffix('.mjs')}", ".mjs", bundle.glue.read_bytes(), progress)
-            contents.add(glue)
+            files.append(glue)
             bundles[key]["glue"] = glue.path
-    contents.runtime = {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles}
+    return RuntimeFiles(tuple(files), {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles})
 
 
-def add_plain_files(staging: Path, contents: PackageContents, paths: list[str]) -> None:
-    """Files written without a hash in their name (loader files, demo page, report.json)."""
-    contents.add(*(describe_file(staging, path) for path in paths))
+def plain_files(staging: Path, paths: list[str]) -> tuple[PackageFile, ...]:
+    """The entries of files written without a hash in their name (loader files, demo page)."""
+    return tuple(describe_file(staging, path) for path in paths)

@@ -1,6 +1,5 @@
-"""Sample inputs: from --inputs NPZ, per-input .npy files, constants or seeded random ranges; and the
-raw little-endian `sample.bin` the package ships for the demo page and the browser checks (the
-inputs, then their fp32 reference outputs)."""
+"""Sample inputs: from --inputs NPZ, per-input .npy files, constants or seeded random ranges. The
+`sample.bin` the package ships them in (with their fp32 reference outputs) is pipeline/sample_file.py."""
 
 from __future__ import annotations
 
@@ -148,56 +147,3 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
         _resolve_shape(info, InputSpec(info.name, shape=list(array.shape)), where)
         feeds[info.name] = array
     return feeds
-
-
-def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | None = None) -> tuple[bytes, dict, dict]:
-    """Concatenated little-endian tensors: the inputs, then their fp32 reference `outputs` (so a
-    page can compare its own run with the build's); and the manifest's `sample.tensors` and
-    `sample.outputs` descriptions."""
-    chunks: list[bytes] = []
-    offset = 0
-
-    def append(array: np.ndarray) -> dict:
-        nonlocal offset
-        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        # 8-byte alignment so the browser can view each tensor without copying.
-        padding = (-offset) % 8
-        chunks.append(b"\0" * padding)
-        offset += padding
-        entry = {"dtype": str(array.dtype), "dims": list(array.shape), "offset": offset, "length": len(data)}
-        chunks.append(data)
-        offset += len(data)
-        return entry
-
-    tensors = {name: append(array) for name, array in feeds.items()}
-    described = {name: append(np.asarray(array)) for name, array in (outputs or {}).items()}
-    return b"".join(chunks), tensors, described
-
-
-def read_sample(package: Path, manifest: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The sample inputs and the fp32 reference outputs of a built package, decoded from
-    `sample.<h>.bin` (or its .br copy) as manifest `sample` describes them."""
-    import brotli
-
-    from pipeline.dtypes import NUMPY_DTYPES
-
-    sample = manifest["sample"]
-    path = Path(package) / sample["file"]
-    if path.is_file():
-        raw = path.read_bytes()
-    elif path.with_name(path.name + ".br").is_file():
-        raw = brotli.decompress(path.with_name(path.name + ".br").read_bytes())
-    else:
-        raise PackError(f"{path}: sample file missing; rebuild the package")
-
-    def decode(key: str) -> dict[str, np.ndarray]:
-        arrays = {}
-        for name, tensor in (sample.get(key) or {}).items():
-            dtype = NUMPY_DTYPES.get(tensor["dtype"])
-            if dtype is None:
-                raise PackError(f"manifest.json sample.{key}.{name}: dtype {tensor['dtype']!r} unsupported; rebuild the package")
-            chunk = raw[tensor["offset"]: tensor["offset"] + tensor["length"]]
-            arrays[name] = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tensor["dims"]).copy()
-        return arrays
-
-    return decode("tensors"), decode("outputs")

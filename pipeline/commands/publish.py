@@ -64,7 +64,7 @@ def publish(
     ] = False,
     with_report_page: Annotated[
         bool,
-        typer.Option("--with-report", envvar="PACK_WITH_REPORT", help="Also upload each package's report.html (left out by default: it shows timings and outputs, not what apps load)."),
+        typer.Option("--with-report", envvar="PACK_WITH_REPORT", help="Also upload each package's build reports, report.json and report.html (left out by default: they hold timings and outputs, not what apps load; the manifest lists neither)."),
     ] = False,
     prune: Annotated[
         bool, typer.Option("--prune", help="Delete objects under the prefix that no published manifest references.")

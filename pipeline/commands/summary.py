@@ -5,9 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from pipeline.assets.delivery import delivery_lines
+
+if TYPE_CHECKING:
+    from pipeline.verify.browser.harness import BrowserResult
+    from pipeline.verify.package import PackageVerification
 
 MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR "}
 
@@ -277,3 +283,70 @@ def print_summary(report: dict, package_dir: Path) -> None:
     verdict = "PASSED" if report["passed"] else "FAILED"
     echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped"
          + (f", {errors} error" if (errors := sum(c['status'] == 'error' for c in report['checks'])) else ""))
+
+
+def verify_lines(verification: PackageVerification) -> list[str]:
+    """`pack verify`'s summary: per check, per run and a verdict; several runtimes side by side,
+    the runtime-independent webgpu-kernels checks before their verdict line."""
+    if verification.result is not None:
+        return summary_lines(verification.result, verification.kernel_facts, verification.policy, verification.failed)
+    lines = side_by_side_lines(verification.runtimes)
+    lines[-1:-1] = [check_line(check) for check in verification.kernel_checks] + webgpu_kernel_lines(verification.kernel_facts)
+    return lines
+
+
+def side_by_side_lines(results: dict[str, BrowserResult]) -> list[str]:
+    """Several runtimes on one package: each check once per runtime, then a speed table
+    (production settings: session create / first run / median steady run, in ms)."""
+    first = next(iter(results.values()))
+    lines = [browser_lines(first.report)[0], "checks:"]
+    width = max(len(label) for label in results)
+    for label, result in results.items():
+        for check in result.checks:
+            lines.append(f"  [{label:<{width}}]{check_line(check)}")
+    run_labels = list(dict.fromkeys(run for result in results.values() for run in result.report["eps"]))
+    column = max(24, width + 2)
+    lines.append("speed (ms, production settings: create / first / steady):")
+    lines.append(f"  {'run':<28}" + "".join(f"{label:<{column}}" for label in results))
+    for run in run_labels:
+        cells = []
+        for result in results.values():
+            figures = result.report["eps"].get(run) or {}
+            times = [figures.get(key) for key in ("session_create_ms", "first_run_ms", "steady_run_ms")]
+            cells.append(" / ".join("-" if t is None else f"{t:.0f}" if t >= 10 else f"{t:.1f}" for t in times)
+                         + ("" if figures.get("status") == "passed" else f" ({figures.get('status')})"))
+        lines.append(f"  {run:<28}" + "".join(f"{cell:<{column}}" for cell in cells))
+    labels = list(results)
+    if len(labels) >= 2:
+        base, other = results[labels[0]].report["eps"], results[labels[1]].report["eps"]
+        for run in run_labels:
+            a, b = (base.get(run) or {}).get("steady_run_ms"), (other.get(run) or {}).get("steady_run_ms")
+            if a and b:
+                lines.append(f"  {run}: {labels[1]} steady is {a / b:.2f}x the speed of {labels[0]}")
+    verdicts = []
+    for label, result in results.items():
+        counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
+        verdicts.append(f"{label}: {'FAILED' if result.failed else 'PASSED'} ({counts['passed']} passed, {counts['failed']} failed, "
+                        f"{counts['not-verifiable']} not verifiable)")
+    lines.append("; ".join(verdicts))
+    return lines
+
+
+def summary_lines(result: BrowserResult, kernel_facts: dict | None = None, policy: str | None = None, failed: bool | None = None) -> list[str]:
+    """Per-check lines, per-run browser facts (per device on several browsers), the
+    webgpu-kernels facts, and a verdict."""
+    if "endpoints" in result.report:
+        other = [check_line(check) for check in result.checks if check["stage"] != "browser"]
+        lines = [*device_lines(result.report, result.checks), *(["checks:", *other] if other else [])]
+    else:
+        browser = browser_lines(result.report)
+        lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
+    if kernel_facts:
+        lines.extend(webgpu_kernel_lines(kernel_facts))
+    if policy:
+        lines.append(f"browsers: {policy}")
+    counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
+    verdict = "FAILED" if (result.failed if failed is None else failed) else "PASSED"
+    errors = f", {counts['error']} error" if counts.get("error") else ""
+    lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable{errors}")
+    return lines

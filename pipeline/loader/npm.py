@@ -19,7 +19,8 @@ from pipeline.errors import PackError
 PACKAGE_JSON = "package.json"
 NPM_NAME_MAX = 214  # npm's limit
 # Written after the loader files are rendered (pipeline/build.py), listed in `files` already.
-LATER_FILES = ("manifest.json", "report.json")
+# report.json is not: like report.html it is the build's record, not part of the package apps load.
+LATER_FILES = ("manifest.json",)
 _SPDX_ID = re.compile(r"^[A-Za-z0-9.+-]+$")
 
 

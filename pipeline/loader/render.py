@@ -53,12 +53,14 @@ def static_files() -> dict[str, Traversable]:
     return found
 
 
-def render_loader(package_dir: Path, manifest: dict) -> list[str]:
-    """Write the loader files into `package_dir`; returns their package paths (for manifest "files")."""
+def render_loader(package_dir: Path, manifest: dict, sample_rate: int | None = None) -> list[str]:
+    """Write the loader files into `package_dir`; returns their package paths (for manifest "files").
+    `sample_rate`: the recipe's audio sample rate, which the demo page plays its sound at (it
+    is rendered into index.html: report.json, which records it too, is not published by default)."""
     package_dir = Path(package_dir)
     if not package_dir.is_dir():
         raise PackError(f"{package_dir}: not a directory; build the package files before rendering the loader")
-    context = template_context(manifest)
+    context = template_context(manifest, sample_rate)
     environment = _environment()
     outputs: dict[str, bytes] = {path: source.read_bytes() for path, source in static_files().items()}
     for output, template_name in TEMPLATES.items():
@@ -71,7 +73,7 @@ def render_loader(package_dir: Path, manifest: dict) -> list[str]:
     return list(outputs)
 
 
-def template_context(manifest: dict) -> dict[str, Any]:
+def template_context(manifest: dict, sample_rate: int | None = None) -> dict[str, Any]:
     """What the templates see, from a valid manifest; PackError names the manifest key at fault."""
     validate(manifest, "manifest.json")
     inputs = [_io_item(item) for item in manifest["inputs"]]
@@ -87,6 +89,7 @@ def template_context(manifest: dict) -> dict[str, Any]:
         "output_union": _union(item["name"] for item in outputs),
         "variant_union": _union(sorted(manifest["variants"])),
         "bundle_union": _union(sorted(manifest["runtime"]["bundles"])),
+        "sample_rate": int(sample_rate) if sample_rate else None,
     }
 
 

@@ -54,18 +54,15 @@ def _converter_step(model: onnx.ModelProto, block_list: list[str], keep: set[str
     return PassResult(converted, True, records)
 
 
-def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str], steps: list[dict]) -> onnx.ModelProto:
-    del steps[:]
+def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str]) -> tuple[onnx.ModelProto, list[dict]]:
+    """One conversion attempt keeping `keep` in fp32: (the checked fp16 model, its steps)."""
     result = _converter_step(model, block_list, keep)
-    steps.append(result.as_step("fp16_convert"))
     converted, after = run_passes(result.model, in_stage("fp16-after"), finish=False)
-    steps += after
     try:
         onnx.checker.check_model(converted, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise ConversionError(f"converted model fails onnx.checker: {error}", converted) from None
-    steps.append({"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]})
-    return converted
+    return converted, [result.as_step("fp16_convert"), *after, {"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]}]
 
 
 def _with_repair_identities(prepared: onnx.ModelProto, original: onnx.ModelProto, keep: dict[str, str]) -> dict[str, str]:
@@ -99,13 +96,19 @@ def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (),
     named = name_unnamed_nodes(prepared)
     if named.changed:
         steps.append(named.as_step(name_unnamed_nodes.name))
-    attempt_steps: list[dict] = []
     # Constants fp16 cannot hold are never clamped: their readers stay fp32 (regions.py).
     node_ops = {n.name: n.op_type for g in all_graphs(named.model.graph) for n in g.node}
     keep = {**{name: why for name, why in unholdable_constants(named.model).items() if node_ops.get(name) not in block_list}, **(keep or {})}
     keep = _with_repair_identities(named.model, model, keep)
+    attempt_steps: list[dict] = []  # the latest attempt's: convert_keeping returns the model of its latest attempt
+
+    def attempt(candidate: onnx.ModelProto, kept_nodes: set[str]) -> onnx.ModelProto:
+        nonlocal attempt_steps
+        converted, attempt_steps = _convert_once(candidate, block_list, kept_nodes)
+        return converted
+
     try:
-        converted, kept, records = convert_keeping(named.model, lambda m, k: _convert_once(m, block_list, k, attempt_steps), keep, validate, blocked_ops=set(block_list))
+        converted, kept, records = convert_keeping(named.model, attempt, keep, validate, blocked_ops=set(block_list))
     except KeepFailed as error:
         raise FP16Refused(f"converted model is invalid: {error}") from None
     if records:

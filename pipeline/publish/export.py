@@ -1,6 +1,7 @@
 """`pack export`: the app copy of a package, only what a static host serves to the loader.
 
-Left out: report.json (the build's evidence), the demo page (index.html, demo.js), the models of
+Left out: the build's reports (report.json, report.html: never in manifest.files; a package of an
+earlier pack listed report.json, which is dropped too), the demo page (index.html, demo.js), the models of
 variants not asked for, the runtime bundle no platform chain loads any more, and with `no_br`
 every `.br` copy (for hosts that cannot serve a precompressed body with Content-Encoding: br).
 The manifest is rewritten for what was kept and validated (pipeline/manifest.py) before anything
@@ -21,7 +22,7 @@ from pipeline.errors import PackError
 from pipeline.manifest import Manifest, chain_bundle, validate, write_manifest
 from pipeline.publish.plan import DEMO_SCRIPT, PackagePlan, plan_package
 
-# Files no static host serves to the loader.
+# Files no static host serves to the loader (report.json: listed by packages of earlier pack versions).
 NOT_EXPORTED = frozenset({"report.json", "index.html", DEMO_SCRIPT})
 
 

@@ -1,4 +1,5 @@
-"""What to upload from one package directory: exactly the files its manifest.json lists, and the manifest.
+"""What to upload from one package directory: exactly the files its manifest.json lists, and the manifest
+(with `--with-report`, the build's reports too: report.json and report.html, which it never lists).
 
 Nothing here talks to a bucket: a package whose manifest is not valid (pipeline/manifest.py),
 that names a missing file, or a file whose bytes do not match the manifest, is refused here, before
@@ -22,7 +23,7 @@ import brotli
 from pipeline.manifest import Manifest, Run, failed_runs, read_manifest
 from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
-from pipeline.report import REPORT_FILES, REPORT_HTML
+from pipeline.report import REPORT_FILES, REPORT_HTML, REPORT_JSON
 
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 # Short so that a new manifest/loader reaches browsers within a minute; must-revalidate keeps
@@ -55,8 +56,9 @@ DEMO_SCRIPT = "demo.js"  # imported by index.html, imports loader.js
 class Stage(IntEnum):
     """Upload order. Each stage starts only when the previous one fully succeeded, so every
     manifest ever visible in the bucket names objects that are already there, and every file is
-    there before a file that imports it: the loader's own modules (and loader.d.ts, report.json)
-    before loader.js, loader.js before the demo script, the demo script before the page."""
+    there before a file that imports it: the loader's own modules (and loader.d.ts) before
+    loader.js, loader.js before the demo script, the demo script before the page (the build's
+    reports, with --with-report, go with the page)."""
 
     HASHED = 0
     MANIFEST = 1
@@ -149,15 +151,22 @@ def plan_package(root: Path) -> PackagePlan:
 
 
 def with_report(plan: PackagePlan) -> PackagePlan:
-    """`plan` plus the package's report.html (`pack publish --with-report`): a page like index.html,
-    short cache, uploaded last. It is not in manifest.files (pipeline/report says why)."""
-    path = plan.root / REPORT_HTML
-    if not path.is_file():
-        raise PackError(f"{path}: not found; make it with `pack report {plan.root}`, or publish without --with-report")
-    sha256, size = _sha256_file(path)
-    report = PlannedObject(REPORT_HTML, path, size, sha256, sha256, _content_type(REPORT_HTML, None), None, SHORT_CACHE, Stage.PAGE)
-    objects = sorted((*plan.objects, report), key=lambda obj: (obj.stage, obj.path))
-    return replace(plan, objects=tuple(objects), unlisted=tuple(p for p in plan.unlisted if p != REPORT_HTML))
+    """`plan` plus the build's reports (`pack publish --with-report`): report.json (the build's
+    record) and report.html (its page), short cache, uploaded last like index.html. Neither is in
+    manifest.files (pipeline/report says why); a package of an earlier pack that lists report.json
+    uploads it as a listed file already."""
+    added = []
+    for name in (REPORT_JSON, REPORT_HTML):
+        if name in plan.paths:
+            continue
+        path = plan.root / name
+        if not path.is_file():
+            how = f"make it with `pack report {plan.root}`" if name == REPORT_HTML else "rebuild the package with `pack build`"
+            raise PackError(f"{path}: not found; {how}, or publish without --with-report")
+        sha256, size = _sha256_file(path)
+        added.append(PlannedObject(name, path, size, sha256, sha256, _content_type(name, None), None, SHORT_CACHE, Stage.PAGE))
+    objects = sorted((*plan.objects, *added), key=lambda obj: (obj.stage, obj.path))
+    return replace(plan, objects=tuple(objects), unlisted=tuple(p for p in plan.unlisted if p not in (REPORT_JSON, REPORT_HTML)))
 
 
 def _unlisted(root: Path, files: dict[str, Any]) -> list[str]:

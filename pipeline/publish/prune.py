@@ -3,7 +3,7 @@
 Scope is deliberately narrow: only package folders `<prefix>/<name>/` that hold a readable
 manifest.json are pruned, and in them only keys that manifest does not name (its `files` and
 itself; a schema-1 manifest, published by an older pack, also implies its loader and page). A
-package's report.html (`--with-report`) is kept, unless the package is published again without it. Keys
+package's report.json and report.html (`--with-report`) are kept, unless the package is published again without them. Keys
 outside such folders (a site sharing the bucket, a folder whose first publish was interrupted
 before its manifest) are never touched.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.publish.s3 import Target, describe_error
-from pipeline.report import REPORT_HTML
+from pipeline.report import REPORT_HTML, REPORT_JSON
 from pipeline.publish.transfer import list_keys
 
 # A schema-2 manifest lists every file but itself; schema 1 left its loader and page implied.
@@ -79,8 +79,8 @@ def _referenced_paths(client, target: Target, package: str) -> set[str] | None:
         manifest = json.loads(body)
         files = manifest["files"]
         implied = _SCHEMA_1_ENTRY_FILES if manifest.get("schema") == 1 else ()
-        # a package's report.html (published on request, never listed) stays until its next publish
-        return {"manifest.json", REPORT_HTML, *implied} | {str(path) for path in files}
+        # a package's reports (published on request, never listed) stay until its next publish
+        return {"manifest.json", REPORT_JSON, REPORT_HTML, *implied} | {str(path) for path in files}
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -108,7 +108,7 @@ def publish(
         result.loader_urls[plan.name] = target.url(target.key(plan.name, "loader.js"))
     if prune_unreferenced:
         # The packages of this run are pruned against their plans (under --dry-run the new manifests
-        # are not in the bucket yet; a report.html this run published is in the plan, not the manifest).
+        # are not in the bucket yet; reports this run published (--with-report) are in the plan, not the manifest).
         planned = {plan.name: set(plan.paths) for plan in plans}
         pruned = prune(client, target, dry_run, progress, planned)
         _record_prune(result, pruned, target, dry_run)

@@ -27,7 +27,7 @@ from pipeline.errors import PackError
 
 # One pool slot per transfer thread plus the HEAD workers, so threads never wait for a socket.
 # 16 in flight: on loopback moto, 200 MB went up in 5.9-6.6 s against 6.7-9.0 s with 8
-# (scripts/bench_publish.py); a remote endpoint's latency favours more requests in flight too.
+# (scripts/bench/bench_publish.py); a remote endpoint's latency favours more requests in flight too.
 TRANSFER_THREADS = 16
 _DEFAULT_ATTEMPTS = 5
 

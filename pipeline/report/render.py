@@ -17,13 +17,14 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from pipeline.assets.samples import read_sample
 from pipeline.cache import atomic_write
 from pipeline.errors import PackError
 from pipeline.manifest import read_manifest
 from pipeline.progress import Progress
 from pipeline.report import REPORT_HTML, figures
 from pipeline.report.data import ReportData, load, save
+from pipeline.report.record import read_record
+from pipeline.sample_file import read_sample
 from pipeline.verify.browser.harness import run_label
 from pipeline.verify.metrics import LOWER_BOUNDS, compare, format_metrics
 
@@ -55,13 +56,7 @@ def write_report(package: Path, data: ReportData | None = None, progress: Progre
     progress = progress or Progress.quiet()
     package = Path(package)
     manifest = read_manifest(package)
-    report_path = package / "report.json"
-    try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PackError(f"{report_path}: not found; rebuild the package with `pack build`") from None
-    except ValueError as error:
-        raise PackError(f"{report_path}: not valid JSON ({error}); rebuild the package") from None
+    report = read_record(package)
     kept = load(package)
     if data is None:
         data = kept

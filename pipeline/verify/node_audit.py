@@ -12,7 +12,7 @@ or fp32 per node as the variant has them). Many node models are joined into one 
 WebGPU EP on lavapipe gives each variant's figures. A crash names the node that caused it (its
 group is retried one node at a time).
 
-Each node's output is judged against the WebGPU bounds of its precision (thresholds.threshold_for,
+Each node's output is judged against the WebGPU bounds of its precision (thresholds.node_bounds,
 kind "tensor"), on the max error as a fraction of the output tensor's scale: its largest magnitude
 over the whole tensor in the host run (a ReduceMax(Abs) output of the same run), or the cut window's
 range when larger. A cut window can be all near-zero (the background of a mask): its own norm is no
@@ -39,7 +39,7 @@ import numpy as np
 from pipeline.verify import node_slicing
 from pipeline.verify.host import run_model
 from pipeline.verify.metrics import compare, judge
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.thresholds import node_bounds
 
 WORKER_MODULE = "pipeline.verify.node_audit_worker"
 # Nodes per session: onnxruntime's WebGPU EP compiles each distinct kernel once per session, and
@@ -118,12 +118,6 @@ def _worst(verdicts: list[NodeVerdict]) -> dict | None:
         return None
     worst = max(scored, key=lambda v: v.metrics["max_abs_of_scale"])
     return {"node": worst.node, "op": worst.op, "shape": worst.shape, "rel_l2": worst.metrics["rel_l2"], "max_abs_of_scale": worst.metrics.get("max_abs_of_scale")}
-
-
-def node_bounds(precision: str) -> dict:
-    """The WebGPU bound a node's output must meet: a "tensor" output's `max_abs_of_range` bound of
-    `precision`, taken against the output tensor's scale."""
-    return {"max_abs_of_scale": threshold_for("tensor", precision, "webgpu")["max_abs_of_range"]}
 
 
 def node_verdicts(reference_model: Path, candidate: Path, feeds: dict[str, np.ndarray], precision: str = "fp16", ep_options: dict | None = None) -> list[NodeVerdict]:
@@ -378,6 +372,12 @@ class _Built:
     out_types: dict[str, list[int]]
 
 
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy that keeps the rank: np.ascontiguousarray turns a 0-d array into shape
+    [1], and a scalar input (DFT's dft_length, a Pow exponent) must stay a scalar."""
+    return np.require(array, requirements="C")
+
+
 def _cut(array: np.ndarray, win: list[int] | None) -> np.ndarray:
     if win is None or array.ndim != len(win):
         return array
@@ -461,7 +461,7 @@ def _one_node(job: _Job, node, model_name: str, constants, producers, reference_
                 value = np.array([1, plan.attributes["_resize_channels"], *value.ravel()[2:]], dtype=value.dtype)
             for to in casts:
                 value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(to))
-            initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), local))
+            initializers.append(numpy_helper.from_array(_contiguous(value), local))
             continue
         if i not in job.fed:
             return f"input {tensor} of {job.label} is a constant in the reference but computed in {model_name}"
@@ -474,7 +474,7 @@ def _one_node(job: _Job, node, model_name: str, constants, producers, reference_
             elem = known.get(tensor, (0, None))[0] if known else 0
             if elem:
                 value = value.astype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-        feeds[local] = np.ascontiguousarray(value)
+        feeds[local] = _contiguous(value)
         inputs.append(helper.make_tensor_value_info(local, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
     attrs = [a for a in node.attribute if a.name not in plan.attributes]
     copy = helper.make_node(node.op_type, names, [f"o{k}" if o else "" for k, o in enumerate(node.output)], name=job.label, domain=node.domain)

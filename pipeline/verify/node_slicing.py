@@ -124,6 +124,17 @@ def plan_node(op: str, attrs: dict, shapes: list[list[int] | None], constants: d
         return _plan_conv(op, attrs, shapes)
     if op == "Resize":
         return _plan_resize(shapes, constants)
+    if op == "DFT" and rank >= 3:
+        # every output of a DFT sums over its whole transform axis (and the re/im axis last);
+        # the other axes (batch, channels, the other spatial axis of a 2-D FFT) are rows.
+        if len(shapes) > 2 and shapes[2] is not None:  # opset 20: the axis is an input
+            if 2 not in constants:
+                return "its axis is not a constant"
+            axis = constants[2][0]
+        else:
+            axis = attrs.get("axis", 1)
+        keep = {axis % rank, rank - 1}
+        return Plan([window(x, keep)] + [None] * (len(shapes) - 1), how=f"rows cut, {x[axis % rank]} values per transform")
     return f"{op} has no cutting rule"
 
 

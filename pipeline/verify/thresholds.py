@@ -1,4 +1,12 @@
-"""Default pass thresholds per output kind, precision and execution provider.
+"""The bounds every check is judged against, per (stage, EP, variant, output kind): the defaults
+per output kind, precision and execution provider, the recipe's overrides, the widening of fp16 on
+WebGPU, the manifest's `thresholds` table and how `pack verify` reads it back. The check record
+and the comparison are pipeline/verify/checks.py; the figures pipeline/verify/metrics.py.
+
+Which bounds a check uses (`check_bounds`): the host stage (onnxruntime CPU) the cpu defaults; the
+browser on wasm the wasm defaults; the browser on webgpu and the `webgpu-kernels` stage the wasm
+bounds widened, for fp16, to at least the WebGPU defaults (`webgpu_aware_threshold`). A recipe's
+override (`outputs.<name>.thresholds.<variant>`) replaces the default key by key before widening.
 
 fp32 anywhere should match the CPU reference to float rounding. fp16 on the CPU/wasm accumulates in
 fp32 and lands ~0.03–0.1 % of the output range away; onnxruntime-web's WebGPU kernels accumulate in
@@ -11,11 +19,24 @@ rounding only: each weight moves by at most 2^-11 ≈ 4.9e-4 of itself (≈ 2.8e
 rounding errors add up as √(depth) times the cancellation gain of each layer. Its bounds allow ten
 times the unit roundoff (5e-3, half of fp16's CPU bounds, which round activations too) and are the
 same on every EP, since no kernel computes in fp16. Measured on the eight flagship-architecture
-exports (scripts/measure_fp16w.py, random inputs, onnxruntime CPU): rel_l2 ≤ 6.2e-4, max_abs_of_range
+exports (scripts/bench/measure_fp16w.py, random inputs, onnxruntime CPU): rel_l2 ≤ 6.2e-4, max_abs_of_range
 ≤ 4.0e-4 (docs/precision.md).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.verify.metrics import LOWER_BOUNDS
+
+if TYPE_CHECKING:
+    from pipeline.precision.variants import Variant
+    from pipeline.recipe import Recipe
+
+BROWSER_EPS = ("wasm", "webgpu")
+FLOAT_PRECISIONS = ("fp32", "fp16", "fp16w")  # every other precision (quantized) is compared loosely
+# A quantized source is its own reference: its host check bounds non-finite values only.
+SELF_REFERENCE_BOUNDS = {"nan": 0, "inf": 0}
 
 _BASE = {
     # (precision, accumulates in fp16) -> bounds
@@ -43,8 +64,9 @@ _QUANTIZED = {"max_abs_of_range": 0.1, "rel_l2": 0.1}
 
 
 def threshold_for(kind: str, precision: str, ep: str, override: dict | None = None) -> dict:
-    """The bounds one output check must meet; `override` (from the recipe) wins key by key."""
-    if precision in ("fp32", "fp16", "fp16w"):
+    """The default bounds of an output of `kind` in `precision` on `ep` (cpu, wasm, webgpu);
+    `override` (from the recipe) wins key by key."""
+    if precision in FLOAT_PRECISIONS:
         fp16_accumulation = precision == "fp16" and ep == "webgpu"
         bounds = dict(_BASE[(precision, fp16_accumulation)])
         if kind in _DB_BOUNDS:
@@ -66,3 +88,111 @@ def threshold_for(kind: str, precision: str, ep: str, override: dict | None = No
     if override:
         bounds.update(override)
     return bounds
+
+
+def webgpu_aware_threshold(threshold: dict, kind: str, precision: str, ep: str) -> dict:
+    """`threshold`, each bound widened to at least the WebGPU fp16 default when fp16 runs on WebGPU.
+
+    onnxruntime-web's WebGPU kernels accumulate fp16 in fp16 (1-2 % of the largest output on long
+    reductions), which host (CPU, fp32-accumulating) thresholds do not allow for. The default still
+    fails zeros, wrong slices and overflow, whose errors are of order 100 % of the range.
+    """
+    if not (ep == "webgpu" and precision == "fp16"):
+        return dict(threshold)
+    webgpu = threshold_for(kind, precision, ep)
+    widened = dict(threshold)
+    for key, bound in webgpu.items():
+        if key in widened:
+            widened[key] = min(widened[key], bound) if key in LOWER_BOUNDS else max(widened[key], bound)
+    return widened
+
+
+def check_bounds(kind: str, precision: str, ep: str, override: dict | None = None) -> dict:
+    """The bounds of one output's check on `ep`: "cpu" the host stage's; "wasm" and "webgpu" the
+    browser's (the wasm bounds, fp16 widened on webgpu), which the `webgpu-kernels` stage uses too."""
+    if ep == "cpu":
+        return threshold_for(kind, precision, ep, override)
+    return webgpu_aware_threshold(threshold_for(kind, precision, "wasm", override), kind, precision, ep)
+
+
+def output_kind(recipe: Recipe, output: str) -> str:
+    """The recipe's kind of `output` (image, audio, tensor)."""
+    spec = recipe.outputs.get(output)
+    return spec.kind if spec else "tensor"
+
+
+def recipe_bounds(recipe: Recipe, variant: str, precision: str, output: str, ep: str) -> dict:
+    """`check_bounds` of one output of a variant, with the recipe's override for that variant."""
+    spec = recipe.outputs.get(output)
+    override = spec.thresholds.get(variant) if spec else None
+    return check_bounds(output_kind(recipe, output), precision, ep, override)
+
+
+def search_bounds(recipe: Recipe, output: str, ep: str) -> dict:
+    """The bounds an fp16 candidate's output must meet in the keep-in-fp32 search on `ep` ("cpu"
+    for the host, "webgpu" for the WebGPU kernels): the fp16 defaults there with the recipe's fp16
+    override (not widened: an override tighter than the WebGPU default holds in the search)."""
+    spec = recipe.outputs.get(output)
+    return threshold_for(output_kind(recipe, output), "fp16", ep, spec.thresholds.get("fp16") if spec else None)
+
+
+def node_bounds(precision: str) -> dict:
+    """The bound a node's output must meet in the node audit (the `webgpu-kernels` stage of a model
+    too heavy to run whole): a "tensor" output's WebGPU `max_abs_of_range` bound of `precision`,
+    taken against the output tensor's scale."""
+    return {"max_abs_of_scale": threshold_for("tensor", precision, "webgpu")["max_abs_of_range"]}
+
+
+def ep_thresholds(variants: list[Variant], outputs: list[str], recipe: Recipe, ep: str) -> dict[str, dict[str, dict]]:
+    """thresholds[variant][output] of the checks on `ep` (see `check_bounds`)."""
+    return {v.name: {name: recipe_bounds(recipe, v.name, v.precision, name, ep) for name in outputs} for v in variants}
+
+
+def threshold_table(variants: list[Variant], outputs: list[str], recipe: Recipe, variant_for: dict[str, list[str]]) -> dict[str, dict[str, dict[str, dict]]]:
+    """manifest `thresholds[ep][variant][output]`: exactly the bounds the build's checks use: the
+    host checks' (cpu), and the browser's for every variant on each EP a chain has (the browser
+    checks every variant an EP can be asked for: plan_runs, wasm x fp16 too); webgpu's are also the
+    `webgpu-kernels` stage's. The browser harness takes this table as it is."""
+    table: dict[str, dict[str, dict[str, dict]]] = {"cpu": {}}
+    for variant in variants:
+        table["cpu"][variant.name] = {
+            name: dict(SELF_REFERENCE_BOUNDS) if variant.precision == "quantized" else recipe_bounds(recipe, variant.name, variant.precision, name, "cpu")
+            for name in outputs
+        }
+    for ep in BROWSER_EPS:
+        if ep in variant_for:
+            table[ep] = ep_thresholds(variants, outputs, recipe, ep)
+    return table
+
+
+def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict[str, dict]]]:
+    """thresholds[ep][variant][output] for the browser checks of a built package (`pack verify`):
+    the bounds the build checked, from the manifest (its wasm bounds, else its webgpu ones), else
+    the defaults; fp16 widened on webgpu as the build widened it."""
+    recorded = manifest.get("thresholds") or {}
+    table: dict[str, dict[str, dict[str, dict]]] = {ep: {} for ep in BROWSER_EPS}
+    for variant, spec in manifest["variants"].items():
+        precision = spec.get("precision", "fp32")
+        for ep in BROWSER_EPS:
+            table[ep][variant] = {}
+        for output in manifest["outputs"]:
+            name, kind = output["name"], output.get("kind", "tensor")
+            bounds = next((recorded[ep][variant][name] for ep in BROWSER_EPS if name in recorded.get(ep, {}).get(variant, {})), None)
+            base = dict(bounds) if bounds else threshold_for(kind, precision, "wasm")
+            for ep in BROWSER_EPS:
+                table[ep][variant][name] = webgpu_aware_threshold(base, kind, precision, ep)
+    return table
+
+
+def recorded_kernel_thresholds(manifest: dict, outputs: list[str]) -> dict[str, dict[str, dict]]:
+    """thresholds[variant][output] for the `webgpu-kernels` checks of a built package's float
+    variants: the WebGPU bounds the build recorded in the manifest, else the defaults."""
+    recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
+    kinds = {output["name"]: output.get("kind", "tensor") for output in manifest["outputs"]}
+    table: dict[str, dict[str, dict]] = {}
+    for name, variant in manifest["variants"].items():
+        precision = variant.get("precision", "fp32")
+        if precision not in FLOAT_PRECISIONS:
+            continue
+        table[name] = {output: recorded.get(name, {}).get(output) or threshold_for(kinds.get(output, "tensor"), precision, "webgpu") for output in outputs}
+    return table

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PackError
+from pipeline.manifest import Manifest
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime
 from pipeline.verify.browser.chromium import launch_browser
@@ -32,6 +33,7 @@ from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_i
 from pipeline.verify.browser.plan import load_manifest, plan_runs
 from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
 from pipeline.verify.browser.runner import BrowserLost, connection_lost
+from pipeline.verify.checks import Check, any_failed, check, tagged
 
 ATTEMPTS = 2  # the first connection and one retry
 GRACE_S = 60  # connecting and closing, beyond the budget, before a worker is abandoned
@@ -54,13 +56,13 @@ class EndpointOutcome:
 
 @dataclass
 class GridResult:
-    checks: list[dict]
+    checks: list[Check]
     report: dict  # report.json "browser": {"endpoints": [...], "devices": [...], "policy": ...}
     outcomes: list[EndpointOutcome]
 
     @property
     def failed(self) -> bool:
-        return any(check["status"] == "failed" for check in self.checks)
+        return any_failed(self.checks)
 
     @property
     def outputs(self) -> dict:
@@ -75,7 +77,7 @@ class GridResult:
 def verify_on_endpoints(
     package_dir: Path,
     references: dict[str, np.ndarray],
-    thresholds: dict[str, dict[str, dict]],
+    thresholds: dict[str, dict[str, dict[str, dict]]],
     endpoints: list[Endpoint],
     *,
     gpu: bool = False,
@@ -86,10 +88,12 @@ def verify_on_endpoints(
     budget_s: float = DEFAULT_BUDGET_S,
     remote_executable: str | None = None,
     require_all: bool = False,
+    manifest: Manifest | None = None,
 ) -> GridResult:
-    """Each endpoint verifies the package (verify_in_browser) in its own thread, concurrently."""
+    """Each endpoint verifies the package (verify_in_browser) in its own thread, concurrently;
+    `manifest`: served from memory in place of the package's file (verify_in_browser)."""
     progress = progress or Progress.quiet()
-    planned = plan_runs(load_manifest(package_dir))
+    planned = plan_runs(manifest if manifest is not None else load_manifest(package_dir))
     outcomes = [EndpointOutcome(endpoint) for endpoint in endpoints]
 
     def work(outcome: EndpointOutcome) -> None:
@@ -107,7 +111,7 @@ def verify_on_endpoints(
                         raise _Unreachable(str(error)) from None
                     try:
                         verify_in_browser(package_dir, references, thresholds, gpu=gpu, bundle=bundle, watchdog_ms=watchdog_ms,
-                                          browser=browser, runtime=runtime, deadline=deadline, result=outcome.result)
+                                          browser=browser, runtime=runtime, deadline=deadline, result=outcome.result, manifest=manifest)
                     except (PackError, BudgetSpent, BrowserLost):
                         raise
                     except Exception as error:
@@ -169,7 +173,7 @@ class _Unreachable(Exception):
 
 
 def _merge(outcomes: list[EndpointOutcome], planned, require_all: bool) -> GridResult:
-    checks: list[dict] = []
+    checks: list[Check] = []
     endpoints_report = []
     devices: dict[str, dict] = {}
     for outcome in outcomes:
@@ -178,15 +182,13 @@ def _merge(outcomes: list[EndpointOutcome], planned, require_all: bool) -> GridR
         device = report.get("device")
         key = device_key(device) if device else None
         tags = {"endpoint": label, "device": key, "adapter": adapter_class(device) if device else None}
-        for check in outcome.result.checks:
-            checks.append({**check, **tags})
+        checks.extend(tagged(outcome.result.checks, **tags))
         if not outcome.finished:
             done = {(r["bundle"], r["ep"], r["variant"]) for r in report.get("runs", [])}
             reason = _reason(outcome.errors)
             for run in planned:
                 if (run.bundle, run.ep, run.variant) not in done:
-                    checks.append({"stage": "browser", "ep": run.ep, "variant": run.variant, "bundle": run.bundle,
-                                   "status": "error", "detail": f"{label}: {reason}", **tags})
+                    checks.append(check("browser", run.ep, run.variant, "error", bundle=run.bundle, detail=f"{label}: {reason}", **tags))
         entry = {"endpoint": label, "kind": outcome.endpoint.kind, "status": outcome.status, "attempts": len(outcome.errors) + (1 if outcome.finished else 0),
                  "seconds": outcome.seconds, "device": key, "browser": report or None}
         if outcome.errors:
@@ -253,12 +255,14 @@ def browsers_for(grid: GridSettings | None, gpu: bool):
 
 
 def verify_on_grid(grid: GridSettings | None, package_dir: Path, references, thresholds, *, gpu: bool, progress: Progress,
-                   browser=None, bundle: str | None = None, watchdog_ms: int | None = None, runtime: Runtime | None = None):
+                   browser=None, bundle: str | None = None, watchdog_ms: int | None = None, runtime: Runtime | None = None,
+                   manifest: Manifest | None = None):
     """verify_in_browser on the local `browser` when no endpoint is given (a BrowserResult), else
-    verify_on_endpoints (a GridResult); both have .checks, .report and .failed."""
+    verify_on_endpoints (a GridResult); both have .checks, .report and .failed. `manifest`: the
+    package's manifest in memory, served in place of its file (None: the file on disk)."""
     if grid is None or not grid.endpoints:
         return verify_in_browser(package_dir, references, thresholds, gpu=gpu, progress=progress, browser=browser,
-                                 bundle=bundle, watchdog_ms=watchdog_ms, runtime=runtime)
+                                 bundle=bundle, watchdog_ms=watchdog_ms, runtime=runtime, manifest=manifest)
     return verify_on_endpoints(package_dir, references, thresholds, list(grid.endpoints), gpu=gpu, progress=progress, bundle=bundle,
                                watchdog_ms=watchdog_ms, runtime=runtime, budget_s=grid.budget_s,
-                               remote_executable=grid.remote_executable, require_all=grid.require_all)
+                               remote_executable=grid.remote_executable, require_all=grid.require_all, manifest=manifest)

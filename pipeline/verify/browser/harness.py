@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PackError
+from pipeline.manifest import Manifest, manifest_bytes, validate
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime, resolve_runtime
 from pipeline.verify.browser import logs
 from pipeline.verify.browser.devices import device_facts
 from pipeline.verify.browser.plan import PlannedRun, load_manifest, plan_runs
 from pipeline.verify.browser.runner import BrowserRunner, RunnerPage, decode_tensor
-from pipeline.verify.metrics import LOWER_BOUNDS, compare, judge
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.checks import Check, any_failed, check, judged, rounded_metrics
 
 DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
@@ -44,20 +44,20 @@ class BudgetSpent(Exception):
 
 @dataclass
 class BrowserResult:
-    checks: list[dict] = field(default_factory=list)  # report.json check entries, stage "browser"
+    checks: list[Check] = field(default_factory=list)  # report.json check entries, stage "browser"
     report: dict = field(default_factory=dict)  # report.json "browser": adapter, per-run facts
     # run label -> output name -> what the browser produced (bounded: kept_output)
     outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
-        return any(check["status"] == "failed" for check in self.checks)
+        return any_failed(self.checks)
 
 
 def verify_in_browser(
     package_dir: Path,
     references: dict[str, np.ndarray],
-    thresholds: dict[str, dict[str, dict]],
+    thresholds: dict[str, dict[str, dict[str, dict]]],
     *,
     gpu: bool = False,
     progress: Progress | None = None,
@@ -68,11 +68,12 @@ def verify_in_browser(
     profile: bool = True,
     deadline: float | None = None,
     result: BrowserResult | None = None,
+    manifest: Manifest | None = None,
 ) -> BrowserResult:
     """Verify `package_dir` in headless Chromium against fp32 `references` (output name -> array).
 
-    thresholds[variant][output] bounds each comparison; for fp16 on WebGPU each bound is widened
-    to at least the WebGPU fp16 default (its kernels accumulate in fp16).
+    thresholds[ep][variant][output] bounds each comparison: the manifest's `thresholds` table
+    (pipeline/verify/thresholds.py: `threshold_table` in a build, `recorded_thresholds` in `pack verify`).
     Each run's times come from a pass with production settings (the loader's session options,
     default logging, no profiling); with `profile`, a second, labelled pass on the same page
     (verbose logs, onnxruntime's profiler, one run) gives the CPU-fallback placement and the
@@ -85,10 +86,16 @@ def verify_in_browser(
     launched and closed. `deadline` (time.monotonic()) is an endpoint's time budget: past it,
     BudgetSpent. `result` collects into a caller's BrowserResult and skips the runs it holds
     already (a reconnect resumes where the lost connection stopped).
+    `manifest`: the package's manifest in memory, served as its manifest.json in place of the
+    file (`pack build` checks its staging folder before it writes the manifest); None: the file.
     """
     progress = progress or Progress.quiet()
     package_dir = Path(package_dir)
-    manifest = load_manifest(package_dir)
+    served = None
+    if manifest is None:
+        manifest = load_manifest(package_dir)
+    else:
+        served = manifest_bytes(validate(manifest, package_dir / "manifest.json (in memory)"))
     runs = plan_runs(manifest)
     watchdog = watchdog_ms or int((manifest.get("loader") or {}).get("watchdogMs") or DEFAULT_WATCHDOG_MS)
     if bundle is not None and runtime is None:
@@ -101,7 +108,7 @@ def verify_in_browser(
     launch_start = time.monotonic()
     with ExitStack() as stack:
         runner = stack.enter_context(BrowserRunner(
-            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser))
+            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser, manifest=served))
         adapter, navigator = runner.probe_device()
         result.report = {
             "chromium": runner.browser.version,
@@ -131,8 +138,8 @@ def verify_in_browser(
                 )
                 if bundle is not None:
                     run_report["bundle"] = f"{bundle} (override of {planned.bundle})"
-                    for check in checks:
-                        check["bundle"] = run_report["bundle"]
+                    for entry in checks:
+                        entry["bundle"] = run_report["bundle"]
                 result.checks.extend(checks)
                 result.report["runs"].append(run_report)
                 result.report["eps"][run_label(run_report)] = run_summary(run_report)
@@ -189,9 +196,9 @@ def kept_output(array: np.ndarray, kind: str) -> tuple[np.ndarray, str | None]:
 
 def _verify_run(
     runner: BrowserRunner, manifest: dict, planned: PlannedRun, runtime: str | dict, adapter: dict,
-    references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], watchdog_ms: int, profile: bool,
+    references: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict[str, dict]]], watchdog_ms: int, profile: bool,
     deadline: float | None = None,
-) -> tuple[list[dict], dict, dict[str, np.ndarray]]:
+) -> tuple[list[Check], dict, dict[str, np.ndarray]]:
     """The run's checks, its report.json facts, and the outputs it compared (bounded)."""
     variant = manifest["variants"][planned.variant]
     missing = _missing_features(planned.ep, variant, adapter)
@@ -205,7 +212,7 @@ def _verify_run(
     if planned.ep == "webgpu" and not adapter.get("available"):
         detail = f"no WebGPU adapter on this browser ({adapter.get('reason', 'requestAdapter() returned null')})"
         run_report.update(status="not-verifiable", detail=detail)
-        return [dict(base, status="not-verifiable", detail=detail)], run_report, {}
+        return [check(**base, status="not-verifiable", detail=detail)], run_report, {}
 
     options = {"ep": planned.ep, "variant": planned.variant, "runtime": runtime, "watchdogMs": watchdog_ms,
                "steadyRuns": STEADY_RUNS, "steadyBudgetMs": STEADY_BUDGET_MS}
@@ -255,26 +262,25 @@ def _verify_run(
             detail = (f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
                       f"which the adapter lacks; onnxruntime refused: {_short(error)}")
             run_report.update(status="not-verifiable", detail=detail)
-            return [dict(base, status="not-verifiable", detail=detail)], run_report, {}
+            return [check(**base, status="not-verifiable", detail=detail)], run_report, {}
         detail = (f"{planned.ep} ({planned.bundle} bundle) failed at {outcome.get('stage')}: {_short(error)}; "
                   f"inputs {run_report['input_shapes']}, expected outputs {run_report['expected_output_shapes']}")
         if signals:
             detail += f"; signals: {_short('; '.join(signals))}"
         run_report.update(status="failed", detail=detail)
-        return [dict(base, status="failed", detail=detail)], run_report, {}
+        return [check(**base, status="failed", detail=detail)], run_report, {}
 
     checks = []
     actual_shapes = {}
     produced: dict[str, np.ndarray] = {}
     for output in manifest["outputs"]:
         name = output["name"]
-        check = dict(base, output=name)
         encoded = (outcome.get("outputs") or {}).get(name)
         if name not in references:
             raise PackError(f"references: no fp32 reference for output {name!r}; pass the host reference of every output")
         if encoded is None or "bytes" not in encoded:
             why = encoded.get("error") if encoded else "the run returned no such output"
-            checks.append(dict(check, status="failed", detail=f"output {name}: {why}"))
+            checks.append(check(**base, output=name, status="failed", detail=f"output {name}: {why}"))
             continue
         actual = decode_tensor(encoded)
         actual_shapes[name] = list(actual.shape)
@@ -282,23 +288,21 @@ def _verify_run(
         produced[name], cut = kept_output(actual, kind)
         if cut:
             run_report.setdefault("outputs_kept", {})[name] = cut
-        threshold = webgpu_aware_threshold(thresholds[planned.variant][name], kind, variant["precision"], planned.ep)
-        metrics = compare(references[name], actual, kind)
-        passed, reason = judge(metrics, threshold)
-        check.update(metrics=_json_metrics(metrics), threshold=threshold)
+        threshold = dict(thresholds[planned.ep][planned.variant][name])
+        metrics, passed, reason = judged(references[name], actual, kind, threshold)
         if signals:
-            check.update(status="failed", detail=f"{'; '.join(signals)[:500]}" + (f"; {reason}" if reason else ""))
+            status, detail = "failed", f"{'; '.join(signals)[:500]}" + (f"; {reason}" if reason else "")
         elif not passed:
-            check.update(status="failed", detail=reason)
+            status, detail = "failed", reason
         elif missing:
-            check.update(status="not-verifiable", detail=(
+            status, detail = "not-verifiable", (
                 f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
-                "which the adapter lacks; the outputs matched but the variant cannot have run as shipped"))
+                "which the adapter lacks; the outputs matched but the variant cannot have run as shipped")
         else:
-            check.update(status="passed")
-        checks.append(check)
+            status, detail = "passed", None
+        checks.append(check(**base, output=name, status=status, metrics=rounded_metrics(metrics), threshold=threshold, detail=detail))
     run_report["output_shapes"] = actual_shapes
-    statuses = {check["status"] for check in checks}
+    statuses = {entry["status"] for entry in checks}
     run_report["status"] = "failed" if "failed" in statuses else ("not-verifiable" if "not-verifiable" in statuses else "passed")
     return checks, run_report, produced
 
@@ -336,32 +340,11 @@ def _limit_ms(watchdog_ms: int, steady_runs: int) -> int:
     return watchdog_ms * (4 + steady_runs) + 10_000
 
 
-def webgpu_aware_threshold(threshold: dict, kind: str, precision: str, ep: str) -> dict:
-    """`threshold`, each bound widened to at least the WebGPU fp16 default when fp16 runs on WebGPU.
-
-    onnxruntime-web's WebGPU kernels accumulate fp16 in fp16 (1-2 % of the largest output on long
-    reductions), which host (CPU, fp32-accumulating) thresholds do not allow for. The default still
-    fails zeros, wrong slices and overflow, whose errors are of order 100 % of the range.
-    """
-    if not (ep == "webgpu" and precision == "fp16"):
-        return dict(threshold)
-    webgpu = threshold_for(kind, precision, ep)
-    widened = dict(threshold)
-    for key, bound in webgpu.items():
-        if key in widened:
-            widened[key] = min(widened[key], bound) if key in LOWER_BOUNDS else max(widened[key], bound)
-    return widened
-
-
 def _missing_features(ep: str, variant: dict, adapter: dict) -> list[str]:
     if ep != "webgpu":
         return []
     features = set(adapter.get("features") or [])
     return [feature for feature in variant.get("requires", []) if feature not in features]
-
-
-def _json_metrics(metrics: dict) -> dict:
-    return {key: (round(value, 6) if isinstance(value, float) else value) for key, value in metrics.items()}
 
 
 def _rounded(timings: dict) -> dict:

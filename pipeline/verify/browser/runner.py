@@ -2,6 +2,8 @@
 
 Everything pack serves beside what runs lives under one mount prefix, `/__pack__/`:
 - `/__pack__/page/`: runner.html and runner.js (the in-page code, real .js files in page/);
+- `/__pack__/loader/`: pack's own loader modules (web_template/loader/), whose tensor code runner.js
+  imports (`model` runs serve a scratch folder, which has no loader of its own);
 - `/__pack__/runtime/<key>/`: an onnxruntime-web dist/ folder (another runtime than the one a
   package ships, or the bundles `pack inspect`/`pack diagnose` run models on);
 - `/__pack__/models/`: scratch models (raw-model runs).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import base64
 from contextlib import ExitStack
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,7 @@ from pipeline.verify.browser.server import running_server
 
 MOUNT_PREFIX = "/__pack__/"
 PAGE_PREFIX = MOUNT_PREFIX + "page/"
+LOADER_PREFIX = MOUNT_PREFIX + "loader/"
 RUNTIME_PREFIX = MOUNT_PREFIX + "runtime/"
 MODEL_PREFIX = MOUNT_PREFIX + "models/"
 
@@ -45,12 +49,14 @@ class BrowserRunner:
 
     `runtimes`: key -> Runtime whose dist/ is mounted at /__pack__/runtime/<key>/. `browser` reuses
     an open Playwright browser; otherwise one is launched (`gpu`: hardware Vulkan flags) and closed.
-    Use as a context manager.
+    `manifest` (bytes) is served as the package's manifest.json instead of the file in `root`
+    (server.py). Use as a context manager.
     """
 
     def __init__(self, root: Path, *, runtimes: dict[str, Runtime] | None = None, gpu: bool = False, browser=None,
-                 models: Path | None = None):
+                 models: Path | None = None, manifest: bytes | None = None):
         self.root = Path(root)
+        self.manifest = manifest
         self.runtimes = dict(runtimes or {})
         self.gpu = gpu
         self.browser = browser
@@ -59,13 +65,13 @@ class BrowserRunner:
         self.server = None
 
     def __enter__(self) -> "BrowserRunner":
-        mounts = {PAGE_PREFIX: PAGE_DIR}
+        mounts = {PAGE_PREFIX: PAGE_DIR, LOADER_PREFIX: loader_modules()}
         for key, runtime in self.runtimes.items():
             mounts[f"{RUNTIME_PREFIX}{key}/"] = runtime.bundles["webgpu"].module.parent
         if self.models is not None:
             mounts[MODEL_PREFIX] = self.models
         try:
-            self.server = self._stack.enter_context(running_server(self.root, mounts))
+            self.server = self._stack.enter_context(running_server(self.root, mounts, manifest=self.manifest))
             if self.browser is None:
                 self.browser = self._stack.enter_context(launch_browser(gpu=self.gpu))
         except BaseException:
@@ -159,6 +165,12 @@ class RunnerPage:
             self.page.context.close()
         except Exception:  # noqa: BLE001 - a hung renderer may refuse a clean close; the browser closes it later
             pass
+
+
+def loader_modules() -> Path:
+    """The folder of the loader's ES modules pack renders into packages (package data
+    `pipeline.web_template`: web_template/loader/ in the repository)."""
+    return Path(str(resources.files("pipeline.web_template") / "loader"))
 
 
 def encode_tensor(array: np.ndarray) -> dict:

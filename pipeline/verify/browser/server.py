@@ -11,6 +11,9 @@
   as a bucket with a CORS rule allows an app on another origin.
 - `extra_mounts` maps URL prefixes (e.g. "/__pack__/") to folders outside the package: harness
   pages and alternative runtime files. They never shadow package files except under their prefix.
+- `manifest` (bytes): served as the package's manifest.json in place of the file on disk, with the
+  headers the file would get (`pack build` hands its browser stage the manifest in memory, so no
+  provisional manifest.json is ever written into the package; pipeline/build.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
+MANIFEST = "manifest.json"
 MEDIA_TYPES = {
     ".mjs": "text/javascript",
     ".js": "text/javascript",
@@ -56,14 +60,17 @@ class ServedRequest:
 class StaticServer:
     """Threaded static server; `url` ends with '/'. `requests` records what was served."""
 
-    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None, host: str = "127.0.0.1", port: int = 0, cors: list[str] | None = None):
+    def __init__(self, root: Path, extra_mounts: dict[str, Path] | None = None, host: str = "127.0.0.1", port: int = 0, cors: list[str] | None = None,
+                 manifest: bytes | None = None):
         self.root = Path(root).resolve()
+        # the package's manifest.json from memory (the build's browser stage), else the file on disk
+        self.manifest = manifest
         self.cors = list(cors or [])
         mounts = {prefix if prefix.endswith("/") else prefix + "/": Path(path).resolve() for prefix, path in (extra_mounts or {}).items()}
         # longest prefix first, the package root last
         self.mounts = sorted(mounts.items(), key=lambda item: -len(item[0])) + [("/", self.root)]
         self.requests: list[ServedRequest] = []
-        self._media_types = _manifest_media_types(self.root)
+        self._media_types = _manifest_media_types(manifest if manifest is not None else self.root / MANIFEST)
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         # a short poll interval keeps shutdown() quick (it waits for the next poll)
@@ -97,10 +104,23 @@ class StaticServer:
     def media_type(self, relative: str) -> str:
         return self._media_types.get(relative) or MEDIA_TYPES.get(Path(relative).suffix, "application/octet-stream")
 
+    def body(self, plain: Path, accepts_br: bool) -> tuple[Path | bytes, str | None] | None:
+        """(the file or in-memory bytes to send, its Content-Encoding) for the file `locate` found;
+        None when nothing is there."""
+        if self.manifest is not None and plain == self.root / MANIFEST:
+            return self.manifest, None
+        encoded = plain.with_name(plain.name + ".br")
+        if encoded.is_file() and (accepts_br or not plain.is_file()):
+            return encoded, "br"
+        if plain.is_file():
+            return plain, None
+        return None
 
-def _manifest_media_types(root: Path) -> dict[str, str]:
+
+def _manifest_media_types(source: Path | bytes) -> dict[str, str]:
     try:
-        files = json.loads((root / "manifest.json").read_text()).get("files", {})
+        text = source if isinstance(source, bytes) else source.read_text()
+        files = json.loads(text).get("files", {})
     except (OSError, ValueError, AttributeError):
         return {}
     return {name: entry["mediaType"] for name, entry in files.items() if isinstance(entry, dict) and entry.get("mediaType")}
@@ -148,15 +168,11 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
             if located is None:
                 return self._fail(HTTPStatus.FORBIDDEN, url_path)
             plain, relative = located
-            encoded = plain.with_name(plain.name + ".br")
-            accepts_br = "br" in self.headers.get("Accept-Encoding", "")
-            if encoded.is_file() and (accepts_br or not plain.is_file()):
-                body_path, encoding = encoded, "br"
-            elif plain.is_file():
-                body_path, encoding = plain, None
-            else:
+            found = server.body(plain, "br" in self.headers.get("Accept-Encoding", ""))
+            if found is None:
                 return self._fail(HTTPStatus.NOT_FOUND, url_path)
-            size = body_path.stat().st_size
+            body, encoding = found
+            size = len(body) if isinstance(body, bytes) else body.stat().st_size
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", server.media_type(relative))
             self.send_header("Content-Length", str(size))
@@ -176,8 +192,11 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
             server.requests.append(record)
             if send_body:
                 try:
-                    with body_path.open("rb") as body:
-                        shutil.copyfileobj(body, self.wfile, 1 << 20)
+                    if isinstance(body, bytes):
+                        self.wfile.write(body)
+                    else:
+                        with body.open("rb") as stream:
+                            shutil.copyfileobj(stream, self.wfile, 1 << 20)
                 except (BrokenPipeError, ConnectionResetError):
                     record.size = 0  # the page navigated away or was closed mid-transfer
 
@@ -204,9 +223,10 @@ def serve_package(package_dir: Path, extra_mounts: dict[str, Path] | None = None
 
 
 @contextmanager
-def running_server(package_dir: Path, extra_mounts: dict[str, Path] | None = None) -> Iterator[StaticServer]:
-    """Like `serve_package`, yielding the `StaticServer` (its `url` and `requests` log)."""
-    server = StaticServer(package_dir, extra_mounts).start()
+def running_server(package_dir: Path, extra_mounts: dict[str, Path] | None = None, manifest: bytes | None = None) -> Iterator[StaticServer]:
+    """Like `serve_package`, yielding the `StaticServer` (its `url` and `requests` log);
+    `manifest`: the bytes served as manifest.json instead of the file (StaticServer)."""
+    server = StaticServer(package_dir, extra_mounts, manifest=manifest).start()
     try:
         yield server
     finally:

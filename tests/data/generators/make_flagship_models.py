@@ -335,12 +335,12 @@ def htdemucs_example() -> tuple:
 class TFCTDF(nn.Module):
     """Time-frequency convolutions then a time-distributed fully connected layer over frequency."""
 
-    def __init__(self, channels: int, bins: int):
+    def __init__(self, channels: int, bins: int, bottleneck: int = 4):
         super().__init__()
         self.tfc = nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
                                  nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
-        self.tdf = nn.Sequential(nn.Linear(bins, bins // 4, bias=False), nn.BatchNorm2d(channels), nn.ReLU(),
-                                 nn.Linear(bins // 4, bins, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+        self.tdf = nn.Sequential(nn.Linear(bins, bins // bottleneck, bias=False), nn.BatchNorm2d(channels), nn.ReLU(),
+                                 nn.Linear(bins // bottleneck, bins, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
 
     def forward(self, x):  # [B, C, T, F]
         x = self.tfc(x)
@@ -350,14 +350,14 @@ class TFCTDF(nn.Module):
 class MDX(nn.Module):
     """input [1,4,F,T] -> output [1,4,F,T]: a TFC-TDF U-Net as UVR's MDX-Net."""
 
-    def __init__(self, bins: int = 32, width: int = 4):
+    def __init__(self, bins: int = 32, width: int = 4, bottleneck: int = 4):
         super().__init__()
         self.first = nn.Sequential(nn.Conv2d(4, width, 1), nn.BatchNorm2d(width), nn.ReLU())
-        self.enc = TFCTDF(width, bins)
+        self.enc = TFCTDF(width, bins, bottleneck)
         self.down = nn.Sequential(nn.Conv2d(width, width * 2, 2, stride=2), nn.BatchNorm2d(width * 2), nn.ReLU())
-        self.mid = TFCTDF(width * 2, bins // 2)
+        self.mid = TFCTDF(width * 2, bins // 2, bottleneck)
         self.up = nn.Sequential(nn.ConvTranspose2d(width * 2, width, 2, stride=2), nn.BatchNorm2d(width), nn.ReLU())
-        self.dec = TFCTDF(width, bins)
+        self.dec = TFCTDF(width, bins, bottleneck)
         self.last = nn.Conv2d(width, 4, 1)
 
     def forward(self, x):
@@ -523,7 +523,11 @@ def _randomise_norm_statistics(module: nn.Module) -> None:
 
 
 def export(name: str, output: Path) -> None:
-    factory, example_fn, input_names, output_names, tolerance = MODELS[name]
+    export_module(name, *MODELS[name], output)
+
+
+def export_module(name: str, factory, example_fn, input_names: list, output_names: list, tolerance: float, output: Path) -> None:
+    """Build the module with seed 0, export it, check it against PyTorch, write it to `output`."""
     torch.manual_seed(0)
     module = factory().eval()
     with torch.no_grad():

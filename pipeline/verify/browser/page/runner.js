@@ -12,23 +12,14 @@
 // Python starts a run with packRunner.start(kind, options) and polls window.__packResult, so a run
 // that blocks the main thread still ends at the Python-side watchdog. Tensors cross as base64 of
 // their little-endian bytes.
+//
+// Tensors (dtype -> typed array, the sample file's inputs) are the loader's own code
+// (web_template/loader/tensors.js), served at /__pack__/loader/ beside this page for every run,
+// a package's or a scratch folder's.
+
+import { readSample, typedArrayFor } from '../loader/tensors.js';
 
 const packageRoot = new URL('/', location.href);
-
-// The dtype names of pipeline/dtypes.py (the same as onnxruntime-web's Tensor.type).
-const TYPED_ARRAYS = {
-  float32: Float32Array, float64: Float64Array,
-  float16: globalThis.Float16Array ?? Uint16Array,
-  int8: Int8Array, uint8: Uint8Array, int16: Int16Array, uint16: Uint16Array,
-  int32: Int32Array, uint32: Uint32Array, int64: BigInt64Array, uint64: BigUint64Array,
-  bool: Uint8Array,
-};
-
-function typedArrayFor(dtype, what) {
-  const TypedArray = TYPED_ARRAYS[dtype];
-  if (!TypedArray) throw new Error(`${what}: dtype ${dtype} is not supported`);
-  return TypedArray;
-}
 
 async function fetchOk(path) {
   const response = await fetch(new URL(path, packageRoot), {cache: 'no-store'});
@@ -36,21 +27,10 @@ async function fetchOk(path) {
   return response;
 }
 
-async function sampleFeeds(manifest) {
-  const sample = manifest.sample;
-  const bytes = await (await fetchOk(sample.file)).arrayBuffer();
-  const feeds = {};
-  for (const [name, tensor] of Object.entries(sample.tensors)) {
-    const TypedArray = typedArrayFor(tensor.dtype, `sample tensor ${name}`);
-    if (tensor.offset + tensor.length > bytes.byteLength) {
-      throw new Error(`sample tensor ${name}: bytes ${tensor.offset}+${tensor.length} beyond ${sample.file} (${bytes.byteLength} bytes)`);
-    }
-    // slice() copies, so every tensor starts at offset 0 with its own alignment
-    const data = new TypedArray(bytes.slice(tensor.offset, tensor.offset + tensor.length));
-    feeds[name] = {data, dims: tensor.dims, type: tensor.dtype};
-  }
-  return feeds;
-}
+// The package's files as the loader's readSample() reads them (files.js `get`), without a cache.
+const packageFiles = {
+  get: async (path) => new Uint8Array(await (await fetchOk(path)).arrayBuffer()),
+};
 
 function toBase64(view) {
   const bytes = new Uint8Array(view.buffer, view.byteOffset, view.byteLength);
@@ -103,8 +83,8 @@ async function runPackage(options) {
   try {
     const manifest = await (await fetchOk('manifest.json')).json();
     stage = 'sample';
-    // read here rather than through the loader so a loader fault cannot alter the inputs
-    const feeds = await sampleFeeds(manifest);
+    // read here rather than through the package's loader so a loader fault cannot alter the inputs
+    const {feeds} = await readSample(packageFiles, manifest);
     stage = 'session-create';
     const loadOptions = {
       executionProviders: [options.ep],
@@ -183,7 +163,7 @@ async function runModel(options) {
     stage = 'run';
     const feeds = {};
     for (const [name, feed] of Object.entries(options.feeds)) {
-      const TypedArray = typedArrayFor(feed.type, `input ${name}`);
+      const TypedArray = typedArrayFor(feed.type);
       feeds[name] = new ort.Tensor(feed.type, new TypedArray(fromBase64(feed.bytes).buffer), feed.dims);
     }
     const results = await withWatchdog(session.run(feeds), options.watchdogMs, 'the run');

@@ -1,7 +1,10 @@
-"""Benchmark built packages per EP in headless Chromium, through each package's own loader.
+"""Benchmark built packages per EP in headless Chromium, through each package's own loader: webgpu
+fp32, webgpu fp16 and wasm side by side (and one onnxruntime-web release beside another with
+--runtime given twice).
 
-    .venv/bin/python scripts/bench_ep.py dist/gtcrn [dist/other ...] [--gpu] [--runtime VERSION|DIR]
-                                         [--pages 3] [--steady 10] [--threads 4] [--json out.json]
+    .venv/bin/python scripts/bench/bench_ep.py dist/gtcrn [dist/other ...] [--gpu] [--runtime VERSION|DIR]
+                                               [--pages 3] [--steady 10] [--threads 4] [--json out.json|-]
+    .venv/bin/python scripts/bench/bench_ep.py dist/gtcrn --smoke --json -   # one page, one steady run
 
 Per package and configuration (webgpu fp32, webgpu fp16, wasm fp32 with --threads threads), with
 production settings (the loader's own session options, default logging, no profiling):
@@ -13,7 +16,8 @@ one run) lists the slowest kernels and the nodes placed on the CPU; its times ar
 
 A configuration the package or adapter cannot run (no fp16 variant, no shader-f16, no adapter) is
 listed as such. `--json` writes the figures and the manifest `measurements` entries (source
-"benchmark"). On SwiftShader (no GPU) keep to small models: it runs ~0.2 GFLOP/s.
+"benchmark"; `-`: to stdout, the table then goes to stderr). On SwiftShader (no GPU) keep to small
+models: it runs ~0.2 GFLOP/s. `--gpu` needs a hardware Vulkan adapter (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.errors import PackError  # noqa: E402
@@ -141,7 +145,7 @@ def bench_package(package: Path, runtime, args, facts: dict) -> dict:
     ratios = {}
     for result in results:
         if result["ep"] == "webgpu" and result.get("steady_ms") and wasm:
-            ratios[result["label"]] = round(wasm["steady_ms"] / result["steady_ms"], 2)
+            ratios[result["label"]] = float(f"{wasm['steady_ms'] / result['steady_ms']:.3g}")  # 3 figures: a ratio far below 1 must not round to 0
     return {"package": manifest.get("name") or package.name, "inputs": {n: t["dims"] for n, t in manifest["sample"]["tensors"].items()},
             "runtime": runtime.label if runtime is not None else manifest["runtime"]["version"],
             "results": results, "webgpu_speedup_over_wasm": ratios}
@@ -200,8 +204,11 @@ def main() -> None:
     parser.add_argument("--steady", type=int, default=10, help="steady runs per page (median)")
     parser.add_argument("--threads", type=int, default=4, help="wasm threads")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiling pass")
-    parser.add_argument("--json", type=Path, help="write the figures and measurements entries here")
+    parser.add_argument("--smoke", action="store_true", help="one page and one steady run per configuration: checks the benchmark runs")
+    parser.add_argument("--json", help="write the figures and measurements entries to this file (- for stdout)")
     args = parser.parse_args()
+    if args.smoke:
+        args.pages, args.steady = 1, 1
     try:
         runtimes = [runtime_from_option(value) for value in args.runtime] or [None]
         facts: dict = {}
@@ -211,9 +218,11 @@ def main() -> None:
         raise SystemExit(f"error: {error}") from None
     document["measurements"] = measurements(document)
     for line in table_lines(document):
-        print(line)
-    if args.json:
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(line, file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json == "-":
+        print(json.dumps(document, indent=2))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Benchmark `pack publish` against a loopback S3 server (moto in server mode, its own process).
+"""Benchmark `pack publish` against a loopback S3 server (moto in server mode, its own process):
+part sizes side by side, and with --aws `pack publish` beside `aws s3 sync`.
 
 Measures, for a package of about --size-mb MB: validation (hash + brotli check) time, first
 publish time and throughput, and the time of a no-change re-publish (which must upload nothing).
@@ -11,7 +12,8 @@ a fresh copy of the package, with the hashes `pack build` records for the files 
 an unchanged one. pack does what sync does not (sha256 metadata, headers, upload order, the manifest
 last, the check from the outside); sync compares sizes and mtimes only.
 
-    .venv/bin/python scripts/bench_publish.py [--size-mb 200] [--part-size-mb 8 16] [--aws [PATH]] [--repeat 3] [--json]
+    .venv/bin/python scripts/bench/bench_publish.py [--size-mb 200] [--part-size-mb 8 16] [--aws [PATH]] [--repeat 3] [--json]
+    .venv/bin/python scripts/bench/bench_publish.py --smoke --json [--aws PATH]   # 2 MB, one round
 
 Numbers depend on the machine: moto keeps objects in memory and is the bottleneck on loopback,
 so the throughput is a floor for what the client side sustains, not a network figure.
@@ -32,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from pipeline.cache import remember_digest  # noqa: E402
@@ -185,7 +187,10 @@ def main() -> None:
     parser.add_argument("--aws", nargs="?", const="", default=None, metavar="PATH", help="also compare with `aws s3 sync` (PATH to aws; default: PATH or awscli from PyPI)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of the comparison (the best time of each is reported)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--smoke", action="store_true", help="a 2 MB package, one part size, one round: checks the benchmark runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.size_mb, args.part_size_mb, args.repeat = 2, args.part_size_mb[:1], 1
 
     os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_EC2_METADATA_DISABLED="true")
     port = free_port()

@@ -8,7 +8,9 @@ get the same model, the same inputs and the same pass criterion (pack's fp16 hos
 `max_abs_of_range` and `rel_l2` <= 1e-2 per output against fp32 on onnxruntime CPU), measured side
 by side in one run: trials, wall time and the number of nodes each keeps in fp32.
 
-Usage: python scripts/bench_fp16_search.py [--blocks 170] [--plants 4] [--width 32] [--json]
+    python scripts/bench/bench_fp16_search.py [--blocks 170] [--plants 4] [--width 32] [--json]
+    python scripts/bench/bench_fp16_search.py --hazards [--trials 80] [--json]   # issue 22's planted hazards
+    python scripts/bench/bench_fp16_search.py --smoke --json   # 12 blocks, 1 plant, width 8
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # Weight scale of the chain: below 1 the chain contracts, so fp16 rounding does not grow along 170
 # blocks and only the planted nodes need fp32 (at 1.2 the chain is chaotic and fp16 drifts past the
@@ -80,7 +82,7 @@ def run_pack(model: onnx.ModelProto, feeds: dict, trials: int, seconds: float) -
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.recipe import Recipe
-    from pipeline.verify.checks import fp16_evaluators, onnxruntime_refusal
+    from pipeline.verify.stages import fp16_evaluators, onnxruntime_refusal
     from pipeline.verify.host import run_model
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,7 +254,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--hazards", action="store_true", help="the planted-hazard model of issue 22 instead of the chain")
+    parser.add_argument("--smoke", action="store_true", help="a 12-block chain with 1 plant, width 8: checks the benchmark runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.blocks, args.plants, args.width = 12, 1, 8
     warnings.simplefilter("ignore")  # the converter warns once per clamped constant, per trial
     # A fresh cache: no conversion or host run is reused from an earlier run of the benchmark.
     os.environ["PACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="pack-bench-fp16-")

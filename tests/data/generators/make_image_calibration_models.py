@@ -2,7 +2,7 @@
 wider than the committed test exports, for calibrating the image thresholds (docs/precision.md).
 
 Random weights with fixed seeds, as make_flagship_models.py. Needs PyTorch (CPU) and onnxscript.
-Usage: python scripts/make_image_calibration_models.py OUT_DIR
+Usage: python tests/data/generators/make_image_calibration_models.py OUT_DIR
 """
 
 from __future__ import annotations

@@ -11,7 +11,11 @@ float initializers rounded to fp16 (the bytes a fp16 variant ships). The chunks 
 cuts at the default [assets] chunk_mib. Single-threaded seconds (the build compresses chunks in
 parallel across cores; the `parallel s` column is that wall time).
 
-Usage: .venv/bin/python scripts/bench_coding.py [--no-isnet] [--json]. Prints figures, asserts nothing.
+Side by side per model and precision: raw, plain brotli, byte planes + brotli; then brotli qualities.
+Prints figures, asserts nothing.
+
+    .venv/bin/python scripts/bench/bench_coding.py [--no-isnet] [--json]
+    .venv/bin/python scripts/bench/bench_coding.py --smoke --json   # the committed LaMa export only, one quality
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import brotli  # noqa: E402
@@ -95,9 +99,11 @@ def parallel_seconds(pieces: list[bytes], quality: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-isnet", action="store_true", help="skip ISNet (88 MB; slow)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="the committed LaMa export only (no download), one quality, one run: checks the benchmark runs")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    names = ["gtcrn", "lama"] + ([] if args.no_isnet else ["isnet"])
+    names = ["lama"] if args.smoke else ["gtcrn", "lama"] + ([] if args.no_isnet else ["isnet"])
+    qualities, repeats = ((WEIGHTS_QUALITY,), 1) if args.smoke else (QUALITIES, REPEATS)
     rows, sweep, widths = [], [], []
     for name in names:
         for precision, model in variants(name):
@@ -109,7 +115,7 @@ def main() -> None:
             planar, planar_s = compress_all(coded, WEIGHTS_QUALITY)
             rows.append({"model": name, "precision": precision, "chunks": len(chunks), "raw": total, "plain_br": plain, "plain_s": plain_s,
                          "planes_br": planar, "planes_s": planar_s, "parallel_s": parallel_seconds(coded, WEIGHTS_QUALITY)})
-            for quality in QUALITIES:
+            for quality in qualities:
                 # the first SWEEP_BYTES of the weights (q11, at well under 1 MB/s: 4 MiB), coded as shipped
                 budget = 4 << 20 if quality == 11 else SWEEP_BYTES
                 sample, taken = [], 0
@@ -119,7 +125,7 @@ def main() -> None:
                     piece = view[: (budget - taken) // 8 * 8]
                     sample.append(deinterleave(piece, planes))
                     taken += len(piece)
-                size, seconds = min((compress_all(sample, quality) for _ in range(REPEATS)), key=lambda r: r[1])
+                size, seconds = min((compress_all(sample, quality) for _ in range(repeats)), key=lambda r: r[1])
                 sweep.append({"model": name, "precision": precision, "quality": quality, "bytes": taken, "br": size, "s": seconds})
             for (offset, length, width), view in groups:
                 if width == 1:
@@ -135,7 +141,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['model']:<8}{r['precision']:<6}{r['chunks']:>7}{r['raw']:>13,}{r['plain_br']:>13,}{100 * r['plain_br'] / r['raw']:>7.1f}{r['plain_s']:>7.2f}"
               f"{r['planes_br']:>13,}{100 * r['planes_br'] / r['raw']:>7.1f}{r['planes_s']:>7.2f}{r['parallel_s']:>11.2f}")
-    print("\nbrotli quality on byte-plane chunks (up to 8 MiB per model; q11 on 4 MiB; fastest of 2 runs): % of raw, MB/s")
+    print(f"\nbrotli quality on byte-plane chunks (up to 8 MiB per model; q11 on 4 MiB; fastest of {repeats} runs): % of raw, MB/s")
     for key in sorted({(s["model"], s["precision"]) for s in sweep}, key=lambda k: (names.index(k[0]), k[1])):
         cells = [s for s in sweep if (s["model"], s["precision"]) == key]
         print(f"{key[0]:<8}{key[1]:<6}" + "".join(f"  q{s['quality']}: {100 * s['br'] / s['bytes']:.1f}% {s['bytes'] / max(s['s'], 1e-9) / 1e6:.0f}MB/s" for s in cells))
