@@ -330,3 +330,31 @@ def test_the_client_reads_botocore_models_as_botocore_does_and_parses_each_once(
     loader = s3._Loader(file_loader=s3._ModelFiles())
     services = loader.list_available_services("service-2")
     assert "s3" in services and "sts" in services and "no-such-service" not in services and "../s3" not in services
+
+
+def test_listing_follows_every_page():
+    """ListObjectsV2 answers 1000 keys a page; the listing of a package folder reads them all."""
+    import datetime
+
+    from pipeline.publish.transfer import list_keys, list_objects
+
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    pages = [
+        {"Contents": [{"Key": "p/a", "Size": 1, "ETag": '"a"', "LastModified": when}], "IsTruncated": True, "NextContinuationToken": "t1"},
+        {"Contents": [{"Key": "p/b", "Size": 2, "ETag": '"b"', "LastModified": when}], "IsTruncated": True, "NextContinuationToken": "t2"},
+        {"Contents": [{"Key": "p/c", "Size": 3, "ETag": '"c"'}], "IsTruncated": False},
+    ]
+    asked = []
+
+    class Client:
+        def list_objects_v2(self, **kwargs):
+            asked.append(kwargs.get("ContinuationToken"))
+            return pages[len(asked) - 1]
+
+    listed = list_objects(Client(), "bucket", "p/")
+    assert asked == [None, "t1", "t2"]
+    assert list(listed) == ["p/a", "p/b", "p/c"]
+    assert listed["p/b"].etag == '"b"' and listed["p/b"].modified == int(when.timestamp())
+    assert listed["p/c"].modified > 2**60  # no LastModified: never vouches for a remembered object
+    asked.clear()
+    assert list_keys(Client(), "bucket", "p/") == {"p/a": 1, "p/b": 2, "p/c": 3}
