@@ -30,13 +30,13 @@ from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
 from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish
 from pipeline.errors import PackError
-from pipeline.graph import registry
+from pipeline.graph import repairs
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.base import PassSettings
-from pipeline.loader.render import render_loader
-from pipeline.loader.select import default_select
+from pipeline.web.render import render_loader
+from pipeline.web.select import default_select
 from pipeline.precision.detect import detect_precision
-from pipeline.precision.kept import Fp16Context
+from pipeline.precision.kept_nodes import Fp16Context
 from pipeline.precision.variants import Variant, VariantSet, make_variants
 from pipeline.progress import Progress
 from pipeline.report.data import ReportData
@@ -47,7 +47,7 @@ from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
-from pipeline.verify.browser.plan import plan_runs
+from pipeline.verify.browser.run_plan import plan_runs
 from pipeline.verify.checks import contradicted_kernel_errors, self_reference_checks, skipped_runs
 from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
 from pipeline.verify.thresholds import threshold_table
@@ -149,12 +149,12 @@ def _repair(model: onnx.ModelProto, recipe: Recipe, settings: PassSettings | Non
     """The repairs detection asks for (unless `repairs.auto = false`) and those the recipe names,
     in run order, then the IR version cap for the recipe's runtime."""
     where = recipe.path or "recipe"
-    known = registry.names()
+    known = repairs.names()
     for name in recipe.repairs:
         if name not in known:
             raise PackError(f"{where}: key 'repairs.passes': unknown repair '{name}'; known: {', '.join(sorted(known))}")
-    names = registry.auto_repairs(model) if recipe.repairs_auto else []
-    return registry.run_passes(model, [*names, *recipe.repairs], settings or repair_settings(recipe))
+    names = repairs.auto_repairs(model) if recipe.repairs_auto else []
+    return repairs.run_passes(model, [*names, *recipe.repairs], settings or repair_settings(recipe))
 
 
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
@@ -186,7 +186,7 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
     def run_outputs(path: Path, run_feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         return run_model(path, run_feeds).outputs
 
-    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
+    return Fp16Context(feeds, run_outputs, fp16_evaluators(reference_outputs, feeds, recipe, model), fp16_lock_for(recipe, options.lock), progress, onnxruntime_refusal(feeds))
 
 
 def _host_verify(models: ModelFiles, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:

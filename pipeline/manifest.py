@@ -47,11 +47,18 @@ class Chunk(TypedDict):
     coding: dict[str, int]  # {"planes": n}: n byte planes, re-interleaved after brotli (1: as is)
 
 
+class Widened(TypedDict):
+    offset: int  # fp16 values from here to the end of the external data, widened to float32
+    size: int  # of the widened external data: offset + 2 * (externalData.size - offset)
+    sha256: str  # of the widened external data
+
+
 class ExternalData(TypedDict):
     path: str  # the location the graph's initializers name (onnxruntime-web's externalData path)
     size: int
     sha256: str
     chunks: list[Chunk]  # in offset order, covering [0, size)
+    widened: NotRequired[Widened]  # fp16w: what the loader widens the external data to
 
 
 class VariantEntry(TypedDict):
@@ -144,6 +151,11 @@ class Manifest(TypedDict):
 def chain_bundle(chain: Iterable[str]) -> str:
     """The runtime bundle a platform chain loads: webgpu when the chain has webgpu, else wasm."""
     return "webgpu" if "webgpu" in chain else "wasm"
+
+
+def variant_files(variant: VariantEntry | dict) -> list[str]:
+    """The package files a variant's session needs: its model file, then its weight chunks, if any."""
+    return [variant["model"], *(chunk["file"] for chunk in (variant.get("externalData") or {}).get("chunks", []))]
 
 
 def make_manifest(
@@ -285,6 +297,19 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
             at = chunk["offset"] + chunk["size"]
         if at > external["size"]:
             fail(["variants", name, "externalData", "size"], f"{external['size']}, but the chunks end at {at}")
+        widened = external.get("widened")
+        if bool(widened) != bool(variant.get("widen")):
+            fail(["variants", name, "externalData", "widened"], "present without 'widen'" if widened else "missing: a variant with 'widen' in chunks needs it")
+        if widened:
+            start = widened["offset"]
+            if start % 4 or start > external["size"] or widened["size"] != start + 2 * (external["size"] - start):
+                fail(["variants", name, "externalData", "widened"], f"offset {start}, size {widened['size']}: not a multiple of 4 within {external['size']} bytes, widened to offset + 2 × the rest")
+            for index, chunk in enumerate(external["chunks"]):
+                inside = chunk["offset"] >= start
+                if inside and ((chunk["offset"] - start) % 2 or chunk["size"] % 2 or chunk["coding"]["planes"] > 2):
+                    fail(["variants", name, "externalData", "chunks", index], "fp16 values to widen, but not whole fp16 values in 1 or 2 byte planes")
+                if not inside and chunk["offset"] + chunk["size"] > start:
+                    fail(["variants", name, "externalData", "chunks", index], f"spans externalData.widened.offset {start}")
     for parts, path in referenced:
         if path not in files:
             fail(parts, f"{path!r} is not listed in 'files'")

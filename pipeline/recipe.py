@@ -96,7 +96,7 @@ class Recipe:
     watchdog_ms: int = 60000
     prewarm: bool = True
     wasm_variant: str = "fp32"
-    loader_select: str | None = None  # None: the build decides (pipeline.loader.select.default_select)
+    loader_select: str | None = None  # None: the build decides (pipeline.web.select.default_select)
     chunk_mib: float = DEFAULT_CHUNK_MIB  # [assets] chunk_mib: largest weight chunk (pipeline/assets/chunks.py)
 
     def ships(self) -> str:

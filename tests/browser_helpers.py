@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.assets.files import describe_file
 from pipeline.manifest import make_manifest, write_manifest
-from pipeline.loader.render import render_loader
+from pipeline.web.render import render_loader
 from pipeline.runtime import resolve_runtime
 from pipeline.verify.host import reference_outputs
 from pipeline.verify.thresholds import BROWSER_EPS, check_bounds

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-# 0.25 MiB chunks: the fp32 weights (about 0.66 MB) make 3 chunks, the fp16 ones 2.
+# 0.25 MiB chunks: the fp32 weights (about 0.66 MB) make 3 chunks, the fp16 and fp16w ones 2.
 CHUNK_MIB = 0.25
+VARIANTS = ["fp16", "fp16w", "fp32"]  # the packages tests/conftest.py builds
 
 
 def chunk_test_model() -> onnx.ModelProto:
@@ -37,11 +39,12 @@ def chunk_test_model() -> onnx.ModelProto:
     return model
 
 
-def write_recipe(folder: Path, name: str, chunk_mib: float | None) -> Path:
-    """The model and a recipe for it in `folder`; `chunk_mib` None leaves the default."""
+def write_recipe(folder: Path, name: str, chunk_mib: float | None, variants: list[str] | None = None) -> Path:
+    """The model and a recipe for it in `folder`; `chunk_mib` and `variants` None leave the defaults."""
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(chunk_test_model(), str(folder / "chunky.onnx"))
     assets = f"\n[assets]\nchunk_mib = {chunk_mib}\n" if chunk_mib is not None else ""
+    listed = f"variants = {json.dumps(variants)}\n" if variants else ""  # a JSON list of strings is TOML
     recipe = folder / f"{name}.toml"
-    recipe.write_text(f'name = "{name}"\n\n[source]\nuri = "chunky.onnx"\n{assets}')
+    recipe.write_text(f'name = "{name}"\n{listed}\n[source]\nuri = "chunky.onnx"\n{assets}')
     return recipe

@@ -1,5 +1,11 @@
 """Shared test set-up: one pack cache for the whole run (downloads, brotli, runtime), so tests that
-build packages reuse each other's work; CI points PACK_CACHE_DIR at a folder it keeps."""
+build packages reuse each other's work; CI points PACK_CACHE_DIR at a folder it keeps.
+
+Test modules are named by the pipeline stage they prove, `test_<stage>_<what>.py`: source
+(`recipes_sources`), graph, fp16 (precision), verify and browser (verify/browser), assets, report,
+loader (web_template/loader and what pipeline/web renders), publish; build (whole builds, the
+flagship exports among them), cli, manifest, runtime, architecture (the import layout) and benchmarks for what spans stages.
+Helpers shared by several modules are `<topic>_helpers.py` beside them, imported by name."""
 
 import os
 from pathlib import Path
@@ -17,19 +23,20 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def chunked_packages(tmp_path_factory) -> dict[str, Path]:
-    """`pack build --no-browser` of one small model twice: "chunked" at a tiny [assets] chunk_mib
-    (weights in byte-plane coded chunks), "single" at the default (one file per variant)."""
+    """`pack build --no-browser` of one small model twice, variants fp16, fp16w and fp32: "chunked"
+    at a tiny [assets] chunk_mib (weights in byte-plane coded chunks), "single" at the default (one
+    file per variant)."""
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from tests.chunk_helpers import CHUNK_MIB, write_recipe
+    from tests.chunk_helpers import CHUNK_MIB, VARIANTS, write_recipe
 
     folder = tmp_path_factory.mktemp("chunky")
     packages = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PACK_WEBGPU_KERNELS", "off")  # the browser tests check WebGPU; lavapipe adds nothing here
         for key, name, chunk_mib in (("chunked", "chunky", CHUNK_MIB), ("single", "chunky-single", None)):
-            recipe = write_recipe(folder, name, chunk_mib)
+            recipe = write_recipe(folder, name, chunk_mib, VARIANTS)
             result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(folder / "dist")])
             assert result.exit_code == 0, result.output[-3000:]
             packages[key] = folder / "dist" / name

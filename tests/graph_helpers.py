@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime
 
-from pipeline.graph import registry
+from pipeline.graph import repairs
 
 DATA = Path(__file__).resolve().parent / "data"
 FFC_MODEL = DATA / "ffc_block.onnx"  # torch.fft.rfftn / irfftn as exported by torch 2.13
@@ -159,7 +159,7 @@ def _bytes(model: onnx.ModelProto) -> bytes:
 def assert_repair(name: str, model: onnx.ModelProto, dims: dict[str, int] | None = None) -> onnx.ModelProto:
     """Run registered repair `name`: it must change the model, keep its numbers, leave its input
     alone and be idempotent. Returns the repaired model."""
-    repair = registry.get(name)
+    repair = repairs.get(name)
     before = _bytes(model)
     result = repair(model)
     assert _bytes(model) == before, "the pass mutated its input"
@@ -177,7 +177,7 @@ def assert_repair(name: str, model: onnx.ModelProto, dims: dict[str, int] | None
 
 def assert_no_op(name: str, model: onnx.ModelProto) -> None:
     """Registered repair `name` leaves a model without its pattern as it is, and finds nothing to repair in it."""
-    repair = registry.get(name)
+    repair = repairs.get(name)
     result = repair(model)
     assert not result.changed and result.records == []
     assert _bytes(result.model) == _bytes(model)

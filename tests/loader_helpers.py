@@ -24,7 +24,7 @@ from onnxconverter_common import float16
 
 from browser_helpers import IR_VERSION, Variant, write_package
 from pipeline.manifest import write_manifest as validated_write
-from pipeline.loader.render import render_loader
+from pipeline.web.render import render_loader
 from pipeline.verify.thresholds import threshold_for
 
 ALL_PLATFORMS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}

@@ -72,7 +72,9 @@ def test_bench_build_smoke():
 @smoke_test("bench_coding.py")
 def test_bench_coding_smoke():
     figures = smoke("bench_coding.py")
-    assert {(r["model"], r["precision"]) for r in figures["coding"]} == {("lama", "fp16"), ("lama", "fp32")}
+    rows = {r["precision"]: r for r in figures["coding"] if r["model"] == "lama"}
+    assert set(rows) == {"fp16", "fp16w", "fp32"} and len(figures["coding"]) == 3
+    assert rows["fp16w"]["raw"] < 0.6 * rows["fp32"]["raw"]  # fp16w: the fp32 graph, its weights stored as fp16
     for row in figures["coding"]:
         assert 0 < row["planes_br"] < row["raw"] and 0 < row["plain_br"] < row["raw"], row
     assert figures["quality"] and all(positive(q["br"]) and q["bytes"] > 0 for q in figures["quality"])

@@ -83,7 +83,7 @@ def test_missing_feature_errors_are_recognised() -> None:
 
 
 def test_plan_runs_every_variant_on_every_ep_of_each_shipped_bundle() -> None:
-    from pipeline.verify.browser.plan import plan_runs
+    from pipeline.verify.browser.run_plan import plan_runs
 
     manifest = {
         "variants": {"fp16": {}, "fp32": {}},

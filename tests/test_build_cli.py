@@ -139,7 +139,7 @@ def test_the_browser_stage_is_served_the_manifest_from_memory_and_it_is_written_
     import pipeline.verify.browser.grid as grid
     from pipeline.manifest import write_manifest
     from pipeline.verify.browser.harness import BrowserResult
-    from pipeline.verify.browser.plan import plan_runs
+    from pipeline.verify.browser.run_plan import plan_runs
 
     served = []
 

@@ -32,7 +32,7 @@ def test_gtcrn_from_pypi_converts_and_verifies_on_the_host(tmp_path):
 
 def test_isnet_fp16_is_handled_as_already_fp16(tmp_path, monkeypatch):
     # ISNet at 1024² is over the whole-run limit: its node audit takes about a minute even with
-    # warm caches, so it is timed by scripts/bench/bench_node_audit.py, not here (tests/test_node_audit.py
+    # warm caches, so it is timed by scripts/bench/bench_node_audit.py, not here (tests/test_verify_node_audit.py
     # covers the audit on small graphs)
     monkeypatch.setenv("PACK_WEBGPU_KERNELS", "off")
     code, report, manifest = _build("isnet-fp16", tmp_path)

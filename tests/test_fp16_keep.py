@@ -10,7 +10,7 @@ from onnxconverter_common import float16
 
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.precision.fp16 import FP16Refused, SAFE_BLOCK_LIST, convert_with_keeps
-from pipeline.precision.keep import ConversionError, convert_keeping, mixed_float_nodes, name_unnamed_nodes, offending_nodes
+from pipeline.precision.converter_errors import ConversionError, convert_keeping, mixed_float_nodes, name_unnamed_nodes, offending_nodes
 from tests.build_helpers import model_from_text, run
 from tests.fp16_models import mask_model, pad_in_if_model
 

@@ -151,7 +151,7 @@ def test_one_search_per_failing_output_over_the_nodes_it_depends_on():
     output the budget does not reach keeps its whole cone, marked not minimal."""
     from onnx import TensorProto, helper
 
-    from pipeline.precision.kept import _search_per_output
+    from pipeline.precision.kept_nodes import _search_per_output
 
     chain = lambda tag: [helper.make_node("Relu", ["x" if i == 0 else f"{tag}{i - 1}"], [f"{tag}{i}"], name=f"{tag}{i}") for i in range(4)]  # noqa: E731
     graph = helper.make_graph(chain("a") + chain("b"), "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],

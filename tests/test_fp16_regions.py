@@ -10,10 +10,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.graph.passes.util import all_graphs
-from pipeline.graph.registry import in_stage, run_passes
+from pipeline.graph.repairs import in_stage, run_passes
 from pipeline.precision import fp16 as fp16_module
 from pipeline.precision.fp16 import convert_with_keeps
-from pipeline.precision.keep import name_unnamed_nodes
+from pipeline.precision.converter_errors import name_unnamed_nodes
 from pipeline.precision.regions import keep_fp32_regions, unholdable_constants
 from tests.fp16_models import random_feeds, random_graph
 
@@ -52,7 +52,7 @@ def test_keeping_every_node_gives_the_fp32_outputs_bit_for_bit(seed):
         assert np.array_equal(expected, got)
 
 
-# Graphs with an If need nodes kept from the converter's own errors (keep.py): not "keep none".
+# Graphs with an If need nodes kept from the converter's own errors (converter_errors.py): not "keep none".
 @pytest.mark.parametrize("seed", [seed for seed in SEEDS if seed % 3 != 1][:8])
 def test_keeping_no_node_gives_the_converters_all_fp16_model(seed, monkeypatch):
     model = random_graph(seed)

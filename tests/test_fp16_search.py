@@ -127,8 +127,8 @@ def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_ski
     def no_search(*args, **kwargs):
         raise AssertionError("searched although the lock holds the answer")
 
-    monkeypatch.setattr("pipeline.precision.kept.search_keep_set", no_search)
-    monkeypatch.setattr("pipeline.precision.kept.rank_nodes", no_search)
+    monkeypatch.setattr("pipeline.precision.kept_nodes.search_keep_set", no_search)
+    monkeypatch.setattr("pipeline.precision.kept_nodes.rank_nodes", no_search)
     again = _build(recipe, tmp_path / "b")
     assert again.exit_code == 0, again.output
     assert _fp16_bytes(tmp_path / "b" / "energy") == _fp16_bytes(tmp_path / "a" / "energy")
@@ -167,7 +167,7 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
     import onnx
 
     from pipeline.commands.summary import fp16_kept_lines
-    from pipeline.precision.kept import Evaluator, Fp16Context
+    from pipeline.precision.kept_nodes import Evaluator, Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators
@@ -238,7 +238,7 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     reason = webgpu_kernels.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    from pipeline.precision.kept import Fp16Context
+    from pipeline.precision.kept_nodes import Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators
@@ -254,3 +254,74 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
     report, variants = {"steps": made.steps}, made.variants
     assert sorted(k["node"] for k in next(v for v in variants if v.name == "fp16").kept_fp32) == OVERFLOW_KEPT_FP16_KERNELS
+
+
+def _long_accumulation_model():
+    """A P·V-style MatMul of two activations over K = 4096 positive terms (no weights: keeping it
+    in fp32 costs casts only; fp16 accumulation drifts past the audit's bound on lavapipe), beside
+    a Conv that carries the weights fp16 halves."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    cw = np.random.default_rng(2).standard_normal((32, 16, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["p", "v"], ["pv"], name="long_matmul"),
+        helper.make_node("Relu", ["pv"], ["y"], name="relu"),
+        helper.make_node("Conv", ["img", "cw"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(nodes, "long_accumulation", [
+        helper.make_tensor_value_info("p", TensorProto.FLOAT, [4, 4096]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, [4096, 16]),
+        helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 16, 16, 16]),
+    ], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16]), helper.make_tensor_value_info("conv", TensorProto.FLOAT, [1, 32, 16, 16])],
+        [numpy_helper.from_array(cw, "cw")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_over_the_whole_run_limit_the_node_audit_judges_the_search(tmp_path, monkeypatch):
+    """A model over the whole-run limit (forced: PACK_WEBGPU_KERNELS_MAX_GMAC=0) passes fp16 on the
+    host, and its whole run on WebGPU kernels is not verifiable: without the node audit as an
+    evaluator no search starts and the stage's audit fails the long MatMul; with it, the audit
+    names the MatMul, the search keeps it in fp32 (without bisecting) and the stage passes fp16."""
+    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    if webgpu_kernels.unavailable_reason():
+        pytest.skip(webgpu_kernels.unavailable_reason())
+    from pipeline.precision.kept_nodes import Fp16Context
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.stages import fp16_evaluators, webgpu_kernel_checks
+    from pipeline.verify.thresholds import threshold_for
+
+    monkeypatch.setenv("PACK_WEBGPU_KERNELS_MAX_GMAC", "0")
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))  # conversions: each arm from scratch
+    model = _long_accumulation_model()
+    rng = np.random.default_rng(3)
+    feeds = {"p": rng.uniform(0, 1, (4, 4096)).astype(np.float32), "v": rng.uniform(0, 1, (4096, 16)).astype(np.float32),
+             "img": rng.standard_normal((1, 16, 16, 16)).astype(np.float32)}
+    reference_file = save(model, tmp_path / "fp32.onnx")
+    reference = run_model(reference_file, feeds).outputs
+    recipe = Recipe(name="accumulate", path=None)
+
+    def fp16_on_the_stage(with_audit: bool) -> tuple[dict, list[dict]]:
+        evaluators = fp16_evaluators(lambda: reference, feeds, recipe, model if with_audit else None)
+        context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(None), Progress.quiet())
+        made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
+        fp16 = next(v for v in made.variants if v.name == "fp16")
+        path = save(fp16.model, tmp_path / f"fp16-{with_audit}.onnx")
+        thresholds = {"fp16": {o: threshold_for("tensor", "fp16", "webgpu") for o in reference}}
+        checks, _ = webgpu_kernel_checks({"fp16": path}, reference, feeds, thresholds, {}, Progress.quiet(), reference_model=reference_file)
+        return checks[0], made.steps
+
+    check, steps = fp16_on_the_stage(with_audit=False)
+    assert check["status"] == "failed" and check["node"] == "long_matmul" and "node audit of" in check["detail"], check
+    assert not [s for s in steps if s["name"] == "fp16_keep_fp32"]  # no search started
+
+    check, steps = fp16_on_the_stage(with_audit=True)
+    assert check["status"] == "passed" and "node audit of" in check["detail"], check
+    record = next(s for s in steps if s["name"] == "fp16_keep_fp32")["records"][0]
+    assert [k["node"] for k in record["kept"]] == ["long_matmul"]
+    search = record["search"]
+    assert [(n["node"], n["evaluator"]) for n in search["node_failures"]] == [("long_matmul", "webgpu-kernels")]
+    assert "K = 4096" in search["node_failures"][0]["why"] or "4096" in search["node_failures"][0]["why"]
+    assert search["minimal"] and search["trials"] == 1 and "failed" not in search, search  # one trial: the named node kept

@@ -118,6 +118,90 @@ def test_js_widening_is_byte_identical_to_the_host_checks(tmp_path):
     assert all(e["tensors"] > 10 for e in expected)
 
 
+CHUNKS_JS = ROOT / "web_template" / "loader" / "chunks.js"
+
+
+def _mixed_model() -> onnx.ModelProto:
+    """Weights of three widths: int64 indices (8 KiB) and a float32 table fp16 cannot hold (kept
+    float32, 16 KiB) before the narrowed weights in the external data, so widening starts past 0."""
+    rng = np.random.default_rng(5)
+    table = (rng.standard_normal((1024, 4)) * 1e5).astype(np.float32)
+    ids = rng.integers(0, 1024, 1024).astype(np.int64)
+    w = (rng.standard_normal((8, 4096)) / 3).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), helper.make_node("Gather", ["table", "ids"], ["g"], name="gather")],
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4096]), helper.make_tensor_value_info("g", TensorProto.FLOAT, [1024, 4])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(ids, "ids"), numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_chunked_fp16w_widens_in_js_to_the_bytes_the_host_checks_run(tmp_path):
+    """Each model's fp16w weights cut into 16 KiB chunks (pipeline/assets/chunks.py): the loader's
+    variantModel (chunks widened into place as they arrive, the graph widened with the layout) gives
+    the graph and external data the host checks run, byte for byte; and those hold, initializer by
+    initializer, the float32 bytes the one-file widening gives."""
+    from pipeline.assets.chunks import runnable_model, write_chunked
+    from pipeline.progress import Progress
+
+    cases, expected, tails = [], [], {}
+    for name in ("mixed", "htdemucs", "vocos", "wavtokenizer", "mpsenet", "scnet", "lama"):
+        narrowed = narrow_initializers(_mixed_model() if name == "mixed" else onnx.load(str(FLAGSHIP / f"{name}.onnx"))).model
+        folder = tmp_path / name
+        folder.mkdir()
+        chunked = write_chunked(folder, "model.fp16w", narrowed, 16 << 10, Progress.quiet(), widen=True)
+        if name == "mpsenet":  # every initializer under 1 KiB: nothing to move out, it stays one file
+            assert chunked is None and narrowed.ByteSize() > 16 << 10
+            continue
+        variant = {"precision": "fp16w", "model": chunked.graph.path, "requires": [], "widen": WIDEN, "externalData": chunked.external}
+        files = {f.path: {"size": (folder / f.path).stat().st_size} for f in (chunked.graph, *chunked.chunks)}
+        manifest = {"files": files, "variants": {"fp16w": variant}}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        cases.append(str(folder))
+        runnable = runnable_model(folder, variant, "fp16w")
+        assert runnable == chunked.verify_path  # what the build's host checks ran
+        graph, data = runnable.read_bytes(), (runnable.parent / chunked.external["path"]).read_bytes()
+        expected.append({"graph": hashlib.sha256(graph).hexdigest(), "data": hashlib.sha256(data).hexdigest(), "path": chunked.external["path"], "chunks": len(chunked.chunks)})
+        assert chunked.external["widened"]["sha256"] == expected[-1]["data"]
+        if name == "mixed":  # the int64 and float32 groups, then the fp16 values to widen
+            assert chunked.external["widened"]["offset"] == (8 + 16) << 10
+            assert {c["coding"]["planes"] for c in chunked.external["chunks"] if c["offset"] >= chunked.external["widened"]["offset"]} == {2}
+            x = np.random.default_rng(6).standard_normal((1, 8)).astype(np.float32)
+            import onnxruntime as ort
+
+            got = ort.InferenceSession(str(runnable)).run(None, {"x": x})
+            want = ort.InferenceSession(widen_model_bytes(model_bytes(narrowed))[0]).run(None, {"x": x})
+            assert all(np.array_equal(a, b) for a, b in zip(got, want)) and np.abs(got[1]).max() > 65504
+        # initializer by initializer, the one-file widening's float32 bytes
+        one_file = onnx.load_from_string(widen_model_bytes(model_bytes(narrowed))[0])
+        ours = onnx.load(str(runnable))
+        assert [(t.name, t.data_type, t.raw_data) for t in ours.graph.initializer] == [(t.name, t.data_type, t.raw_data) for t in one_file.graph.initializer], name
+        tails[name] = sum(1 for t in onnx.load(str(folder / chunked.graph.path), load_external_data=False).graph.initializer if t.data_type == FLOAT16 and t.data_location == TensorProto.EXTERNAL)
+    script = (
+        f"import {{ variantModel }} from {json.dumps(CHUNKS_JS.as_uri())};\n"
+        "import { readFileSync } from 'node:fs';\nimport { join } from 'node:path';\nimport { createHash } from 'node:crypto';\n"
+        "const sha = (b) => createHash('sha256').update(b).digest('hex');\nconst out = [];\n"
+        "for (const folder of JSON.parse(process.argv[1])) {\n"
+        "  const manifest = JSON.parse(readFileSync(join(folder, 'manifest.json'), 'utf8'));\n  const events = [];\n"
+        "  const files = { get: async (p) => new Uint8Array(readFileSync(join(folder, p))), emit: (e) => events.push(e) };\n"
+        "  const model = await variantModel(files, manifest, 'fp16w', null);\n"
+        "  out.push({ graph: sha(model.bytes), data: sha(model.externalData[0].data), path: model.externalData[0].path, chunks: manifest.variants.fp16w.externalData.chunks.length,\n"
+        "    events: events.map((e) => ({ type: e.type, where: e.where, tensors: e.tensors })) });\n}\n"
+        "console.log(JSON.stringify(out));\n"
+    )
+    result = subprocess.run(["node", "--input-type=module", "-e", script, json.dumps(cases)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert [{k: v for k, v in g.items() if k != "events"} for g in got] == expected
+    assert all(g["events"] and g["events"][0]["type"] == "widen" and g["events"][0]["where"] == "this thread" and g["events"][0]["tensors"] >= 1 for g in got), got
+    assert all(count > 3 for name, count in tails.items() if name != "mixed") and sum(e["chunks"] > 1 for e in expected) >= 3, (tails, [e["chunks"] for e in expected])
+
+
 def test_recipe_key_variants_takes_fp16w_and_its_bounds(tmp_path):
     recipe = parse_recipe({"source": {"uri": "m.onnx"}, "variants": ["fp16w", "fp32"], "outputs": {"y": {"fp16w": {"rel_l2": 0.002}}}}, tmp_path / "m.toml")
     assert recipe.variants == ["fp16w", "fp32"] and recipe.outputs["y"].thresholds == {"fp16w": {"rel_l2": 0.002}}

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from graph_helpers import FFC_FLIP_MODEL, FFC_MODEL, decoder_head_model, neg_slice_model, random_inputs, run_host
-from pipeline.graph import registry
+from pipeline.graph import repairs
 from pipeline.verify.browser.models import BrowserModelRunner, measure_cpu_fallback
 from pipeline.verify.diagnose import diagnose, random_feeds
 from pipeline.runtime import resolve_runtime
@@ -26,7 +26,7 @@ def runner():
 
 
 def _repair(model: onnx.ModelProto) -> onnx.ModelProto:
-    return registry.run_passes(model, registry.auto_repairs(model), finish=False)[0]
+    return repairs.run_passes(model, repairs.auto_repairs(model), finish=False)[0]
 
 
 def test_negative_step_slice_returns_31_elements_on_the_root_bundle_only_after_the_repair(runner):
@@ -40,7 +40,7 @@ def test_negative_step_slice_returns_31_elements_on_the_root_bundle_only_after_t
 
 
 def test_repaired_slice_with_a_dynamic_length_is_right_on_the_root_bundle(runner):
-    repaired = registry.get("neg_step_slice")(neg_slice_model(length="N")).model
+    repaired = repairs.get("neg_step_slice")(neg_slice_model(length="N")).model
     feeds = random_inputs(repaired, {"N": 17})
     run = runner.run(repaired, feeds, "root", "webgpu")
     assert run.ok, run.why()

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from graph_helpers import neg_slice_model
 from pipeline.cli import app
-from pipeline.graph import registry
+from pipeline.graph import repairs
 
 pytestmark = pytest.mark.browser
 
@@ -24,7 +24,7 @@ def test_pack_diagnose_cli_exits_1_and_names_the_node(tmp_path):
     run, = json.loads(result.stdout)["runs"]
     assert run["node"] == "Slice#0"
     repaired = tmp_path / "repaired.onnx"
-    onnx.save(registry.get("neg_step_slice")(neg_slice_model()).model, repaired)
+    onnx.save(repairs.get("neg_step_slice")(neg_slice_model()).model, repaired)
     result = CliRunner().invoke(app, ["diagnose", str(repaired), "--bundle", "root", "--ep", "webgpu"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == "root bundle, webgpu EP: agrees with onnxruntime on the host"

@@ -14,10 +14,10 @@ from graph_helpers import (
     parse,
     shape_if_model,
 )
-from pipeline.graph import registry
+from pipeline.graph import repairs
 from pipeline.graph.hazards import detect_hazards, preferred_layout
 from pipeline.precision.readiness import fp16_readiness
-from pipeline.graph.registry import auto_repairs
+from pipeline.graph.repairs import auto_repairs
 
 
 def _kinds(model: onnx.ModelProto) -> list[tuple[str, str, str | None]]:
@@ -56,7 +56,7 @@ def test_stale_shape_names_the_squeeze_and_every_bundle_ep_pair():
 def test_preferred_layout_is_nchw_only_while_the_stale_rank_remains():
     model = decoder_head_model()
     assert preferred_layout(model) == "NCHW"
-    assert preferred_layout(registry.get("stale_shapes")(model).model) is None
+    assert preferred_layout(repairs.get("stale_shapes")(model).model) is None
 
 
 def test_if_conditions_known_from_shapes_are_folded_others_reported():
@@ -74,7 +74,7 @@ def test_auto_repairs_orders_structure_before_shapes():
     assert auto_repairs(merged) == ["neg_step_slice", "stale_shapes"]
     repaired = merged
     for name in auto_repairs(merged):
-        repaired = registry.get(name)(repaired).model
+        repaired = repairs.get(name)(repaired).model
     assert detect_hazards(repaired) == []
 
 

@@ -21,11 +21,11 @@ from graph_helpers import (
     run_host,
     shape_if_model,
 )
-from pipeline.graph import registry
+from pipeline.graph import repairs
 from pipeline.graph.passes.util import constant_values
 
 
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", repairs.names())
 @pytest.mark.parametrize("make", [clean_conv_model, positive_slice_model, lambda: decoder_head_model(stale=False)])
 def test_every_repair_is_a_no_op_on_models_without_its_pattern(name, make):
     assert_no_op(name, make())
@@ -36,7 +36,7 @@ def test_every_repair_is_a_no_op_on_models_without_its_pattern(name, make):
 def test_stale_shapes_replaces_the_squeeze_value_info_and_reports_it():
     model = decoder_head_model(stale=True)
     repaired = assert_repair("stale_shapes", model)
-    record, = registry.get("stale_shapes")(model).records
+    record, = repairs.get("stale_shapes")(model).records
     assert record["value"] == "audio_1d" and record["recorded"] == [1, 1, 36] and record["inferred"] == [36]
     assert record["node"] == "Squeeze#1"
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in repaired.graph.value_info}
@@ -48,7 +48,7 @@ def test_stale_shapes_reports_every_disagreeing_shape_and_wrong_outputs():
     extra = onnx.helper.make_tensor_value_info("normalised", onnx.TensorProto.FLOAT, [7])
     model.graph.value_info.append(extra)
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 99
-    result = registry.get("stale_shapes")(model)
+    result = repairs.get("stale_shapes")(model)
     found = {(r["value"], r["where"], tuple(r["recorded"]), tuple(r["inferred"])) for r in result.records}
     assert found == {("audio_1d", "value_info", (1, 1, 36), (36,)), ("normalised", "value_info", (7,), (36,)),
                      ("audio", "output", (99,), (36,))}
@@ -58,7 +58,7 @@ def test_stale_shapes_reports_every_disagreeing_shape_and_wrong_outputs():
 def test_stale_shapes_keeps_symbolic_dims_that_inference_makes_concrete():
     model = neg_slice_model(length="N")
     model.graph.value_info.append(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 1, "N"]))
-    assert not registry.get("stale_shapes")(model).changed
+    assert not repairs.get("stale_shapes")(model).changed
 
 
 # --- neg_step_slice -----------------------------------------------------------------------------
@@ -76,7 +76,7 @@ def test_neg_step_slice_static_length_reads_through_index_zero(opset):
 @pytest.mark.parametrize("length", [1, 2, 31, 64])
 def test_neg_step_slice_dynamic_length(length):
     model = neg_slice_model(length="N")
-    record, = registry.get("neg_step_slice")(model).records
+    record, = repairs.get("neg_step_slice")(model).records
     assert record["dynamic_length"] is True and record["padded_axes"] == [3]
     assert_repair("neg_step_slice", model, dims={"N": length})
 
@@ -100,15 +100,15 @@ def test_neg_step_slice_other_bounds(start, end, step):
 
 def test_neg_step_slice_leaves_in_range_reversals_alone():
     # end -32 on a 31-long axis is "through index 0" too; end -31 stops before it and is in range.
-    assert registry.get("neg_step_slice")(neg_slice_model(end=-32)).changed
-    assert not registry.get("neg_step_slice")(neg_slice_model(end=-31)).changed
+    assert repairs.get("neg_step_slice")(neg_slice_model(end=-32)).changed
+    assert not repairs.get("neg_step_slice")(neg_slice_model(end=-31)).changed
 
 
 def test_neg_step_slice_repairs_the_ffc_flip_and_keeps_its_numbers():
     model = onnx.load(FFC_FLIP_MODEL)
     repaired = assert_repair("neg_step_slice", model)
     assert sum(n.op_type == "Pad" for n in repaired.graph.node) == 1
-    assert not registry.get("neg_step_slice")(onnx.load(FFC_MODEL)).changed
+    assert not repairs.get("neg_step_slice")(onnx.load(FFC_MODEL)).changed
 
 
 # --- fold_if ------------------------------------------------------------------------------------
@@ -125,11 +125,11 @@ def test_fold_if_takes_the_else_branch_when_the_condition_is_false():
 
 
 def test_fold_if_leaves_run_time_conditions_alone():
-    assert not registry.get("fold_if")(shape_if_model(batch="N")).changed
+    assert not repairs.get("fold_if")(shape_if_model(batch="N")).changed
 
 
 def test_fold_if_folds_nested_constant_conditions_and_pass_through_outputs():
     model = constant_if_model()
     repaired = assert_repair("fold_if", model)
     assert not any(n.op_type == "If" for n in repaired.graph.node)
-    assert len(registry.get("fold_if")(model).records) == 2
+    assert len(repairs.get("fold_if")(model).records) == 2

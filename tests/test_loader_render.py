@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.manifest import make_manifest
 from pipeline.errors import PackError
-from pipeline.loader.render import render_loader
+from pipeline.web.render import render_loader
 
 WEB_TEMPLATE = Path(__file__).resolve().parents[1] / "web_template"
 
@@ -198,7 +198,7 @@ def test_declarations_type_check_usage_and_reject_misuse(tmp_path):
 def test_package_json_makes_the_package_an_npm_package(tmp_path):
     import json
 
-    from pipeline.loader.npm import package_json
+    from pipeline.web.npm import package_json
 
     render_loader(tmp_path, {**MANIFEST, "license": "Apache-2.0"})
     data = json.loads((tmp_path / "package.json").read_text())

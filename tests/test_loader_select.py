@@ -15,7 +15,7 @@ import pytest
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, fp16_of, image_model, make_package, pages, read_manifest, write_manifest  # noqa: F401 (fixtures)
 from pipeline.commands.summary import chain_speed_lines
 from pipeline.errors import PackError
-from pipeline.loader.select import CHEAP_SAMPLE_MS, default_select
+from pipeline.web.select import CHEAP_SAMPLE_MS, default_select
 from pipeline.recipe import parse_recipe
 
 SWIFTSHADER = {"vendor": "google", "architecture": "swiftshader", "description": ""}

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.publish.plan import plan_package
+from pipeline.publish.upload_plan import plan_package
 from pipeline.publish.s3 import Target, make_client
 from tests.build_helpers import conv_model, save
 from tests.publish_helpers import (  # noqa: F401 - fixtures

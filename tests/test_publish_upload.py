@@ -25,7 +25,7 @@ from tests.publish_helpers import (  # noqa: F401 - fixtures
 )
 
 from pipeline.progress import Progress
-from pipeline.publish.plan import IMMUTABLE_CACHE, SHORT_CACHE, plan_package
+from pipeline.publish.upload_plan import IMMUTABLE_CACHE, SHORT_CACHE, plan_package
 from pipeline.publish.publisher import publish
 from pipeline.publish.s3 import Target, make_client
 

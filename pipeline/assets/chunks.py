@@ -12,9 +12,16 @@ plane nearly random, and brotli finds far more in planes than in interleaved byt
 (scripts/bench/bench_coding.py). The loader re-interleaves them after the browser's native brotli
 decoding (web_template/loader/chunks.js).
 
+An fp16w model (pipeline/precision/fp16w.py) is chunked the same way, with its narrowed FLOAT16
+initializers in a group of their own at the end of the external data (the manifest's
+`externalData.widened` says from which offset): the chunks carry the fp16 bytes in 2 byte planes,
+and the loader widens each one to float32 straight into place as it arrives, while nothing before
+that offset moves.
+
 The build checks the round trip on the files it ships: every chunk file (and its .br copy) is read
 back, decoded and reassembled, and must hash to the external data the graph was cut from. The host
-checks then run onnxruntime on that reassembled copy, so they judge the exact bytes shipped.
+checks then run onnxruntime on that reassembled copy (for fp16w: widened, as the loader widens
+it), so they judge the exact bytes shipped.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import brotli
 import numpy as np
@@ -33,6 +41,7 @@ from pipeline.cache import atomic_write, cache_dir
 from pipeline.errors import PackError
 from pipeline.graph.model_io import model_bytes
 from pipeline.manifest import ExternalData
+from pipeline.precision.fp16w import FLOAT16, WidenedLayout, WidenError, widen_external_data, widen_model_bytes, widened_model_file
 from pipeline.progress import Progress
 
 MIB = 1 << 20
@@ -111,14 +120,25 @@ def _raw(tensor: TensorProto) -> bytes:
     return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def split_external(model: onnx.ModelProto, stem: str) -> tuple[onnx.ModelProto, bytes, str, list[tuple[int, int, int]]]:
-    """(graph whose large initializers point at external data, the external data, its location
-    name, its groups (offset, length, width)). The location carries the data's hash, so the graph's
-    bytes (and every cache keyed by them) change whenever the weights do."""
+class Split(NamedTuple):
+    graph: onnx.ModelProto  # its large initializers point at the external data
+    blob: bytes  # the external data
+    location: str  # its name, as the graph's initializers give it
+    groups: list[tuple[int, int, int]]  # (offset, length, width)
+    widen_from: int | None  # widen=True: where the FLOAT16 initializers to widen start (they fill the rest)
+
+
+def split_external(model: onnx.ModelProto, stem: str, widen: bool = False) -> Split:
+    """The model cut into a graph and its external data. The location carries the data's hash, so
+    the graph's bytes (and every cache keyed by them) change whenever the weights do. With `widen`
+    (an fp16w model) the FLOAT16 initializers of the main graph, those the loader widens, form the
+    last group, so widening them moves nothing before them."""
     graph = onnx.ModelProto()
     graph.CopyFrom(model)
+    main = len(graph.graph.initializer)  # the walk yields the main graph's initializers first, then subgraphs'
     by_width: dict[int, list[tuple[TensorProto, bytes]]] = {w: [] for w in WIDTHS}
-    for tensor in external_data_helper._get_initializer_tensors(graph):
+    tail: list[tuple[TensorProto, bytes]] = []
+    for index, tensor in enumerate(external_data_helper._get_initializer_tensors(graph)):
         if tensor.data_location == TensorProto.EXTERNAL:
             raise PackError(f"model '{model.graph.name}': initializer {tensor.name!r} still points at external data; load the model with its data first")
         width = _width(tensor)
@@ -126,23 +146,26 @@ def split_external(model: onnx.ModelProto, stem: str) -> tuple[onnx.ModelProto, 
             continue
         raw = _raw(tensor)
         if len(raw) >= EXTERNAL_MIN_BYTES and len(raw) % width == 0:
-            by_width[width].append((tensor, raw))
+            (tail if widen and tensor.data_type == FLOAT16 and index < main else by_width[width]).append((tensor, raw))
     pieces: list[bytes] = []
     placed: list[tuple[TensorProto, bytes, int]] = []
     groups: list[tuple[int, int, int]] = []
     offset = 0
-    for width in WIDTHS:
-        if not by_width[width]:
+    widen_from = None
+    for width, members in [*((w, by_width[w]) for w in WIDTHS), (2, tail)]:
+        if not members:
             continue
         pad = -offset % ALIGN
         pieces.append(bytes(pad))
         offset += pad
         start = offset
-        for tensor, raw in by_width[width]:
+        for tensor, raw in members:
             placed.append((tensor, raw, offset))
             pieces.append(raw)
             offset += len(raw)
         groups.append((start, offset - start, width))
+        if members is tail:
+            widen_from = start
     blob = b"".join(pieces)
     location = f"{stem}.{hashlib.sha256(blob).hexdigest()[:16]}.weights"
     for tensor, raw, at in placed:
@@ -152,7 +175,7 @@ def split_external(model: onnx.ModelProto, stem: str) -> tuple[onnx.ModelProto, 
         external_data_helper.set_external_data(tensor, location, offset=at, length=len(raw))
         tensor.data_location = TensorProto.EXTERNAL
         tensor.ClearField("raw_data")
-    return graph, blob, location, groups
+    return Split(graph, blob, location, groups, widen_from)
 
 
 def best_coding(data: memoryview, chunk: Chunk) -> Chunk:
@@ -197,12 +220,33 @@ def _reassemble(staging: Path, external: ExternalData, expected_sha: str) -> byt
     return bytes(data)
 
 
-def write_chunked(staging: Path, stem: str, model: onnx.ModelProto, limit: int, progress: Progress) -> ChunkedModel:
+def widen_chunked(graph_bytes: bytes, data: bytes, external: ExternalData) -> tuple[bytes, bytes]:
+    """(graph, external data) of a chunked fp16w model as the loader hands them to onnxruntime-web
+    (web_template/loader/chunks.js widens chunk by chunk into the same bytes)."""
+    widened = external.get("widened")
+    if widened is None:
+        raise PackError(f"{external['path']}: an fp16w model in chunks without externalData.widened; rebuild the package")
+    try:
+        graph, _ = widen_model_bytes(graph_bytes, WidenedLayout(external["path"], widened["offset"], external["size"]))
+        wide = widen_external_data(data, widened["offset"])
+    except WidenError as error:
+        raise PackError(f"{external['path']}: not an fp16w model pack can widen ({error}); rebuild the package") from None
+    if len(wide) != widened["size"] or hashlib.sha256(wide).hexdigest() != widened["sha256"]:
+        raise PackError(f"{external['path']}: widens to other bytes than externalData.widened says; rebuild the package")
+    return graph, wide
+
+
+def write_chunked(staging: Path, stem: str, model: onnx.ModelProto, limit: int, progress: Progress, widen: bool = False) -> ChunkedModel | None:
     """The graph file, the chunk files (byte-plane coded, brotli copies compressed in parallel),
-    the manifest's `externalData` for them, and the round-trip-checked copy the host checks run."""
-    graph_model, blob, location, groups = split_external(model, stem)
+    the manifest's `externalData` for them, and the round-trip-checked copy the host checks run
+    (with `widen`, an fp16w model: widened as the loader widens it); None when no initializer is
+    large enough to move out (the model then ships as one file)."""
+    split = split_external(model, stem, widen)
+    if not split.blob:
+        return None
+    blob, location = split.blob, split.location
     blob_sha = hashlib.sha256(blob).hexdigest()
-    plan = [best_coding(memoryview(blob)[c.offset : c.offset + c.size], c) for c in plan_chunks(groups, limit)]
+    plan = [best_coding(memoryview(blob)[c.offset : c.offset + c.size], c) for c in plan_chunks(split.groups, limit)]
     coded = [deinterleave(memoryview(blob)[c.offset : c.offset + c.size], c.planes) for c in plan]
     files = add_hashed_files(staging, [(f"{stem}.part{i}", ".bin", data) for i, data in enumerate(coded)], "weights", f"brotli {stem} chunks", progress)
     chunks = [
@@ -210,10 +254,15 @@ def write_chunked(staging: Path, stem: str, model: onnx.ModelProto, limit: int, 
         for c, file in zip(plan, files)
     ]
     external: ExternalData = {"path": location, "size": len(blob), "sha256": blob_sha, "chunks": chunks}  # type: ignore[typeddict-item]
-    graph_bytes = model_bytes(graph_model)
+    graph_bytes = model_bytes(split.graph)
     graph = add_hashed_file(staging, stem, ".onnx", graph_bytes, progress)
-    verify_path = _runnable_copy(graph_bytes, location, _reassemble(staging, external, blob_sha))
-    return ChunkedModel(graph, files, external, verify_path)
+    data = _reassemble(staging, external, blob_sha)
+    if widen:
+        start = len(blob) if split.widen_from is None else split.widen_from
+        wide = widen_external_data(data, start)
+        external["widened"] = {"offset": start, "size": len(wide), "sha256": hashlib.sha256(wide).hexdigest()}
+        graph_bytes, data = widen_model_bytes(graph_bytes, WidenedLayout(location, start, len(blob)))[0], wide
+    return ChunkedModel(graph, files, external, _runnable_copy(graph_bytes, location, data))
 
 
 def _runnable_copy(graph_bytes: bytes, location: str, data: bytes) -> Path:
@@ -230,18 +279,22 @@ def _runnable_copy(graph_bytes: bytes, location: str, data: bytes) -> Path:
 
 
 def runnable_model(package: Path, variant: dict, name: str) -> Path:
-    """A model file onnxruntime can open for a variant of a built package: the model file itself,
-    or, for chunked weights, its graph beside the external data reassembled from the package's chunk files."""
+    """A model file onnxruntime can open for a variant of a built package, as the loader hands it
+    to onnxruntime-web: the model file itself; for chunked weights, its graph beside the external
+    data reassembled from the package's chunk files; for fp16w (`widen`), widened."""
     path = package / variant["model"]
     if not path.is_file():
         raise PackError(f"{path}: model file of variant {name!r} missing; rebuild the package")
     external = variant.get("externalData")
     if external is None:
-        return path
+        return widened_model_file(path) if variant.get("widen") else path
     for chunk in external["chunks"]:
         if not (package / chunk["file"]).is_file():
             raise PackError(f"{package / chunk['file']}: weight chunk of variant {name!r} missing; rebuild the package")
-    return _runnable_copy(path.read_bytes(), external["path"], _reassemble(package, external, external["sha256"]))
+    graph, data = path.read_bytes(), _reassemble(package, external, external["sha256"])
+    if variant.get("widen"):
+        graph, data = widen_chunked(graph, data, external)
+    return _runnable_copy(graph, external["path"], data)
 
 
 def chunk_lines(manifest: dict) -> list[str]:
@@ -255,8 +308,9 @@ def chunk_lines(manifest: dict) -> list[str]:
         wire = sum((f["encodings"].get("br") or {"size": f["size"]})["size"] for f in files)
         planes = sorted({c["coding"]["planes"] for c in external["chunks"]})
         largest = max(f["size"] for f in files)
+        widened = f"; widened by the loader to {external['widened']['size']:,} B" if "widened" in external else ""
         lines.append(
             f"  weights {name}: {len(files)} chunks (largest {largest / MIB:.2f} MiB), {external['size']:,} B raw -> {wire:,} B brotli "
-            f"({100 * wire / max(external['size'], 1):.1f} %), byte planes {'/'.join(map(str, planes))}; reassembled sha256 matches"
+            f"({100 * wire / max(external['size'], 1):.1f} %), byte planes {'/'.join(map(str, planes))}; reassembled sha256 matches{widened}"
         )
     return lines

@@ -4,7 +4,7 @@
   manifest; the build's reports, which it does not list, aside), and what a host stores (one object per listed file, the `.br` body where there is one).
 - first visit, per platform chain: what the loader fetches before the first result: manifest.json,
   loader.js and its modules, the runtime bundle the chain loads (`chain_bundle`), and the model
-  of the chain's first choice (its first EP's first variant). Raw bytes, and bytes on the wire
+  of the chain's first choice (its first EP's first variant; with its weight chunks, if any). Raw bytes, and bytes on the wire
   (the brotli body where the package has one; hosts serve those with Content-Encoding: br). With
   `select: measured` the trials fetch the sample and the other candidates' models as well.
 - repeat visit: content-hashed files come from Cache Storage (keyed by sha256), so nothing is
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.manifest import Manifest, chain_bundle
+from pipeline.manifest import Manifest, chain_bundle, variant_files
 
 def _is_loader_file(path: str) -> bool:
     return path == "loader.js" or (path.startswith("loader/") and path.endswith(".js"))
@@ -51,8 +51,8 @@ def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
         bundle_key = chain_bundle(chain)
         bundle = manifest["runtime"]["bundles"][bundle_key]
         variant = _first_variant(manifest, chain)
-        model = manifest["variants"][variant]["model"] if variant else None
-        paths = [*loader, bundle["module"], bundle["wasm"], *([model] if model else [])]
+        model = variant_files(manifest["variants"][variant]) if variant else []  # graph and weight chunks
+        paths = [*loader, bundle["module"], bundle["wasm"], *model]
         visit = {
             "chain": list(chain),
             "bundle": bundle_key,
@@ -63,7 +63,7 @@ def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
         }
         if manifest["loader"].get("select") == "measured":
             runnable = [ep for ep in chain if bundle_key != "wasm" or ep == "wasm"]
-            models = {manifest["variants"][v]["model"] for ep in runnable for v in manifest["variantFor"].get(ep) or []} - {model}
+            models = {path for ep in runnable for v in manifest["variantFor"].get(ep) or [] for path in variant_files(manifest["variants"][v])} - set(model)
             trial_paths = sorted(models) + ([manifest["sample"]["file"]] if manifest.get("sample") else [])
             visit["trials"] = {
                 "files": len(trial_paths),

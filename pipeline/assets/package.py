@@ -168,12 +168,14 @@ def write_models(staging: Path, recipe: Recipe, variants: list[Variant], referen
     model_paths: dict[str, Path] = {}
     check_paths: dict[str, Path] = {}
     for variant in variants:
-        # fp16w stays one file: the loader widens the initializers inside the model's bytes
-        if not variant.widen and variant.model.ByteSize() > limit:
-            chunked = write_chunked(staging, f"model.{variant.name}", variant.model, limit, progress)
+        # fp16w too: its fp16 weights in chunks, widened by the loader chunk by chunk
+        chunked = write_chunked(staging, f"model.{variant.name}", variant.model, limit, progress, widen=bool(variant.widen)) if variant.model.ByteSize() > limit else None
+        if chunked is not None:
             files += [chunked.graph, *chunked.chunks]
             model_paths[variant.name] = check_paths[variant.name] = chunked.verify_path
             entries[variant.name] = {"precision": variant.precision, "model": chunked.graph.path, "requires": variant.requires, "externalData": chunked.external}
+            if variant.widen:
+                entries[variant.name]["widen"] = variant.widen
             continue
         entry = add_hashed_file(staging, f"model.{variant.name}", ".onnx", model_bytes(variant.model), progress)
         files.append(entry)

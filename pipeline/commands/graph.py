@@ -27,7 +27,7 @@ def inspect(
     json_output: Annotated[bool, typer.Option("--json", help="Print the inspection as JSON; no progress output.")] = False,
 ) -> None:
     """Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback."""
-    from pipeline.graph.inspect import human_lines, inspect_model, repaired
+    from pipeline.graph.inspection import human_lines, inspect_model, repaired
     from pipeline.precision.readiness import fp16_readiness
     from pipeline.graph.model_io import load_model
 

@@ -205,18 +205,24 @@ def variant_lines(report: dict, manifest: dict) -> list[str]:
         return []
     from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
 
+    from pipeline.manifest import variant_files
+
     files = manifest.get("files") or {}
-    fp32 = files.get((variants.get("fp32") or {}).get("model"), {}).get("size")
-    lines = ["variants (model bytes on the wire; host error against the fp32 reference):"]
+
+    def sizes(spec: dict) -> tuple[int, int]:  # (raw, on the wire) of the model file and its weight chunks
+        entries = [files.get(path) or {} for path in variant_files(spec)]
+        return sum(e.get("size", 0) for e in entries), sum(min([e.get("size", 0), *(x["size"] for x in (e.get("encodings") or {}).values())]) for e in entries)
+
+    fp32 = sizes(variants["fp32"])[0] if "fp32" in variants else None
+    lines = ["variants (model bytes on the wire, weight chunks included; host error against the fp32 reference):"]
     for name, spec in variants.items():
-        entry = files.get(spec["model"]) or {}
-        wire = min([entry.get("size", 0), *(e["size"] for e in (entry.get("encodings") or {}).values())])
-        share = f" = {entry.get('size', 0) / fp32:.0%} of fp32's {fp32 / 1e6:.3f} MB raw" if fp32 and name != "fp32" else ""
+        raw, wire = sizes(spec)
+        share = f" = {raw / fp32:.0%} of fp32's {fp32 / 1e6:.3f} MB raw" if fp32 and name != "fp32" else ""
         errors = "; ".join(
             f"{c['output']}: {format_metrics(c.get('metrics', {}), c.get('threshold', {}))}"
             for c in report.get("checks", []) if c["stage"] == "host" and c["variant"] == name and c.get("output")
         )
-        lines.append(f"  {name:<6} {entry.get('size', 0) / 1e6:.3f} MB raw, {wire / 1e6:.3f} MB sent{share}; host {errors or 'not checked'}")
+        lines.append(f"  {name:<6} {raw / 1e6:.3f} MB raw, {wire / 1e6:.3f} MB sent{share}; host {errors or 'not checked'}")
     return lines
 
 

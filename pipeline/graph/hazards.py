@@ -14,7 +14,7 @@ from typing import Any
 
 import onnx
 
-from pipeline.graph import registry
+from pipeline.graph import repairs
 from pipeline.graph.passes.stale_shapes import find_stale_shapes
 
 # Ops the NHWC layout transform rewrites (it wraps them in Transposes and pushes those around).
@@ -26,7 +26,7 @@ LAYOUT_SENSITIVE_OPS = {
 
 def detect_hazards(model: onnx.ModelProto) -> list[dict[str, Any]]:
     """Every hazard the source-stage repairs find, repair by repair in run order, graph order within."""
-    return registry.find_hazards(model, "source")
+    return repairs.find_hazards(model, "source")
 
 
 def preferred_layout(model: onnx.ModelProto) -> str | None:

@@ -3,7 +3,7 @@
 `convert_with_keeps` = the "fp16-before" repairs (rename names the converter would reuse, detach
 consumed outputs) → unnamed nodes named → onnxconverter-common (fp32 I/O kept, safe block list, the
 nodes kept in fp32) → the "fp16-after" repairs (Cast retarget, topological sort) → full
-onnx.checker; an invalid result keeps more nodes in fp32 and retries (keep.py). Each step is
+onnx.checker; an invalid result keeps more nodes in fp32 and retries (converter_errors.py). Each step is
 recorded for report.json.
 """
 
@@ -21,9 +21,9 @@ from onnxconverter_common import float16
 from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.graph.passes.util import all_graphs
-from pipeline.graph.registry import in_stage, run_passes
+from pipeline.graph.repairs import in_stage, run_passes
 from pipeline.precision.regions import FP16_MAX, FP16_MIN_SUBNORMAL, keep_fp32_regions, unholdable_constants
-from pipeline.precision.keep import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
+from pipeline.precision.converter_errors import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
 # has no fp16 before opset 27, RandomNormalLike draws in its input's type (docs/precision.md).
@@ -88,7 +88,7 @@ class FP16Result:
 
 def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (), keep: dict[str, str] | None = None, validate: Callable[[onnx.ModelProto], str | None] | None = None) -> FP16Result:
     """fp16 conversion that keeps `keep` ({node: why}) in fp32, and keeps more nodes when the
-    converted graph is invalid (see keep.py). Raises FP16Refused with the reason when it cannot."""
+    converted graph is invalid (see converter_errors.py). Raises FP16Refused with the reason when it cannot."""
     block_list = sorted(set(SAFE_BLOCK_LIST) | set(extra_block_list))
     # The IR version cap is not run here: the converter keeps its input's IR version, and the
     # build capped that already.

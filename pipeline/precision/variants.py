@@ -1,7 +1,7 @@
 """Which variants a package ships, made from the repaired source model.
 
 fp32 sources are converted to fp16 (cached per source bytes, settings, conversion code and the nodes
-kept in fp32, which kept.py decides); sources
+kept in fp32, which kept_nodes.py decides); sources
 already in fp16 ship as fp16 with an upcast fp32 fallback; quantized sources ship as they are.
 """
 
@@ -24,8 +24,8 @@ from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_with_keeps, upcast_to_fp32
 from pipeline.precision.fp16w import WIDEN, narrow_initializers
-from pipeline.precision.keep import name_unnamed_nodes
-from pipeline.precision.kept import Fp16Context, fp16_with_kept_nodes
+from pipeline.precision.converter_errors import name_unnamed_nodes
+from pipeline.precision.kept_nodes import Fp16Context, fp16_with_kept_nodes
 from pipeline.recipe import Recipe
 
 # Cached conversions are keyed by the code that makes them too: every module of these folders and
@@ -100,7 +100,7 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: d
 
 
 def _fp16_variant(model: onnx.ModelProto, recipe: Recipe, source_sha: str, made: "VariantSet", context: Fp16Context | None, settings: PassSettings) -> Variant | None:
-    """The fp16 variant with its nodes kept in fp32 (kept.py); None when fp16 is refused."""
+    """The fp16 variant with its nodes kept in fp32 (kept_nodes.py); None when fp16 is refused."""
     named = name_unnamed_nodes(model).model
     key = _work_key(source_sha, recipe, settings)
     refusal = context.refusal if context else None

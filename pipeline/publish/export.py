@@ -19,8 +19,8 @@ from typing import Any
 
 from pipeline.cache import staging_folder, swap_into_place
 from pipeline.errors import PackError
-from pipeline.manifest import Manifest, chain_bundle, validate, write_manifest
-from pipeline.publish.plan import DEMO_SCRIPT, PackagePlan, plan_package
+from pipeline.manifest import Manifest, chain_bundle, validate, variant_files, write_manifest
+from pipeline.publish.upload_plan import DEMO_SCRIPT, PackagePlan, plan_package
 
 # Files no static host serves to the loader (report.json: listed by packages of earlier pack versions).
 NOT_EXPORTED = frozenset({"report.json", "index.html", DEMO_SCRIPT})
@@ -78,9 +78,9 @@ def export_manifest(plan: PackagePlan, variants: list[str] | None, brotli: bool)
     if "fp16" in dropped:
         manifest.pop("fp16", None)
 
-    needed = {entry["model"] for entry in manifest["variants"].values()}
+    needed = {path for entry in manifest["variants"].values() for path in variant_files(entry)}
     needed |= {path for bundle in manifest["runtime"]["bundles"].values() for path in (bundle["module"], bundle["wasm"])}
-    dropped_files = {entry["model"] for name, entry in plan.manifest["variants"].items() if name in dropped}
+    dropped_files = {path for name, entry in plan.manifest["variants"].items() if name in dropped for path in variant_files(entry)}
     dropped_files |= {path for bundle in plan.manifest["runtime"]["bundles"].values() for path in (bundle["module"], bundle["wasm"])}
     files = {}
     for path, entry in manifest["files"].items():

@@ -17,7 +17,7 @@ from itertools import groupby
 
 from pipeline.errors import PackError
 from pipeline.progress import Progress
-from pipeline.publish.plan import PackagePlan, PlannedObject, Stage
+from pipeline.publish.upload_plan import PackagePlan, PlannedObject, Stage
 from pipeline.publish.prune import PruneResult, prune
 from pipeline.publish.s3 import Target, describe_error
 from pipeline.publish.remembered import Memory

@@ -16,8 +16,8 @@ from email.utils import parsedate_to_datetime
 from typing import Callable, Iterable
 
 from pipeline.errors import PackError
-from pipeline.publish.plan import PlannedObject
 from pipeline.publish.remembered import Headers, Listed, Memory, Seen
+from pipeline.publish.upload_plan import PlannedObject
 from pipeline.publish.s3 import TRANSFER_THREADS, Target, describe_error
 
 MIB = 1024 * 1024

@@ -77,6 +77,7 @@ def write_report(package: Path, data: ReportData | None = None, progress: Progre
 
 def _add_host_outputs(package: Path, manifest: dict, feeds: dict[str, np.ndarray], data: ReportData) -> bool:
     """Each shipped variant's outputs on onnxruntime CPU (cached runs), unless kept already."""
+    from pipeline.assets.chunks import runnable_model
     from pipeline.verify.host import run_model
 
     added = False
@@ -84,8 +85,9 @@ def _add_host_outputs(package: Path, manifest: dict, feeds: dict[str, np.ndarray
         label = HOST_LABEL.format(variant=name)
         if label in data.outputs or variant.get("precision") == "fp32":  # fp32 on the host is the reference
             continue
-        model = package / variant["model"]
-        if not model.is_file():
+        try:  # as the loader hands it to onnxruntime-web: chunks reassembled, fp16w widened
+            model = runnable_model(package, variant, name)
+        except PackError:
             continue
         run = run_model(model, feeds)
         if run.outputs is not None:

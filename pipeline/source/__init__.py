@@ -13,7 +13,7 @@ from pipeline.lockfile import LockFile
 from pipeline.progress import Progress
 from pipeline.source.download import DownloadMismatch, SourceUnreachable, download
 from pipeline.source.identify import describe_file, recipe_with_sha256
-from pipeline.source.registry import fetch_package_file
+from pipeline.source.packages import fetch_package_file
 
 LOCK_SECTION = "source"
 

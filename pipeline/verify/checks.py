@@ -119,7 +119,7 @@ def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], decl
 
 
 def skipped_runs(runs, why: str) -> list[Check]:
-    """The browser checks of planned runs (browser/plan.py) that were not made (`--no-browser`)."""
+    """The browser checks of planned runs (browser/run_plan.py) that were not made (`--no-browser`)."""
     return [check("browser", run.ep, run.variant, "skipped", bundle=run.bundle, detail=why) for run in runs]
 
 

@@ -128,7 +128,6 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
     """The webgpu-kernels stage on the package's fp16/fp16w/fp32 variants as shipped (its WebGPU EP
     options, no layout retry), with the WebGPU bounds the build recorded in the manifest, else
     the defaults."""
-    from pipeline.precision.fp16w import widened_model_file
     from pipeline.verify.stages import webgpu_kernel_checks
 
     kinds = {output["name"]: output.get("kind", "tensor") for output in manifest["outputs"]}
@@ -136,8 +135,8 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
     for name, variant in manifest["variants"].items():
         if variant.get("precision", "fp32") not in FLOAT_PRECISIONS:
             continue
-        # fp16w: the widened model, as the loader hands it to onnxruntime-web
-        models[name] = widened_model_file(package / variant["model"]) if variant.get("widen") else model_file(package, variant, name)
+        # as the loader hands it to onnxruntime-web: chunks reassembled, fp16w widened
+        models[name] = model_file(package, variant, name)
     thresholds = recorded_kernel_thresholds(manifest, list(references))
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
     return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)

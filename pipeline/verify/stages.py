@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from pipeline.graph.model_io import model_bytes
-from pipeline.precision.kept import DID_NOT_RUN, Evaluator
+from pipeline.precision.kept_nodes import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -188,20 +188,28 @@ def _fp16_failures(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: st
 
 def _fp16_judge(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: str, reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, retry: Callable[[Path, dict[str, np.ndarray]], HostRun] | None = None) -> Callable[[Path], tuple[bool, str]]:
     failures = _fp16_failures(run, ep, reference, feeds, recipe, retry)
+    judge_model = _judge_of(failures)
+    judge_model.failures = failures  # per output, for the search
+    return judge_model
 
+
+def _judge_of(failures: Callable[[Path], dict[str, str]]) -> Callable[[Path], tuple[bool, str]]:
+    """(passed, one-line detail) of a candidate from its failures per output."""
     def judge_model(path: Path) -> tuple[bool, str]:
         found = failures(path)
         if "*" in found:
             return False, found["*"]
         return not found, "; ".join(f"{name}: {why}" for name, why in found.items()) or "passed"
 
-    judge_model.failures = failures  # per output, for the search
     return judge_model
 
 
-def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe) -> list[Evaluator]:
+def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[str, np.ndarray], recipe: Recipe, model: onnx.ModelProto | None = None) -> list[Evaluator]:
     """The checks an fp16 candidate must pass in the keep-in-fp32 search: the host CPU check, and
-    the WebGPU-kernel check (fp16 accumulation) when that stage is available on this machine."""
+    the WebGPU-kernel check (fp16 accumulation) when that stage is available on this machine. A
+    candidate over the whole-run limit is judged as the stage judges it, by the node audit against
+    the fp32 `model` (audit_evaluator.py: its failed nodes are the failures, each trial re-runs only
+    the nodes whose precision changed); without `model` such a candidate blocks nothing."""
     host = _fp16_judge(run_model, "cpu", reference, feeds, recipe)
     evaluators = [Evaluator("host cpu", host, host.failures)]
     try:
@@ -210,8 +218,21 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
         return evaluators
     if webgpu_kernels.unavailable_reason() is None:
         nchw = lambda path, run_feeds: webgpu_kernels.run_on_webgpu(path, run_feeds, {"preferredLayout": "NCHW"})  # noqa: E731
-        kernels = _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe, retry=nchw)
-        evaluators.append(Evaluator("webgpu-kernels", kernels, kernels.failures))
+        whole = _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe, retry=nchw)
+        if model is None:
+            evaluators.append(Evaluator("webgpu-kernels", whole, whole.failures))
+            return evaluators
+        from pipeline.verify.audit_evaluator import CandidateAudit
+
+        audit = CandidateAudit(model, feeds, "fp16", LAYOUT_OPS)
+
+        def failures(path: Path) -> dict[str, str]:
+            return audit.failures(path) if webgpu_kernels.whole_run_limit(path, feeds) else whole.failures(path)
+
+        def failing_nodes(path: Path) -> dict[str, str]:
+            return audit.failing_nodes(path) if webgpu_kernels.whole_run_limit(path, feeds) else {}
+
+        evaluators.append(Evaluator("webgpu-kernels", _judge_of(failures), failures, failing_nodes, audit.facts))
     return evaluators
 
 

@@ -78,7 +78,7 @@ def passes(reference: list[np.ndarray], actual: list[np.ndarray]) -> bool:
 
 def run_pack(model: onnx.ModelProto, feeds: dict, trials: int, seconds: float) -> dict:
     from pipeline.lockfile import LockFile
-    from pipeline.precision.kept import Fp16Context
+    from pipeline.precision.kept_nodes import Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.recipe import Recipe

@@ -213,3 +213,77 @@ test('each chunk is cached on its own: a load after a failed one fetches only wh
   assert.deepEqual(again, ['p2.bin']);
   assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
 });
+
+// --- fp16w in chunks: fp16 values at the end of the external data, widened into place ---------
+
+const text = (s) => Array.from(s, (c) => c.charCodeAt(0));
+const field = (number, bytes) => [number * 8 + 2, bytes.length, ...bytes]; // lengths < 128 here
+const entry = (key, value) => field(13, [...field(1, text(key)), ...field(2, text(value))]);
+
+/** ModelProto { graph { initializer w: FLOAT16 [4], external data at `offset`, 8 bytes } } */
+function fp16wGraph(offset, location = 'w.weights') {
+  const tensor = [0x08, 4, 0x10, 10, ...field(8, text('w')), ...entry('location', location), ...entry('offset', String(offset)), ...entry('length', '8'), 0x70, 1];
+  return Uint8Array.from(field(7, field(5, tensor)));
+}
+
+/** The same graph widened: FLOAT, offset 24 + 2 × 0, length 2 × 8; every other byte as it was. */
+function expectedWidenedGraph() {
+  const tensor = [0x08, 4, 0x10, 1, ...field(8, text('w')), ...entry('location', 'w.weights'), ...entry('offset', '24'), ...entry('length', '16'), 0x70, 1];
+  return Uint8Array.from(field(7, field(5, tensor)));
+}
+
+function widenedPackage() {
+  const { manifest, served, weights } = chunkedPackage(); // fp32 [0, 24), fp16 [24, 32)
+  served['g.onnx'] = fp16wGraph(24);
+  manifest.files['g.onnx'] = { sha256: digest(served['g.onnx']), size: served['g.onnx'].length };
+  const spec = manifest.variants.fp32;
+  spec.precision = 'fp16w';
+  spec.widen = 'fp16-initializers';
+  spec.externalData.widened = { offset: 24, size: 40, sha256: 'd'.repeat(64) };
+  manifest.variants = { fp16w: spec };
+  return { manifest, served, weights };
+}
+
+test('fp16w in chunks: fp16 chunks widened into place, the graph pointed at their float32 bytes', async () => {
+  const { manifest, served, weights } = widenedPackage();
+  serve(served);
+  const { files, events } = store(manifest);
+  const model = await variantModel(files, manifest, 'fp16w', null);
+  const data = model.externalData[0].data;
+  assert.equal(data.byteLength, 40);
+  assert.deepEqual(Array.from(data.subarray(0, 24)), Array.from(weights.subarray(0, 24))); // before the offset: as shipped
+  assert.deepEqual(Array.from(new Float32Array(data.buffer, 24, 4)), [1, -2, 0.5, 4]);
+  assert.deepEqual(Array.from(model.bytes), Array.from(expectedWidenedGraph()));
+  const widen = events.filter((e) => e.type === 'widen');
+  assert.deepEqual(widen.map(({ variant, where, tensors, bytes }) => ({ variant, where, tensors, bytes })), [{ variant: 'fp16w', where: 'this thread', tensors: 1, bytes: model.bytes.byteLength + 40 }]);
+});
+
+test('fp16w in chunks: a corrupted fp16 chunk is caught by its hash before widening', async () => {
+  const { manifest, served } = widenedPackage();
+  serve(served, { corrupt: new Set(['p2.bin']) });
+  const { files } = store(manifest);
+  await assert.rejects(variantModel(files, manifest, 'fp16w', null, { retryMs: 1 }), (e) => e instanceof PackIntegrityError && e.file === 'p2.bin');
+});
+
+test('fp16w in chunks: the widened layout is checked against the manifest and the graph', async () => {
+  const broken = (change, pattern) => {
+    const { manifest } = widenedPackage();
+    change(manifest.variants.fp16w);
+    assert.throws(() => chunkPlan(manifest, 'fp16w'), (e) => e instanceof PackLoadError && pattern.test(e.message));
+  };
+  broken((v) => delete v.widen, /widened is given, but the variant has no widen/);
+  broken((v) => delete v.externalData.widened, /has widen "fp16-initializers" but no widened layout/);
+  broken((v) => (v.externalData.widened.size = 42), /widened \(offset 24, size 42\)/);
+  broken((v) => Object.assign(v.externalData.widened, { offset: 20, size: 44 }), /chunks\[1\].*one side of widened.offset 20/);
+  broken((v) => (v.externalData.chunks[2].coding.planes = 4), /chunks\[2\].*4 planes/);
+  const { manifest } = widenedPackage();
+  assert.deepEqual(chunkPlan(manifest, 'fp16w').widened, { offset: 24, size: 40 });
+  // a graph whose FLOAT16 initializer lies before the fp16 values, or names other data, is refused
+  for (const [graph, pattern] of [[fp16wGraph(16), /bytes 16-24 of the external data, outside its fp16 values \(24-32\)/], [fp16wGraph(24, 'x.weights'), /external data other than 'w.weights'/]]) {
+    const { manifest: m, served } = widenedPackage();
+    served['g.onnx'] = graph;
+    m.files['g.onnx'] = { sha256: digest(graph), size: graph.length };
+    serve(served);
+    await assert.rejects(variantModel(store(m).files, m, 'fp16w', null), (e) => e instanceof PackLoadError && pattern.test(e.message));
+  }
+});

@@ -5,9 +5,14 @@
 // byte planes (byte k of every element together; pipeline/assets/chunks.py) are re-interleaved
 // after the browser's native brotli decoding, into the one buffer onnxruntime-web receives as
 // session option `externalData: [{ path, data }]`.
+//
+// An fp16w variant in chunks (`widen` and externalData.widened): the chunks from widened.offset on
+// hold fp16 values; each is widened to float32 straight into its place in the widened buffer as
+// it arrives (widen.js widenChunk; nothing before that offset moves), and the graph is widened
+// with that layout. The bytes are those pipeline/precision/fp16w.py gives the host checks.
 
 import { PackLoadError } from './errors.js';
-import { variantBytes } from './widen.js';
+import { WIDEN, variantBytes, widenChunk, widenFp16Initializers } from './widen.js';
 
 // Chromium opens 6 connections per origin over HTTP/1.1; leave some for the runtime files.
 export const CHUNK_CONCURRENCY = 4;
@@ -68,7 +73,19 @@ export function chunkPlan(manifest, variant) {
     end = chunk.offset + chunk.size;
     return { file: chunk.file, offset: chunk.offset, size: chunk.size, planes };
   });
-  return { path: external.path, size: external.size, chunks };
+  const widened = external.widened;
+  if (!widened !== !entry.widen) throw bad(widened ? 'widened is given, but the variant has no widen' : `the variant has widen "${entry.widen}" but no widened layout`);
+  if (!widened) return { path: external.path, size: external.size, chunks };
+  const start = widened.offset;
+  if (!Number.isSafeInteger(start) || start % 4 || start > external.size || widened.size !== start + 2 * (external.size - start)) {
+    throw bad(`widened (offset ${start}, size ${widened.size}) is not a multiple of 4 within ${external.size} bytes, widened to offset + 2 × the rest`);
+  }
+  chunks.forEach((chunk, index) => {
+    if (chunk.offset >= start ? (chunk.offset - start) % 2 || chunk.size % 2 || chunk.planes > 2 : chunk.offset + chunk.size > start) {
+      throw bad(`chunks[${index}] (offset ${chunk.offset}, size ${chunk.size}, ${chunk.planes} planes) is not whole fp16 values on one side of widened.offset ${start}`);
+    }
+  });
+  return { path: external.path, size: external.size, chunks, widened: { offset: start, size: widened.size } };
 }
 
 /** Plans the download sizes of a variant: its model file and any chunk files. */
@@ -101,18 +118,32 @@ export async function mapLimit(items, limit, task) {
 /**
  * What onnxruntime-web needs to open a variant: { bytes } for a one-file model, { bytes,
  * externalData: [{ path, data }] } for a chunked one (chunks fetched in parallel, verified,
- * re-interleaved into place).
+ * re-interleaved into place; fp16w: widened into place, and the graph widened).
  */
 export async function variantModel(files, manifest, variant, signal, { concurrency = CHUNK_CONCURRENCY } = {}) {
   const plan = chunkPlan(manifest, variant);
   if (!plan) return { bytes: await variantBytes(files, manifest, variant, signal, files.emit) }; // widened where fp16w
-  const graph = files.get(manifest.variants[variant].model, signal);
+  const spec = manifest.variants[variant];
+  if (plan.widened && spec.widen !== WIDEN) throw new PackLoadError(`manifest.json variants.${variant}.widen "${spec.widen}" is unknown to this loader (it knows "${WIDEN}"); update loader.js`);
+  const graph = files.get(spec.model, signal);
   graph.catch(() => {}); // awaited below, after the chunks
-  const data = new Uint8Array(plan.size);
+  const widened = plan.widened;
+  const data = new Uint8Array(widened ? widened.size : plan.size);
+  let widenMs = 0;
+  const now = () => (globalThis.performance ? performance.now() : Date.now());
   await mapLimit(plan.chunks, concurrency, async (chunk) => {
     // Files.get retries a transient failure of this chunk alone (files.js) and checks its sha256.
     const coded = await files.get(chunk.file, signal);
-    interleave(coded, chunk.planes, data, chunk.offset);
+    if (widened && chunk.offset >= widened.offset) {
+      const started = now();
+      widenChunk(coded, chunk.planes, data, widened.offset + 2 * (chunk.offset - widened.offset));
+      widenMs += now() - started;
+    } else interleave(coded, chunk.planes, data, chunk.offset);
   });
-  return { bytes: await graph, externalData: [{ path: plan.path, data }] };
+  if (!widened) return { bytes: await graph, externalData: [{ path: plan.path, data }] };
+  const result = widenFp16Initializers(await graph, { path: plan.path, offset: widened.offset, size: plan.size });
+  const where = typeof window !== 'undefined' ? 'main thread' : 'this thread';
+  const emit = files.emit || (() => {});
+  emit({ type: 'widen', variant, where, why: 'chunked: each chunk widened as it arrives', ms: widenMs + result.ms, tensors: result.tensors, bytes: result.bytes.byteLength + data.byteLength });
+  return { bytes: result.bytes, externalData: [{ path: plan.path, data }] };
 }

@@ -7,6 +7,11 @@
 //
 // In a page the work runs in a module Worker started from this file (the main thread stays free);
 // where no Worker can be started (Node, a CSP that forbids it, a cross-origin loader) it runs here.
+//
+// A chunked fp16w variant (manifest externalData.widened) is a graph whose narrowed initializers
+// lie at the end of its external data, from externalData.widened.offset on: the graph is widened
+// here with that layout (FLOAT16 → FLOAT, external offset and length moved to the float32 bytes),
+// and chunks.js widens each chunk's fp16 values straight into place as it arrives (widenChunk).
 
 import { PackLoadError } from './errors.js';
 
@@ -15,6 +20,11 @@ const MODEL_GRAPH = 7;
 const GRAPH_INITIALIZER = 5;
 const TENSOR_DATA_TYPE = 2;
 const TENSOR_RAW_DATA = 9;
+const TENSOR_EXTERNAL_DATA = 13;
+const TENSOR_DATA_LOCATION = 14;
+const ENTRY_KEY = 1;
+const ENTRY_VALUE = 2;
+const EXTERNAL = 1;
 const FLOAT = 1;
 const FLOAT16 = 10;
 
@@ -103,11 +113,63 @@ function delimited(number, pieces) {
   return [varint(number * 8 + 2), varint(size(pieces)), ...pieces];
 }
 
-function widenTensor(bytes, from, to) {
+const ascii = (bytes) => String.fromCharCode(...bytes);
+const encodeAscii = (text) => Uint8Array.from(text, (c) => c.charCodeAt(0));
+
+function decimal(bytes, what) {
+  const text = ascii(bytes);
+  if (!/^[0-9]{1,16}$/.test(text) || !Number.isSafeInteger(Number(text))) fail(`external data ${what} "${text.slice(0, 20)}" is not a decimal number`);
+  return Number(text);
+}
+
+/** A FLOAT16 initializer in the external data, as FLOAT at the place of its widened bytes. */
+function widenExternal(bytes, parts, typeField, layout) {
+  const keyed = new Map(); // external_data field → its key
+  const values = new Map();
+  for (const f of parts) {
+    if (f.number !== TENSOR_EXTERNAL_DATA || f.wire !== 2) continue;
+    const inner = new Map();
+    for (const g of fields(bytes, f.valueStart, f.end)) if ((g.number === ENTRY_KEY || g.number === ENTRY_VALUE) && g.wire === 2) inner.set(g.number, g);
+    if (!inner.has(ENTRY_KEY) || !inner.has(ENTRY_VALUE)) fail('an external_data entry without key or value');
+    const key = ascii(bytes.subarray(inner.get(ENTRY_KEY).valueStart, inner.get(ENTRY_KEY).end));
+    values.set(key, bytes.subarray(inner.get(ENTRY_VALUE).valueStart, inner.get(ENTRY_VALUE).end));
+    keyed.set(f, key);
+  }
+  if (!values.has('location') || ascii(values.get('location')) !== layout.path) fail(`a FLOAT16 initializer in external data other than '${layout.path}'`);
+  if (!values.has('offset') || !values.has('length')) fail('a FLOAT16 initializer in external data without offset and length');
+  const offset = decimal(values.get('offset'), 'offset');
+  const length = decimal(values.get('length'), 'length');
+  if (offset < layout.offset || (offset - layout.offset) % 2 || length % 2 || offset + length > layout.size) {
+    fail(`a FLOAT16 initializer at bytes ${offset}-${offset + length} of the external data, outside its fp16 values (${layout.offset}-${layout.size})`);
+  }
+  const moved = { offset: String(layout.offset + 2 * (offset - layout.offset)), length: String(2 * length) };
+  const pieces = [];
+  for (const f of parts) {
+    const key = keyed.get(f);
+    if (f === typeField) pieces.push(varint(TENSOR_DATA_TYPE * 8), varint(FLOAT));
+    else if (key === 'offset' || key === 'length') {
+      const entry = [];
+      for (const g of fields(bytes, f.valueStart, f.end)) {
+        if (g.number === ENTRY_VALUE && g.wire === 2) entry.push(...delimited(ENTRY_VALUE, [encodeAscii(moved[key])]));
+        else entry.push(bytes.subarray(g.start, g.end));
+      }
+      pieces.push(...delimited(TENSOR_EXTERNAL_DATA, entry));
+    } else pieces.push(bytes.subarray(f.start, f.end));
+  }
+  return { pieces, count: length / 2 };
+}
+
+function widenTensor(bytes, from, to, layout) {
   const parts = fields(bytes, from, to);
   const typeField = parts.find((f) => f.number === TENSOR_DATA_TYPE && f.wire === 0);
   if (!typeField || readVarint(bytes, typeField.valueStart)[0] !== FLOAT16) return null;
-  if (parts.filter((f) => f.number === TENSOR_RAW_DATA && f.wire === 2).length !== 1) fail('a FLOAT16 initializer without raw_data (not made by pack)');
+  const raw = parts.filter((f) => f.number === TENSOR_RAW_DATA && f.wire === 2);
+  const location = parts.find((f) => f.number === TENSOR_DATA_LOCATION && f.wire === 0);
+  if (!raw.length && location && readVarint(bytes, location.valueStart)[0] === EXTERNAL) {
+    if (!layout) fail('a FLOAT16 initializer in external data, and no widened layout for it');
+    return widenExternal(bytes, parts, typeField, layout);
+  }
+  if (raw.length !== 1) fail('a FLOAT16 initializer without raw_data (not made by pack)');
   const halves = halfToFloatBits();
   const pieces = [];
   let count = 0;
@@ -141,15 +203,17 @@ const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 /**
  * The model with every FLOAT16 initializer of its main graph widened to FLOAT:
- * { bytes: Uint8Array, tensors, values, ms }.
+ * { bytes: Uint8Array, tensors, values, ms }. With `layout` ({ path, offset, size }: a chunked
+ * fp16w graph's externalData path, widened.offset and size), its FLOAT16 initializers in the
+ * external data point at their float32 bytes in the widened external data (widenChunk).
  */
-export function widenFp16Initializers(input) {
+export function widenFp16Initializers(input, layout = null) {
   if (!LITTLE_ENDIAN) fail('widening needs a little-endian host');
   const started = globalThis.performance ? performance.now() : Date.now();
   const bytes = input instanceof Uint8Array ? input : new Uint8Array(input);
   const stats = { tensors: 0, values: 0 };
   const tensor = (from, to) => {
-    const widened = widenTensor(bytes, from, to);
+    const widened = widenTensor(bytes, from, to, layout);
     if (!widened) return null;
     stats.tensors += 1;
     stats.values += widened.count;
@@ -165,6 +229,23 @@ export function widenFp16Initializers(input) {
   }
   const ms = (globalThis.performance ? performance.now() : Date.now()) - started;
   return { bytes: out, tensors: stats.tensors, values: stats.values, ms };
+}
+
+/**
+ * One chunk of fp16 values to widen, as shipped (`planes` 2: low bytes, then high bytes; 1: as
+ * is), written as float32 into `out` at `outOffset` (a multiple of 4). Returns the value count.
+ */
+export function widenChunk(coded, planes, out, outOffset) {
+  if (!LITTLE_ENDIAN) fail('widening needs a little-endian host');
+  if (coded.length % 2 || (out.byteOffset + outOffset) % 4 || outOffset + 2 * coded.length > out.length || (planes !== 1 && planes !== 2)) {
+    fail(`a chunk of ${coded.length} bytes in ${planes} planes does not widen to byte ${outOffset} of ${out.length}`);
+  }
+  const count = coded.length / 2;
+  const table = halfToFloatBits();
+  const wide = new Uint32Array(out.buffer, out.byteOffset + outOffset, count);
+  if (planes === 2) for (let i = 0; i < count; i++) wide[i] = table[coded[i] | (coded[count + i] << 8)];
+  else for (let i = 0, j = 0; i < count; i++, j += 2) wide[i] = table[coded[j] | (coded[j + 1] << 8)];
+  return count;
 }
 
 /** widenFp16Initializers in a module Worker started from this file; rejects when none can start. */

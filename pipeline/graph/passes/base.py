@@ -5,7 +5,7 @@ report.json `steps` record), its order, the stage that runs it, `find(model)` (t
 repairs, as hazard records) and `rewrite(model, settings)`. The rewrite returns a `PassResult`: a
 new model (the input is never mutated) and a record of what changed. Rewrites are idempotent:
 running one on its own output changes nothing. A rewrite that finds nothing to do returns
-`changed=False` and an equal model. pipeline.graph.registry discovers the modules.
+`changed=False` and an equal model. pipeline.graph.repairs discovers the modules.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import onnx
 
 from pipeline.runtime import DEFAULT_VERSION
 
-# Where a repair runs (pipeline.graph.registry.run_passes keeps this order within one run):
+# Where a repair runs (pipeline.graph.repairs.run_passes keeps this order within one run):
 #   source       - the build runs it when `find` reports a hazard it repairs (and recipes may name it)
 #   fp16-before  - the fp16 stage runs it on the model it is about to convert
 #   fp16-after   - the fp16 stage runs it on the converter's output

@@ -30,9 +30,9 @@ from pipeline.runtime import Runtime
 from pipeline.verify.browser.chromium import launch_browser
 from pipeline.verify.browser.devices import adapter_class, device_key, device_label
 from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_in_browser
-from pipeline.verify.browser.plan import load_manifest, plan_runs
+from pipeline.verify.browser.run_plan import load_manifest, plan_runs
 from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
-from pipeline.verify.browser.runner import BrowserLost, connection_lost
+from pipeline.verify.browser.pages import BrowserLost, connection_lost
 from pipeline.verify.checks import Check, any_failed, check, tagged
 
 ATTEMPTS = 2  # the first connection and one retry

@@ -2,7 +2,7 @@
 
 For each platform chain of manifest["executionProviders"], the chain's bundle (webgpu when the
 chain has webgpu, else wasm: ARCHITECTURE.md) runs each EP of the chain with every variant the
-package ships (the loader can be asked for any: plan.py). A run goes through the package's own loader.js on a fresh page of one
+package ships (the loader can be asked for any: run_plan.py). A run goes through the package's own loader.js on a fresh page of one
 shared browser, feeds the package's sample inputs and compares every output with the fp32 host
 reference (pipeline.verify.metrics). Besides exceptions, a run fails on WebGPU errors, onnxruntime
 error lines, output-size warnings, NaN/Inf and the watchdog. A variant that needs an adapter feature
@@ -24,8 +24,8 @@ from pipeline.progress import Progress
 from pipeline.runtime import Runtime, resolve_runtime
 from pipeline.verify.browser import logs
 from pipeline.verify.browser.devices import device_facts
-from pipeline.verify.browser.plan import PlannedRun, load_manifest, plan_runs
-from pipeline.verify.browser.runner import BrowserRunner, RunnerPage, decode_tensor
+from pipeline.verify.browser.run_plan import PlannedRun, load_manifest, plan_runs
+from pipeline.verify.browser.pages import BrowserRunner, RunnerPage, decode_tensor
 from pipeline.verify.checks import Check, any_failed, check, judged, rounded_metrics
 
 DEFAULT_WATCHDOG_MS = 60_000

@@ -2,7 +2,7 @@
 
 `pack inspect` (which nodes fall back to the CPU) and `pack diagnose` (where a model parts from the
 host) need sessions on arbitrary models and feeds, outside any package. They go through the one
-browser runner (runner.py): models are written to a scratch folder served at /__pack__/models/,
+browser runner (pages.py): models are written to a scratch folder served at /__pack__/models/,
 the installed runtime's dist/ at /__pack__/runtime/ort/, and page/runner.js runs them ('model'
 runs). One page per (bundle, EP) is kept while its runs succeed.
 """
@@ -23,7 +23,7 @@ import onnx
 from pipeline.runtime import Runtime
 from pipeline.verify.browser import logs
 from pipeline.verify.browser.chromium import ConsoleLine
-from pipeline.verify.browser.runner import MODEL_PREFIX, BrowserRunner, RunnerPage, decode_tensor, encode_tensor
+from pipeline.verify.browser.pages import MODEL_PREFIX, BrowserRunner, RunnerPage, decode_tensor, encode_tensor
 
 RUNTIME_KEY = "ort"
 RUN_WATCHDOG_MS = 60_000

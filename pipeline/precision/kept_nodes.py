@@ -1,5 +1,5 @@
 """The fp16 variant's nodes kept in fp32: from the recipe (`[fp16] keep_nodes`), the lock, the
-converter's errors (keep.py, inside the conversion) and, when the variant misses a threshold, a
+converter's errors (converter_errors.py, inside the conversion) and, when the variant misses a threshold, a
 search (ranking.py, search.py) judged by the verify stage's evaluators. Records the decision in
 report.json and the lock file (docs/precision.md).
 """
@@ -39,6 +39,10 @@ class Evaluator:
     name: str
     judge: Callable[[Path], tuple[bool, str]]
     failures: Callable[[Path], dict[str, str]] | None = None  # {output: why} per failing output ("*": did not run)
+    # Node-local evaluators (the node audit judges each node on the host's fp32 values): {node: why}
+    # for each node the candidate fails, a node that then fails in every candidate leaving it in fp16.
+    failing_nodes: Callable[[Path], dict[str, str]] | None = None
+    facts: Callable[[], dict] | None = None  # what its trials cost (the node audit: node runs, verdicts reused)
 
 
 @dataclass
@@ -215,6 +219,99 @@ def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
     return {"fp32_bytes": sum(source_weights.values()), "all_fp16_ideal_bytes": ideal, "fp16_bytes": actual, "kept_cost_bytes": actual - ideal}
 
 
+def _failing_nodes(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> dict[str, tuple[str, str]]:
+    """{node: (evaluator, why)} for each node a node-local evaluator (the node audit) fails."""
+    found: dict[str, tuple[str, str]] = {}
+    local = [e for e in evaluators if e.failing_nodes is not None]
+    if not local:
+        return found
+    with tempfile.TemporaryDirectory(prefix="pack-fp16-") as tmp:
+        path = Path(tmp) / "fp16.onnx"
+        path.write_bytes(model_bytes(converted))
+        for evaluator in local:
+            for node, why in evaluator.failing_nodes(path).items():
+                found.setdefault(node, (evaluator.name, why))
+    return found
+
+
+def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, str], detail: str, recipe: Recipe, convert: Convert, context: Fp16Context) -> tuple[dict, onnx.ModelProto, dict[str, str]]:
+    """The search for nodes to keep in fp32 when `converted` misses a threshold ("first failure"
+    `detail`): (its report figures, the fp16 model, kept {node: why}). Nodes a node-local
+    evaluator (the node audit) fails are ranked first and kept without bisecting: each fails in
+    every candidate that leaves it in fp16; when they alone pass, no ranking run is needed."""
+    import time
+
+    started = time.perf_counter()
+    context.progress.note(f"fp16 misses a threshold ({detail}); searching for nodes to keep in fp32")
+    ops = {n.name: n.op_type for n in named.graph.node}
+    needed = {node: found for node, found in _failing_nodes(converted, context.evaluators).items() if node not in kept and node in ops}
+    why = {node: f"search: {evaluator} {reason}" for node, (evaluator, reason) in needed.items()}
+    tried = [0]
+    outcomes: dict[frozenset, dict[tuple[str, str], str]] = {}
+    unfixable: dict[tuple[str, str], str] = {}
+    pool: list[str] = []
+
+    def failures_of(nodes: list[str]) -> dict[tuple[str, str], str]:
+        key = frozenset([*needed, *nodes])
+        if key not in outcomes:
+            tried[0] += 1
+            context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(key)} nodes kept in fp32 ({len(needed)} named by the node audit)")
+            candidate, _, refused_now, _ = convert({**kept, **{n: why[n] for n in key}})
+            outcomes[key] = {("*", "*"): refused_now} if refused_now else _failures_all(candidate, context.evaluators)
+        return outcomes[key]
+
+    def trial(nodes: list[str]) -> tuple[bool, str]:
+        # Each output (and evaluator) on its own: what keeping every candidate cannot fix
+        # does not hide what it can.
+        left = {k: v for k, v in failures_of(nodes).items() if k not in unfixable}
+        return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
+
+    ranked: list = []
+    if needed and trial([])[0]:
+        result = SearchResult(True, [], tried[0], time.perf_counter() - started, True)
+    else:
+        blocked = set(SAFE_BLOCK_LIST) | set(recipe.fp16_block_ops)
+        ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept and stat.node not in needed]
+        why.update({stat.node: f"search: {stat.why}" for stat in ranked})
+        pool = [stat.node for stat in ranked]
+        # Keeping every candidate shows what no node choice fixes (one trial, reused by the search).
+        everything = failures_of(pool)
+        if not any(k == ("*", "*") or k[1] == "*" for k in everything):
+            unfixable.update(everything)
+        if (unfixable or needed) and trial([])[0]:
+            result = SearchResult(True, [], tried[0], time.perf_counter() - started, True, None if needed else "keeping nodes in fp32 fixes none of the failures")
+        else:
+            result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried)
+            if result is None:
+                result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
+    if result.passed:
+        result.kept = [*needed, *result.kept]
+    result.trials = tried[0]
+    search = {**result.figures(), "candidates": len(needed) + len(pool), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
+    costs = {e.name: e.facts() for e in context.evaluators if e.facts is not None}
+    if costs:
+        search["evaluator_costs"] = costs
+    if needed:
+        search["node_failures"] = [{"node": node, "op": ops[node], "evaluator": evaluator, "why": reason} for node, (evaluator, reason) in needed.items()]
+    if unfixable:
+        search["unfixable"] = diagnose_unfixable(named, unfixable, context)
+        context.progress.note("fp16: no node choice fixes " + "; ".join(search["unfixable"]))
+    found = {**kept, **{n: why[n] for n in result.kept}}
+    candidate = convert(found)[0] if result.passed else None
+    sizes = _sizes(named, candidate) if candidate is not None else None
+    if candidate is None:
+        search["failed"] = result.stopped or "no passing set found"
+    elif sizes["kept_cost_bytes"] > MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"]):
+        search["failed"] = f"the {len(result.kept)} nodes that pass keep {sizes['fp16_bytes']} of {sizes['fp32_bytes']} bytes: more than half of fp16's saving lost"
+    else:
+        converted, kept = candidate, found
+    if "failed" in search:
+        # What the search could not get below the bounds, and why: the figure of each cause.
+        search["diagnosis"] = diagnose_unfixable(named, {k: v for k, v in failures_of([]).items() if k[1] != "*"}, context, f"with only the {len(needed)} nodes the node audit names kept in fp32" if needed else "with no node kept in fp32")
+    search["ranked"] = ([{"node": node, "op": ops[node], "why": why[node]} for node in needed] + [stat.as_dict() for stat in ranked])[:10]
+    return search, converted, kept
+
+
 def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Convert, steps: list[dict], refused: dict[str, str], context: Fp16Context | None) -> tuple[onnx.ModelProto, list[dict]] | None:
     """(fp16 model, kept [{node, op, why}]) for the (named) fp32 model, or None when fp16 is
     refused (the reason goes to `refused`). Appends report steps (a `fp16_keep_fp32` step among
@@ -245,58 +342,7 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
     if context and context.evaluators and recipe.fp16_search and not from_lock:
         passed, detail = _judge_all(converted, context.evaluators)
         if not passed and DID_NOT_RUN not in detail:
-            context.progress.note(f"fp16 misses a threshold ({detail}); searching for nodes to keep in fp32")
-            blocked = set(SAFE_BLOCK_LIST) | set(recipe.fp16_block_ops)
-            ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept]
-            why = {stat.node: f"search: {stat.why}" for stat in ranked}
-
-            tried = [0]
-            outcomes: dict[frozenset, dict[tuple[str, str], str]] = {}
-            unfixable: dict[tuple[str, str], str] = {}
-
-            def failures_of(nodes: list[str]) -> dict[tuple[str, str], str]:
-                key = frozenset(nodes)
-                if key not in outcomes:
-                    tried[0] += 1
-                    context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(nodes)} of {len(ranked)} ranked nodes kept in fp32")
-                    candidate, _, refused_now, _ = convert({**kept, **{n: why[n] for n in nodes}})
-                    outcomes[key] = {("*", "*"): refused_now} if refused_now else _failures_all(candidate, context.evaluators)
-                return outcomes[key]
-
-            def trial(nodes: list[str]) -> tuple[bool, str]:
-                # Each output (and evaluator) on its own: what keeping every candidate cannot fix
-                # does not hide what it can.
-                left = {k: v for k, v in failures_of(nodes).items() if k not in unfixable}
-                return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
-
-            # Keeping every candidate shows what no node choice fixes (one trial, reused by the search).
-            everything = failures_of([stat.node for stat in ranked])
-            if not any(k == ("*", "*") or k[1] == "*" for k in everything):
-                unfixable.update(everything)
-            if unfixable and trial([])[0]:
-                result = SearchResult(True, [], tried[0], 0.0, True, "keeping nodes in fp32 fixes none of the failures")
-            else:
-                result = _search_per_output(named, [stat.node for stat in ranked], failures_of, unfixable, recipe, tried)
-                if result is None:
-                    result = search_keep_set([stat.node for stat in ranked], trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
-            result.trials = tried[0]
-            search = {**result.figures(), "candidates": len(ranked), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
-            if unfixable:
-                search["unfixable"] = diagnose_unfixable(named, unfixable, context)
-                context.progress.note("fp16: no node choice fixes " + "; ".join(search["unfixable"]))
-            found = {**kept, **{n: why[n] for n in result.kept}}
-            candidate = convert(found)[0] if result.passed else None
-            sizes = _sizes(named, candidate) if candidate is not None else None
-            if candidate is None:
-                search["failed"] = result.stopped or "no passing set found"
-            elif sizes["kept_cost_bytes"] > MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"]):
-                search["failed"] = f"the {len(result.kept)} nodes that pass keep {sizes['fp16_bytes']} of {sizes['fp32_bytes']} bytes: more than half of fp16's saving lost"
-            else:
-                converted, kept = candidate, found
-            if "failed" in search:
-                # What the search could not get below the bounds, and why: the figure of each cause.
-                search["diagnosis"] = diagnose_unfixable(named, {k: v for k, v in failures_of([]).items() if k[1] != "*"}, context, "with no node kept in fp32")
-            search["ranked"] = [stat.as_dict() for stat in ranked[:10]]
+            search, converted, kept = _search(named, converted, kept, detail, recipe, convert, context)
     nodes = {n.name: n.op_type for n in named.graph.node}
     kept_list = [{"node": name, "op": nodes.get(name, "?"), "why": why} for name, why in sorted(kept.items())]
     if kept_list or search:

@@ -1,6 +1,6 @@
 """Write the browser files into a package: loader.js and its ES modules (loader/*.js) and demo.js,
 copied as they are, loader.d.ts and index.html, rendered from templates, and package.json
-(pipeline/loader/npm.py).
+(pipeline/web/npm.py).
 
 The loader is generic (it reads manifest.json beside itself at load time): only the types (input,
 output, variant names) and the demo page (headings) are rendered from the manifest. The files are
@@ -20,7 +20,7 @@ from typing import Any
 
 import jinja2
 
-from pipeline.loader.npm import PACKAGE_JSON, package_json
+from pipeline.web.npm import PACKAGE_JSON, package_json
 from pipeline.manifest import validate
 from pipeline.errors import PackError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 # The pipeline's order; shared modules at the top of pipeline/ (manifest, recipe, dtypes, cache, ...)
 # come before every stage, and commands/, cli.py and build.py after every stage.
-STAGES = ("source", "graph", "precision", "verify", "assets", "report", "loader", "publish")
+STAGES = ("source", "graph", "precision", "verify", "assets", "report", "web", "publish")
 WIRING = ("commands", "cli", "build")
 
 

@@ -1,6 +1,7 @@
 """A chunked, byte-plane-coded package through loader.js in headless Chromium (SwiftShader WebGPU
 and wasm): the same outputs as the one-file package, chunks fetched in parallel, a cut connection
-resumed from the failed chunk only, a corrupted chunk caught by its hash.
+resumed from the failed chunk only, a corrupted chunk caught by its hash; the same for fp16w,
+whose fp16 chunks the loader widens into place (about half of fp32's bytes on the wire).
 
 Both packages come from `pack build` of one small model (tests/conftest.py chunked_packages)."""
 
@@ -121,15 +122,47 @@ def test_chunked_outputs_equal_the_one_file_package_and_chunks_download_in_paral
     assert last["total"] >= sum(manifest["files"][f]["size"] for f in parts) + manifest["files"][manifest["variants"]["fp32"]["model"]]["size"]
 
 
-def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, pages, tmp_path):  # noqa: F811
+def wire_bytes(result: dict, manifest: dict, variant: str) -> int:
+    """Bytes on the wire (Content-Length: the brotli body) of a load's downloads of a variant's files."""
+    spec = manifest["variants"][variant]
+    files = {spec["model"], *(c["file"] for c in spec["externalData"]["chunks"])}
+    downloads = [e for e in result["events"] if e["type"] == "download" and e["file"] in files]
+    assert {e["file"] for e in downloads} == files, downloads
+    return sum(e["wireBytes"] for e in downloads)
+
+
+@pytest.mark.parametrize("ep", ["wasm", "webgpu"])
+def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(browser, server, ep):  # noqa: F811
+    """fp16w in chunks: widened chunk by chunk into place, the same outputs as the one-file fp16w
+    package (widened whole, in a Worker), and about half of fp32's bytes on the wire."""
+    chunked, single = server, server.url + SINGLE[1:]
+    manifest = manifest_of(Path(chunked.root))
+    assert manifest["variants"]["fp16w"]["externalData"]["widened"]
+    options = {"executionProviders": [ep], "variant": "fp16w", "prewarm": False}
+    ours = load(browser, chunked, options, more=[(single, options), (chunked.url, {**options, "variant": "fp32"})])
+    assert ours["ok"], ours
+    assert all(other["ok"] for other in ours["more"]), ours["more"]
+    theirs, fp32 = ours["more"]
+    assert (ours["info"]["ep"], ours["info"]["variant"]) == (theirs["info"]["ep"], theirs["info"]["variant"]) == (ep, "fp16w")
+    assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
+    widen = [e for e in ours["events"] if e["type"] == "widen"]
+    assert [(e["variant"], e["where"], e["tensors"]) for e in widen] == [("fp16w", "main thread", 4)], widen  # 3 in the chunks, b1 in the graph
+    assert widen[0]["bytes"] > manifest["variants"]["fp16w"]["externalData"]["widened"]["size"]
+    assert [e["where"] for e in theirs["events"] if e["type"] == "widen"] == ["worker"]
+    ratio = wire_bytes(ours, manifest, "fp16w") / wire_bytes(fp32, manifest, "fp32")
+    assert 0.45 < ratio < 0.55, ratio
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16w"])
+def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, pages, tmp_path, variant):  # noqa: F811
     package = shutil.copytree(chunked_packages["chunked"], tmp_path / "corrupt")
-    bad = chunk_files(package)[2]
+    bad = chunk_files(package, variant)[-1]
     data = bytearray((package / bad).read_bytes())
     data[len(data) // 2] ^= 0x01  # same size, one bit changed
     (package / bad).write_bytes(bytes(data))
     (package / f"{bad}.br").unlink()
     with running_server(package, {TEST_PREFIX: pages}) as server:
-        result = load(browser, server, {"executionProviders": ["wasm"], "variant": "fp32"}, run=False)
+        result = load(browser, server, {"executionProviders": ["wasm"], "variant": variant}, run=False)
     assert not result["ok"]
     assert result["name"] == "PackIntegrityError", result
     assert f"{bad}: sha256 mismatch" in result["message"] and "re-publish" in result["message"]

@@ -161,14 +161,19 @@ def test_the_audit_names_the_fp16_matmul_and_reducemean_failures_and_passes_fp32
     assert all(v.status == "passed" for v in fp32), [v.line() for v in fp32]
 
 
+def _stage_on_hazards(folder, feeds):
+    """The webgpu-kernels stage's checks and facts for the hazards model's fp16 and fp32 variants."""
+    models = {"fp16": folder / "fp16.onnx", "fp32": folder / "fp32.onnx"}
+    reference = reference_outputs(folder / "fp32.onnx", feeds)
+    thresholds = {v: {o: threshold_for("tensor", v, "webgpu") for o in reference} for v in models}
+    return webgpu_kernel_checks(models, reference, feeds, thresholds, {}, Progress.quiet())
+
+
 @needs_kernels
 def test_the_stage_audits_models_over_the_whole_run_limit(hazards, monkeypatch):
     folder, feeds = hazards
     monkeypatch.setenv("PACK_WEBGPU_KERNELS_MAX_GMAC", "0.0001")  # this model is over it
-    models = {"fp16": folder / "fp16.onnx", "fp32": folder / "fp32.onnx"}
-    reference = reference_outputs(folder / "fp32.onnx", feeds)
-    thresholds = {v: {o: threshold_for("tensor", v, "webgpu") for o in reference} for v in models}
-    checks, facts = webgpu_kernel_checks(models, reference, feeds, thresholds, {}, Progress.quiet())
+    checks, facts = _stage_on_hazards(folder, feeds)
     by_variant = {c["variant"]: c for c in checks}
     assert by_variant["fp32"]["status"] == "passed" and "node audit of 5 nodes" in by_variant["fp32"]["detail"]
     failed = by_variant["fp16"]
@@ -189,10 +194,7 @@ def test_the_stage_audits_models_over_the_whole_run_limit(hazards, monkeypatch):
 def test_a_whole_run_that_does_not_finish_in_time_is_audited_instead(hazards, monkeypatch):
     folder, feeds = hazards
     monkeypatch.setenv("PACK_WEBGPU_KERNELS_TIMEOUT_S", "0.05")  # no whole run can finish
-    models = {"fp16": folder / "fp16.onnx", "fp32": folder / "fp32.onnx"}
-    reference = reference_outputs(folder / "fp32.onnx", feeds)
-    thresholds = {v: {o: threshold_for("tensor", v, "webgpu") for o in reference} for v in models}
-    checks, facts = webgpu_kernel_checks(models, reference, feeds, thresholds, {}, Progress.quiet())
+    checks, facts = _stage_on_hazards(folder, feeds)
     assert [(c["variant"], c["status"]) for c in checks] == [("fp16", "failed"), ("fp32", "passed")]
     assert "did not finish within 0.05 s" in checks[0]["detail"] and checks[0]["op"] in ("MatMul", "ReduceMean")
 

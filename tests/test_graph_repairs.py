@@ -19,13 +19,13 @@ from graph_helpers import assert_no_op, assert_repair, clean_conv_model, neg_sli
 from pipeline.build import _repair, repair_settings
 from pipeline.cli import app
 from pipeline.errors import PackError
-from pipeline.graph import registry
+from pipeline.graph import repairs
 from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.variants import conversion_code_key, conversion_sources
 from pipeline.recipe import Recipe
 
-PASSES_DIR = Path(registry.__file__).resolve().parent / "passes"
+PASSES_DIR = Path(repairs.__file__).resolve().parent / "passes"
 
 # A repair written the way a contributor adds one: a module with one Repair, nothing else to edit.
 DOUBLE_NEG = '''
@@ -92,24 +92,24 @@ def extra_package(tmp_path, monkeypatch):
 
 
 def test_every_module_in_the_passes_folder_is_a_registered_repair_in_run_order():
-    modules = {p.stem for p in PASSES_DIR.glob("*.py")} - {"__init__"} - registry.HELPER_MODULES
-    assert {r.rewrite.__module__.rsplit(".", 1)[1] for r in registry.repairs()} == modules
-    orders = [r.order for r in registry.repairs()]
+    modules = {p.stem for p in PASSES_DIR.glob("*.py")} - {"__init__"} - repairs.HELPER_MODULES
+    assert {r.rewrite.__module__.rsplit(".", 1)[1] for r in repairs.repairs()} == modules
+    orders = [r.order for r in repairs.repairs()]
     assert orders == sorted(orders) and len(set(orders)) == len(orders)
-    assert registry.repairs()[-1].name == "ir_version_cap" and registry.repairs()[-1].stage == "last"
-    assert [r.name for r in registry.in_stage("source")] == ["fold_if", "neg_step_slice", "stale_shapes"]
+    assert repairs.repairs()[-1].name == "ir_version_cap" and repairs.repairs()[-1].stage == "last"
+    assert [r.name for r in repairs.in_stage("source")] == ["fold_if", "neg_step_slice", "stale_shapes"]
 
 
 def test_a_repair_added_as_one_module_runs_end_to_end(extra_package, monkeypatch, tmp_path):
     package = extra_package("extra_repairs", {"double_neg": DOUBLE_NEG})
-    assert [r.name for r in registry.discover(package)] == ["double_neg"]
-    monkeypatch.setattr(registry, "repairs", lambda: registry.discover(registry.PACKAGE, package))
+    assert [r.name for r in repairs.discover(package)] == ["double_neg"]
+    monkeypatch.setattr(repairs, "repairs", lambda: repairs.discover(repairs.PACKAGE, package))
     model = _double_neg_model()
 
     assert_repair("double_neg", model)
     assert_no_op("double_neg", clean_conv_model())
     assert [(h["node"], h["hazard"], h["repair"]) for h in detect_hazards(model)] == [("Neg#1", "double-neg", "double_neg")]
-    assert registry.auto_repairs(model) == ["double_neg"]
+    assert repairs.auto_repairs(model) == ["double_neg"]
 
     repaired, steps = _repair(model, Recipe(name="neg"))
     assert [s["name"] for s in steps] == ["double_neg"] and steps[0]["changed"]
@@ -124,33 +124,33 @@ def test_a_repair_added_as_one_module_runs_end_to_end(extra_package, monkeypatch
 
 def test_discovery_refuses_modules_that_break_the_rules(extra_package):
     empty = extra_package("extra_empty", {"nothing": "X = 1\n"})
-    with pytest.raises(registry.RegistryError, match="extra_empty.nothing: a repair module defines exactly one Repair, found 0"):
-        registry.discover(empty)
+    with pytest.raises(repairs.RegistryError, match="extra_empty.nothing: a repair module defines exactly one Repair, found 0"):
+        repairs.discover(empty)
     clash = extra_package("extra_clash", {"double_neg": DOUBLE_NEG, "other": DOUBLE_NEG.replace('name="double_neg"', 'name="other"')})
-    with pytest.raises(registry.RegistryError, match="share the order 15"):
-        registry.discover(clash)
+    with pytest.raises(repairs.RegistryError, match="share the order 15"):
+        repairs.discover(clash)
     twice = extra_package("extra_twice", {"fold_if": DOUBLE_NEG.replace('name="double_neg"', 'name="fold_if"')})
-    with pytest.raises(registry.RegistryError, match="repairs 'fold_if' and 'fold_if' share the name"):
-        registry.discover(registry.PACKAGE, twice)
+    with pytest.raises(repairs.RegistryError, match="repairs 'fold_if' and 'fold_if' share the name"):
+        repairs.discover(repairs.PACKAGE, twice)
 
 
 def test_run_passes_sorts_dedupes_and_always_finishes_with_the_ir_cap():
     model = neg_slice_model()
     model.ir_version = 14
     settings = PassSettings(runtime_version="1.30.0", max_ir_version=13)
-    repaired, steps = registry.run_passes(model, ["stale_shapes", "neg_step_slice", "neg_step_slice"], settings)
+    repaired, steps = repairs.run_passes(model, ["stale_shapes", "neg_step_slice", "neg_step_slice"], settings)
     assert [s["name"] for s in steps] == ["neg_step_slice", "stale_shapes", "ir_version_cap"]
     assert repaired.ir_version == 13 and model.ir_version == 14
-    _, unfinished = registry.run_passes(model, ["neg_step_slice"], finish=False)
+    _, unfinished = repairs.run_passes(model, ["neg_step_slice"], finish=False)
     assert [s["name"] for s in unfinished] == ["neg_step_slice"]
-    _, clean = registry.run_passes(neg_slice_model(), [])
+    _, clean = repairs.run_passes(neg_slice_model(), [])
     assert clean == []  # the cap records a step only when it changes something or has a note
     with pytest.raises(KeyError, match="unknown repair 'nope'; known: .*fold_if"):
-        registry.run_passes(model, ["nope"])
+        repairs.run_passes(model, ["nope"])
 
 
 def test_the_ir_cap_lowers_to_the_runtimes_measured_ceiling_and_never_below_what_the_opsets_need():
-    cap = registry.get("ir_version_cap")
+    cap = repairs.get("ir_version_cap")
     model = clean_conv_model()
     model.ir_version = 14
     capped = cap(model, PassSettings(runtime_version="1.22.0", max_ir_version=10))
@@ -172,11 +172,11 @@ def test_the_build_caps_the_ir_version_for_the_recipe_runtime():
 
 
 def test_conversion_key_follows_every_module_the_conversion_imports(tmp_path):
-    package_dir = Path(registry.__file__).resolve().parent.parent
+    package_dir = Path(repairs.__file__).resolve().parent.parent
     copy = tmp_path / "pipeline"
     shutil.copytree(package_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
     names = {p.relative_to(copy).as_posix() for p in conversion_sources(copy)}
-    assert {"graph/passes/util.py", "graph/passes/base.py", "graph/registry.py", "precision/fp16.py", "runtime.py"} <= names
+    assert {"graph/passes/util.py", "graph/passes/base.py", "graph/repairs.py", "precision/fp16.py", "runtime.py"} <= names
     key = conversion_code_key(copy)
     assert key == conversion_code_key(copy)
     for edited in ("graph/passes/util.py", "graph/passes/base.py", "runtime.py"):

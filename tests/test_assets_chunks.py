@@ -20,7 +20,8 @@ from pipeline.assets.chunks import ALIGN, Chunk, best_coding, chunk_bytes, deint
 from pipeline.assets.files import WEIGHTS_QUALITY
 from pipeline.cli import app
 from pipeline.errors import PackError
-from pipeline.manifest import validate
+from pipeline.manifest import validate, variant_files
+from pipeline.precision.fp16w import FLOAT16, WIDEN, widen_external_data, widen_model_bytes
 from pipeline.recipe import load_recipe_file as load_recipe
 from tests.chunk_helpers import CHUNK_MIB, chunk_test_model, write_recipe
 
@@ -53,7 +54,8 @@ def test_split_external_groups_by_width_and_runs_like_the_model(tmp_path):
     model = chunk_test_model()
     ids = onnx.numpy_helper.from_array(np.arange(300, dtype=np.int64), "ids")
     model.graph.initializer.append(ids)  # an unused int64 initializer: its own 8-byte group first
-    graph, blob, location, groups = split_external(model, "model.fp32")
+    graph, blob, location, groups, widen_from = split_external(model, "model.fp32")
+    assert widen_from is None
     assert [g[2] for g in groups] == [8, 4]
     assert groups[0] == (0, 2400, 8)
     assert location == f"model.fp32.{hashlib.sha256(blob).hexdigest()[:16]}.weights"
@@ -107,7 +109,7 @@ def test_big_variants_ship_as_graph_plus_coded_chunks_that_round_trip(chunked_bu
     package = chunked_build
     manifest = json.loads((package / "manifest.json").read_text())
     limit = chunk_bytes(CHUNK_MIB)
-    expected = {"fp32": (3, 4), "fp16": (2, 2)}  # chunks, byte planes
+    expected = {"fp32": (3, 4), "fp16": (2, 2), "fp16w": (2, 2)}  # chunks, byte planes
     for name, (count, planes) in expected.items():
         variant = manifest["variants"][name]
         external = variant["externalData"]
@@ -128,13 +130,15 @@ def test_big_variants_ship_as_graph_plus_coded_chunks_that_round_trip(chunked_bu
         assert hashlib.sha256(data).hexdigest() == external["sha256"]
         # and the graph with them computes what the source model computes
         model_path = runnable_model(package, variant, name)
-        assert (model_path.parent / external["path"]).read_bytes() == bytes(data)
+        # (fp16w: widened, as the loader widens it)
+        shipped = widen_external_data(bytes(data), external["widened"]["offset"]) if name == "fp16w" else bytes(data)
+        assert (model_path.parent / external["path"]).read_bytes() == shipped
         if name == "fp32":
             x = np.random.default_rng(2).standard_normal((1, 256)).astype(np.float32)
             got = ort.InferenceSession(str(model_path)).run(None, {"x": x})[0]
             assert np.array_equal(got, ort.InferenceSession(chunk_test_model().SerializeToString()).run(None, {"x": x})[0])
     runs = {(r["stage"], r["variant"]): r["status"] for r in manifest["verification"]["runs"]}
-    assert runs[("host", "fp32")] == runs[("host", "fp16")] == "passed"
+    assert runs[("host", "fp32")] == runs[("host", "fp16")] == runs[("host", "fp16w")] == "passed"
 
 
 def test_small_models_stay_one_file(chunked_packages):
@@ -181,3 +185,89 @@ def test_a_missing_chunk_is_named_when_the_package_is_checked_again(chunked_buil
     (package / chunk).write_bytes(b"\0" * manifest["files"][chunk]["size"])
     with pytest.raises(PackError, match=f"{chunk}.br: does not decode to {chunk}"):
         runnable_model(package, manifest["variants"]["fp32"], "fp32")
+
+
+def _wire_bytes(manifest: dict, variant: str) -> int:
+    files = [manifest["files"][path] for path in variant_files(manifest["variants"][variant])]
+    return sum((f["encodings"].get("br") or {"size": f["size"]})["size"] for f in files)
+
+
+def test_fp16w_ships_its_fp16_bytes_in_chunks_and_widens_to_the_one_file_models_weights(chunked_packages):
+    """The chunked fp16w package: graph + 2-plane fp16 chunks at the end of its external data, about
+    half of fp32's bytes on the wire; widened (as the loader does it) it holds, initializer by
+    initializer, the float32 bytes widen_model_bytes gives the one-file fp16w package's model, and
+    computes the same outputs."""
+    package, single = chunked_packages["chunked"], chunked_packages["single"]
+    manifest = json.loads((package / "manifest.json").read_text())
+    variant = manifest["variants"]["fp16w"]
+    external = variant["externalData"]
+    assert variant["widen"] == WIDEN and variant["precision"] == "fp16w"
+    assert len(external["chunks"]) == 2 and {c["coding"]["planes"] for c in external["chunks"]} == {2}
+    # the narrowed weights fill the tail of the external data, from widened.offset; widened they double
+    widened = external["widened"]
+    assert widened["offset"] % ALIGN == 0 and widened["size"] == widened["offset"] + 2 * (external["size"] - widened["offset"])
+    assert external["size"] == manifest["variants"]["fp32"]["externalData"]["size"] // 2  # every weight narrowed, no other group
+    graph = onnx.load(str(package / variant["model"]), load_external_data=False)
+    external_tensors = [t for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert {t.name for t in external_tensors} == {"w0", "b0", "w1"} and {t.data_type for t in external_tensors} == {FLOAT16}
+    # bytes on the wire: about half of fp32's
+    ratio = _wire_bytes(manifest, "fp16w") / _wire_bytes(manifest, "fp32")
+    assert 0.45 < ratio < 0.55, ratio
+    # what the host checks ran (and `pack verify` runs): the widened graph beside the widened data
+    runnable = runnable_model(package, variant, "fp16w")
+    data = (runnable.parent / external["path"]).read_bytes()
+    assert len(data) == widened["size"] and hashlib.sha256(data).hexdigest() == widened["sha256"]
+    ours = onnx.load(str(runnable))
+    single_manifest = json.loads((single / "manifest.json").read_text())
+    assert "externalData" not in single_manifest["variants"]["fp16w"]
+    one_file = widen_model_bytes((single / single_manifest["variants"]["fp16w"]["model"]).read_bytes())[0]
+    theirs = onnx.load_from_string(one_file)
+    assert [(t.name, t.data_type, t.dims, t.raw_data) for t in ours.graph.initializer] == [(t.name, t.data_type, t.dims, t.raw_data) for t in theirs.graph.initializer]
+    assert {t.data_type for t in ours.graph.initializer} == {onnx.TensorProto.FLOAT}
+    x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
+    assert np.array_equal(ort.InferenceSession(str(runnable)).run(None, {"x": x})[0], ort.InferenceSession(one_file).run(None, {"x": x})[0])
+    runs = {(r["stage"], r["variant"]): r["status"] for r in manifest["verification"]["runs"]}
+    assert runs[("host", "fp16w")] == "passed"
+
+
+def test_a_corrupted_fp16w_chunk_is_caught_before_widening(chunked_build, tmp_path):
+    import shutil
+
+    package = shutil.copytree(chunked_build, tmp_path / "copy")
+    manifest = json.loads((package / "manifest.json").read_text())
+    variant = manifest["variants"]["fp16w"]
+    chunk = variant["externalData"]["chunks"][1]["file"]
+    original = (package / chunk).read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x01
+    (package / chunk).write_bytes(bytes(data))
+    (package / f"{chunk}.br").unlink()
+    with pytest.raises(PackError, match=f"{chunk}: decodes to other bytes than offset"):
+        runnable_model(package, variant, "fp16w")
+    # a widened layout that does not match what the weights widen to is named too
+    (package / chunk).write_bytes(original)
+    variant["externalData"]["widened"]["sha256"] = "0" * 64
+    with pytest.raises(PackError, match="widens to other bytes than externalData.widened says"):
+        runnable_model(package, variant, "fp16w")
+
+
+def test_manifest_checks_the_widened_layout(chunked_build):
+    manifest = json.loads((chunked_build / "manifest.json").read_text())
+    validate(copy.deepcopy(manifest), "manifest.json")
+    unmarked = copy.deepcopy(manifest)
+    del unmarked["variants"]["fp16w"]["widen"]
+    with pytest.raises(PackError, match=r'key "variants.fp16w.externalData.widened": present without \'widen\''):
+        validate(unmarked, "manifest.json")
+    missing = copy.deepcopy(manifest)
+    del missing["variants"]["fp16w"]["externalData"]["widened"]
+    with pytest.raises(PackError, match=r"widened\": missing"):
+        validate(missing, "manifest.json")
+    wrong = copy.deepcopy(manifest)
+    wrong["variants"]["fp16w"]["externalData"]["widened"]["size"] += 2
+    with pytest.raises(PackError, match=r"widened to offset \+ 2 × the rest"):
+        validate(wrong, "manifest.json")
+    spanning = copy.deepcopy(manifest)
+    spanning["variants"]["fp16w"]["externalData"]["widened"]["offset"] = 8
+    spanning["variants"]["fp16w"]["externalData"]["widened"]["size"] = 8 + 2 * (spanning["variants"]["fp16w"]["externalData"]["size"] - 8)
+    with pytest.raises(PackError, match=r"chunks\[0\]\": spans externalData.widened.offset 8"):
+        validate(spanning, "manifest.json")

@@ -17,7 +17,7 @@ import onnx
 from pipeline.dtypes import onnx_type_name
 from pipeline.graph.hazards import detect_hazards, preferred_layout
 from pipeline.graph.passes.util import dims_of
-from pipeline.graph.registry import auto_repairs, run_passes
+from pipeline.graph.repairs import auto_repairs, run_passes
 
 
 def describe_value(value: onnx.ValueInfoProto) -> dict[str, Any]:
