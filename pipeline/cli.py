@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Annotated, Optional
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -63,7 +61,10 @@ class LazyCommands(TyperGroup):
         if cmd_name not in COMMANDS:
             return None
         if ctx.resilient_parsing or getattr(ctx, "_pack_listing", False):
-            # `pack --help` (and shell completion) only need the one-line summary.
+            # `pack --help` (and shell completion) only need the one-line summary. click is imported
+            # here only: typer carries its own copy, and a command's start need not load a second.
+            import click
+
             return click.Command(cmd_name, short_help=COMMANDS[cmd_name].summary, help=COMMANDS[cmd_name].summary)
         return load_command(cmd_name)
 
@@ -86,6 +87,8 @@ app = typer.Typer(
 
 
 def package_version() -> str:
+    from importlib import metadata  # here, not at the top: every command would pay for it (30 ms)
+
     try:
         return metadata.version("pack")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed

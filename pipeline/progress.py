@@ -12,47 +12,58 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    ProgressColumn,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
-from rich.progress import Task as RichTask
-from rich.text import Text
 
+def _rich_bars(stream):  # -> (rich Console, rich Progress); rich is imported only to draw
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        ProgressColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+    from rich.progress import Progress as RichProgress
+    from rich.text import Text
 
-class _AmountColumn(ProgressColumn):
-    """Done/total in bytes (kB, MB…) for byte tasks, as a count for the others."""
+    class _AmountColumn(ProgressColumn):
+        """Done/total in bytes (kB, MB…) for byte tasks, as a count for the others."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._bytes, self._count = DownloadColumn(), MofNCompleteColumn()
+        def __init__(self) -> None:
+            super().__init__()
+            self._bytes, self._count = DownloadColumn(), MofNCompleteColumn()
 
-    def render(self, task: RichTask) -> Text:
-        if task.fields.get("unit") == "bytes":
-            return self._bytes.render(task)
-        if task.total is None:
-            return Text(f"{task.completed:.0f} {task.fields.get('unit', '')}".rstrip(), style="progress.download")
-        return self._count.render(task)
+        def render(self, task) -> Text:
+            if task.fields.get("unit") == "bytes":
+                return self._bytes.render(task)
+            if task.total is None:
+                return Text(f"{task.completed:.0f} {task.fields.get('unit', '')}".rstrip(), style="progress.download")
+            return self._count.render(task)
 
+    class _RateColumn(ProgressColumn):
+        def __init__(self) -> None:
+            super().__init__()
+            self._bytes = TransferSpeedColumn()
 
-class _RateColumn(ProgressColumn):
-    def __init__(self) -> None:
-        super().__init__()
-        self._bytes = TransferSpeedColumn()
+        def render(self, task) -> Text:
+            if task.fields.get("unit") == "bytes":
+                return self._bytes.render(task)
+            speed = task.finished_speed or task.speed
+            return Text("" if speed is None else f"{speed:.1f} {task.fields.get('unit', 'items')}/s", style="progress.data.speed")
 
-    def render(self, task: RichTask) -> Text:
-        if task.fields.get("unit") == "bytes":
-            return self._bytes.render(task)
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:.1f} {task.fields.get('unit', 'items')}/s", style="progress.data.speed")
+    console = Console(file=stream, highlight=False, soft_wrap=True)
+    bars = RichProgress(
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        TaskProgressColumn(),
+        _AmountColumn(),
+        _RateColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    return console, bars
 
 
 class Task:
@@ -79,17 +90,8 @@ class Progress:
     def __init__(self, enabled: bool | None = None, stream=None):
         self.stream = stream or sys.stderr
         self.enabled = _isatty(self.stream) if enabled is None else enabled
-        self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
-        self._bars = RichProgress(
-            TextColumn("{task.description}", markup=False),
-            BarColumn(),
-            TaskProgressColumn(),
-            _AmountColumn(),
-            _RateColumn(),
-            TimeRemainingColumn(),
-            console=self._console,
-            disable=not self.enabled,
-        )
+        # rich (about 0.1 s to import) only when something is drawn: --json and pipes never import it
+        self._console, self._bars = _rich_bars(self.stream) if self.enabled else (None, None)
         self._lock = threading.Lock()
         self._open_tasks = 0
 

@@ -351,3 +351,24 @@ def test_dry_run_without_a_bucket_or_reachable_server_still_plans(tmp_path, monk
     # without --dry-run the same is an error
     refused = run_cli(str(package.root), "--bucket", "b", "--endpoint-url", "http://127.0.0.1:9")
     assert refused.exit_code == 2 and refused.stderr.startswith("error: ") and "cannot reach the endpoint" in refused.stderr
+
+
+@http_only
+def test_an_unchanged_publish_imports_only_what_it_uses(proxy, s3_server, tmp_path):
+    """Start-up is most of an unchanged re-publish: no s3transfer (nothing to upload), no rich
+    (nothing drawn under --json), no pydantic (typer below 0.29 needs none)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist")
+    args = [str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url, "--json"]
+    run_json(*args[:-1])
+    report = "import atexit, sys; atexit.register(lambda: print(sorted(m for m in ('s3transfer', 'rich', 'pydantic') if m in sys.modules), file=sys.stderr))"
+    command = [sys.executable, "-c", f"{report}\nfrom pipeline.cli import app; app()", "publish", *args]
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["uploaded"] == 0
+    assert done.stderr.strip().splitlines()[-1] == "[]"

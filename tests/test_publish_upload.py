@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 
 import boto3
 from botocore.config import Config
@@ -178,6 +179,51 @@ def test_an_object_with_stale_headers_is_uploaded_again(proxy, s3_server, tmp_pa
     assert admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["ContentType"] == "application/wasm"
 
 
+def _object_heads(proxy, bucket: str) -> list[str]:
+    """HeadObject requests the proxy has seen (HeadBucket is `HEAD /bucket`)."""
+    return [r.path for r in proxy.requests if r.method == "HEAD" and r.path.partition("?")[0].startswith(f"/{bucket}/")]
+
+
+def test_a_re_publish_from_the_same_machine_lists_instead_of_reading_each_object(proxy, s3_server, tmp_path):
+    bucket = new_bucket(s3_server)
+    package = write_package(tmp_path / "dist")
+    args = (str(package.root), "--bucket", bucket, "--endpoint-url", proxy.url)
+    first = run_json(*args)
+    objects = first["uploaded"]
+    time.sleep(1.1)  # a HEAD answered in a later second than the objects' LastModified vouches for them
+    run_json(*args)
+    assert len(_object_heads(proxy, bucket)) == objects  # read once: what they hold is remembered
+    again = run_json(*args)
+    assert again["skipped"] == objects and again["uploaded"] == 0
+    assert len(_object_heads(proxy, bucket)) == objects  # one listing, no HEAD per object
+
+    # Another tool rewrites an object with the same bytes (same ETag) and a wrong type: its new
+    # LastModified is no earlier than the remembered answer's second, so it is read and fixed.
+    wasm = package.manifest["runtime"]["bundles"]["wasm"]["wasm"]
+    admin = s3_server.client()
+    admin.copy_object(
+        Bucket=bucket, Key=f"demo/{wasm}", CopySource={"Bucket": bucket, "Key": f"demo/{wasm}"},
+        MetadataDirective="REPLACE", ContentType="application/octet-stream", ContentEncoding="br",
+        CacheControl=IMMUTABLE_CACHE, Metadata=admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["Metadata"],
+    )
+    fixed = run_json(*args)
+    assert [obj["key"] for obj in fixed["objects"] if obj["action"] == "uploaded"] == [f"demo/{wasm}"]
+    assert admin.head_object(Bucket=bucket, Key=f"demo/{wasm}")["ContentType"] == "application/wasm"
+
+
+def test_a_listing_vouches_only_for_objects_unwritten_since_the_remembered_answer():
+    from pipeline.publish.remembered import Headers, Listed, Memory, Seen
+
+    headers = Headers("a" * 64, "b" * 64, "application/wasm", "br", IMMUTABLE_CACHE)
+    memory = Memory(None, ["http://s3", "bucket", "demo/"], {"demo/x": Seen(etag='"e"', size=3, answered=100, headers=headers)})
+    assert memory.headers("demo/x", Listed(size=3, etag='"e"', modified=99)) == headers
+    assert memory.headers("demo/x", Listed(size=3, etag='"e"', modified=100)) is None  # a write in the answer's second
+    assert memory.headers("demo/x", Listed(size=3, etag='"e"', modified=101)) is None  # written since
+    assert memory.headers("demo/x", Listed(size=3, etag='"f"', modified=99)) is None
+    assert memory.headers("demo/x", Listed(size=4, etag='"e"', modified=99)) is None
+    assert memory.headers("demo/y", Listed(size=3, etag='"e"', modified=99)) is None
+
+
 def test_dry_run_lists_the_plan_and_changes_nothing(proxy, s3_server, tmp_path):
     bucket = new_bucket(s3_server)
     package = write_package(tmp_path / "dist")
@@ -251,3 +297,64 @@ def test_large_uploads_show_a_byte_progress_bar(s3_server, aws_env, tmp_path):
     total_mb = f"{result.bytes / 1000 / 1000:.1f}"
     assert final.startswith("upload demo ") and " 100% " in final
     assert f" {total_mb}/{total_mb} MB " in final and "/s" in final  # amount and rate
+
+
+def test_the_client_reads_botocore_models_as_botocore_does_and_parses_each_once(monkeypatch, tmp_path):
+    """pack's model loader (no OrderedDict hook, a marshal copy in the cache) gives botocore's data."""
+    import os
+
+    import botocore.loaders
+
+    from pipeline.publish import s3
+
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    root = os.path.join(os.path.dirname(botocore.loaders.__file__), "data")
+    reference = botocore.loaders.JSONFileLoader()
+    for name in ("endpoints", "partitions", "s3/2006-03-01/service-2", "s3/2006-03-01/endpoint-rule-set-1"):
+        path = os.path.join(root, name)
+        parsed = s3._ModelFiles().load_file(path)
+        assert parsed == reference.load_file(path)
+        assert s3._ModelFiles().load_file(path) == parsed  # from the marshal copy
+    assert len(list((tmp_path / "cache" / "botocore-models").iterdir())) == 4
+    assert s3._ModelFiles().load_file(os.path.join(root, "no-such-model")) is None
+
+    # a model file that changes (another botocore) is parsed again
+    own = tmp_path / "models" / "thing"
+    own.parent.mkdir()
+    own.with_suffix(".json").write_text('{"a": 1}')
+    assert s3._ModelFiles().load_file(str(own)) == {"a": 1}
+    own.with_suffix(".json").write_text('{"a": 22}')
+    os.utime(own.with_suffix(".json"), ns=(1, 1))
+    assert s3._ModelFiles().load_file(str(own)) == {"a": 22}
+
+    loader = s3._Loader(file_loader=s3._ModelFiles())
+    services = loader.list_available_services("service-2")
+    assert "s3" in services and "sts" in services and "no-such-service" not in services and "../s3" not in services
+
+
+def test_listing_follows_every_page():
+    """ListObjectsV2 answers 1000 keys a page; the listing of a package folder reads them all."""
+    import datetime
+
+    from pipeline.publish.transfer import list_keys, list_objects
+
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    pages = [
+        {"Contents": [{"Key": "p/a", "Size": 1, "ETag": '"a"', "LastModified": when}], "IsTruncated": True, "NextContinuationToken": "t1"},
+        {"Contents": [{"Key": "p/b", "Size": 2, "ETag": '"b"', "LastModified": when}], "IsTruncated": True, "NextContinuationToken": "t2"},
+        {"Contents": [{"Key": "p/c", "Size": 3, "ETag": '"c"'}], "IsTruncated": False},
+    ]
+    asked = []
+
+    class Client:
+        def list_objects_v2(self, **kwargs):
+            asked.append(kwargs.get("ContinuationToken"))
+            return pages[len(asked) - 1]
+
+    listed = list_objects(Client(), "bucket", "p/")
+    assert asked == [None, "t1", "t2"]
+    assert list(listed) == ["p/a", "p/b", "p/c"]
+    assert listed["p/b"].etag == '"b"' and listed["p/b"].modified == int(when.timestamp())
+    assert listed["p/c"].modified > 2**60  # no LastModified: never vouches for a remembered object
+    asked.clear()
+    assert list_keys(Client(), "bucket", "p/") == {"p/a": 1, "p/b": 2, "p/c": 3}

@@ -20,7 +20,8 @@ from pipeline.progress import Progress
 from pipeline.publish.upload_plan import PackagePlan, PlannedObject, Stage
 from pipeline.publish.prune import PruneResult, prune
 from pipeline.publish.s3 import Target, describe_error
-from pipeline.publish.transfer import UploadFailed, is_current, stored_objects, upload_batch
+from pipeline.publish.remembered import Memory
+from pipeline.publish.transfer import UploadFailed, is_current, list_package, stored_objects, upload_batch
 
 _AFTER_FAILURE = {
     Stage.HASHED: "manifest.json of {name} was not changed, so the previously published version keeps working",
@@ -134,7 +135,11 @@ def _publish_package(
     progress: Progress,
     result: PublishResult,
 ) -> None:
-    stored = stored_objects(client, target, plan.name, plan.objects)
+    listed = list_package(client, target, plan.name)
+    memory = Memory.load(client.meta.endpoint_url or "", target.bucket, target.package_prefix(plan.name))
+    memory.keep_only(set(listed))
+    stored = stored_objects(client, target, plan.name, plan.objects, listed, memory)
+    memory.save()
     pending: list[PlannedObject] = []
     for obj in plan.objects:
         key = target.key(plan.name, obj.path)

@@ -1,7 +1,10 @@
 """What is already in the bucket, and uploading a batch of planned objects in parallel.
 
 Incremental publishing compares the sha256 kept in each object's metadata (plus its headers):
-ETags cannot be compared because a multipart ETag is not an MD5 of the file.
+ETags cannot be compared because a multipart ETag is not an MD5 of the file. A listing shows
+neither, so an existing key is read with HEAD, unless this machine remembers the very object the
+listing shows (pipeline/publish/remembered.py): an unchanged re-publish from the machine that
+published is then one listing.
 """
 
 from __future__ import annotations
@@ -9,12 +12,11 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Callable, Iterable
 
-from s3transfer.manager import TransferConfig, TransferManager
-from s3transfer.subscribers import BaseSubscriber
-
 from pipeline.errors import PackError
+from pipeline.publish.remembered import Headers, Listed, Memory, Seen
 from pipeline.publish.upload_plan import PlannedObject
 from pipeline.publish.s3 import TRANSFER_THREADS, Target, describe_error
 
@@ -32,25 +34,53 @@ class StoredObject:
     cache_control: str | None
 
 
-def list_keys(client, bucket: str, prefix: str) -> dict[str, int]:
-    """Every key under `prefix` with its size (ListObjectsV2, all pages)."""
-    found: dict[str, int] = {}
-    paginator = client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+def list_objects(client, bucket: str, prefix: str) -> dict[str, Listed]:
+    """Every key under `prefix` with its size, ETag and LastModified (ListObjectsV2, all pages)."""
+    found: dict[str, Listed] = {}
+    token = None
+    while True:  # the paginator's machinery costs more than these few lines
+        page = client.list_objects_v2(Bucket=bucket, Prefix=prefix, **({"ContinuationToken": token} if token else {}))
         for item in page.get("Contents", []):
-            found[item["Key"]] = item["Size"]
-    return found
+            found[item["Key"]] = Listed(size=item["Size"], etag=item.get("ETag", ""), modified=_seconds(item.get("LastModified")))
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return found
 
 
-def stored_objects(client, target: Target, package: str, objects: Iterable[PlannedObject]) -> dict[str, StoredObject]:
-    """The stored state of those planned objects that exist (one list, then HEAD the existing ones)."""
+def list_keys(client, bucket: str, prefix: str) -> dict[str, int]:
+    """Every key under `prefix` with its size."""
+    return {key: listed.size for key, listed in list_objects(client, bucket, prefix).items()}
+
+
+def _seconds(when) -> int:
+    """Whole seconds since the epoch of a datetime botocore parsed; far future when missing (never vouches)."""
+    return int(when.timestamp()) if hasattr(when, "timestamp") else 2**62
+
+
+def list_package(client, target: Target, package: str) -> dict[str, Listed]:
     prefix = target.package_prefix(package)
     try:
-        existing = list_keys(client, target.bucket, prefix)
+        return list_objects(client, target.bucket, prefix)
     except Exception as error:  # noqa: BLE001
         raise PackError(describe_error(error, f"listing s3://{target.bucket}/{prefix}")) from None
-    keys = [target.key(package, obj.path) for obj in objects]
-    keys = [key for key in keys if key in existing]
+
+
+def stored_objects(
+    client, target: Target, package: str, objects: Iterable[PlannedObject], listed: dict[str, Listed], memory: Memory
+) -> dict[str, StoredObject]:
+    """The stored state of those planned objects that exist: from `memory` where the listing vouches
+    for what it holds (pipeline/publish/remembered.py), else read with HEAD (in parallel) and remembered."""
+    found: dict[str, StoredObject] = {}
+    to_read: list[str] = []
+    for obj in objects:
+        key = target.key(package, obj.path)
+        if key not in listed:
+            continue
+        headers = memory.headers(key, listed[key])
+        if headers is None:
+            to_read.append(key)
+        else:
+            found[key] = StoredObject(listed[key].size, *_fields(headers))
 
     def head(key: str) -> tuple[str, StoredObject]:
         try:
@@ -58,17 +88,38 @@ def stored_objects(client, target: Target, package: str, objects: Iterable[Plann
         except Exception as error:  # noqa: BLE001
             raise PackError(describe_error(error, f"reading s3://{target.bucket}/{key}")) from None
         metadata = answer.get("Metadata", {})
-        return key, StoredObject(
-            size=answer.get("ContentLength", -1),
+        headers = Headers(
             sha256=metadata.get("sha256"),
             body_sha256=metadata.get("body-sha256", metadata.get("sha256")),
             content_type=answer.get("ContentType"),
             content_encoding=answer.get("ContentEncoding"),
             cache_control=answer.get("CacheControl"),
         )
+        size = answer.get("ContentLength", -1)
+        answered = _answered(answer)
+        if answered is not None and answer.get("ETag"):
+            memory.remember(key, Seen(etag=answer["ETag"], size=size, answered=answered, headers=headers))
+        return key, StoredObject(size, *_fields(headers))
 
-    with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
-        return dict(pool.map(head, keys))
+    if len(to_read) == 1:
+        found.update([head(to_read[0])])
+    elif to_read:
+        with ThreadPoolExecutor(min(TRANSFER_THREADS, len(to_read))) as pool:
+            found.update(pool.map(head, to_read))
+    return found
+
+
+def _answered(answer: dict) -> int | None:
+    """The server's time of an answer (its Date header), whole seconds since the epoch."""
+    date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return int(parsedate_to_datetime(date).timestamp()) if date else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _fields(headers: Headers) -> tuple:
+    return (headers.sha256, headers.body_sha256, headers.content_type, headers.content_encoding, headers.cache_control)
 
 
 def is_current(planned: PlannedObject, stored: StoredObject | None) -> bool:
@@ -93,15 +144,6 @@ class UploadFailed(Exception):
         self.cause = cause
 
 
-class _Progress(BaseSubscriber):
-    def __init__(self, on_bytes: Callable[[int], None]):
-        super().__init__()
-        self._on_bytes = on_bytes
-
-    def on_progress(self, future, bytes_transferred: int, **kwargs) -> None:  # type: ignore[override]
-        self._on_bytes(bytes_transferred)
-
-
 def upload_batch(
     client,
     target: Target,
@@ -117,6 +159,18 @@ def upload_batch(
     """
     if not objects:
         return
+    # s3transfer is imported only when something is uploaded: an unchanged re-publish needs it not.
+    from s3transfer.manager import TransferConfig, TransferManager
+    from s3transfer.subscribers import BaseSubscriber
+
+    class _Progress(BaseSubscriber):
+        def __init__(self, on_bytes: Callable[[int], None]):
+            super().__init__()
+            self._on_bytes = on_bytes
+
+        def on_progress(self, future, bytes_transferred: int, **kwargs) -> None:  # type: ignore[override]
+            self._on_bytes(bytes_transferred)
+
     config = TransferConfig(
         multipart_threshold=part_size,
         multipart_chunksize=part_size,
