@@ -29,7 +29,7 @@ def chunked_packages(tmp_path_factory) -> dict[str, Path]:
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from tests.chunk_helpers import CHUNK_MIB, VARIANTS, write_recipe
+    from chunk_helpers import CHUNK_MIB, VARIANTS, write_recipe
 
     folder = tmp_path_factory.mktemp("chunky")
     packages = {}

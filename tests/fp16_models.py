@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.build_helpers import model_from_text
+from build_helpers import model_from_text
 
 # An attention-mask pattern (VITS-style TTS): the fp32 constant `zero` is shared with Max, which
 # the converter keeps in fp32, so `zero` stays fp32 beside Equal's converted input:

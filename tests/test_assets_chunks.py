@@ -23,7 +23,7 @@ from pipeline.errors import PackError
 from pipeline.manifest import validate, variant_files
 from pipeline.precision.fp16w import FLOAT16, WIDEN, widen_external_data, widen_model_bytes
 from pipeline.recipe import load_recipe_file as load_recipe
-from tests.chunk_helpers import CHUNK_MIB, chunk_test_model, write_recipe
+from chunk_helpers import CHUNK_MIB, chunk_test_model, write_recipe
 
 
 def test_byte_planes_of_fp16_and_fp32_and_back():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from pipeline.assets.delivery import delivery_lines, delivery_sizes
-from tests.publish_helpers import write_package
+from publish_helpers import write_package
 
 
 def test_first_visit_per_chain_and_the_trials_of_the_measured_choice(tmp_path):

@@ -21,7 +21,7 @@ from pipeline.verify.browser.grid import exit_policy, verify_on_endpoints
 from pipeline.verify.browser.remote import CONNECT, Endpoint
 from pipeline.verify.browser.server import running_server
 from tests import remote_helpers
-from tests.browser_helpers import Variant, negative_step_slice_model, reference_of, thresholds_for, write_package
+from browser_helpers import Variant, negative_step_slice_model, reference_of, thresholds_for, write_package
 
 runner = CliRunner()
 TOKEN = "s3cr3tT0ken4711xyz"
@@ -175,7 +175,7 @@ def test_a_failure_on_one_adapter_class_steers_the_loader_on_that_class_only(pac
     webgpu/fp32 when the manifest says it failed on google/swiftshader adapters; the same manifest
     with the failure on another vendor's adapters plans webgpu/fp32 first on this adapter."""
     from pipeline.verify.browser.chromium import launch_browser
-    from tests.loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
+    from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
 
     pages = blank_pages_dir(tmp_path / "pages")
     here = _with_adapter_failure(package, tmp_path / "here", {"vendor": "Google", "architecture": "swiftshader", "description": "", "fallback": True})

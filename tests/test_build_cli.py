@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from pipeline.manifest import refused
 from pipeline.cli import app
-from tests.build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run, save
+from build_helpers import OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run, save
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from pipeline.graph.passes.detach_consumed_outputs import detach_consumed_output
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_to_fp16, upcast_to_fp32
-from tests.build_helpers import CAST_TO_FLOAT, IF_MODEL, OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run
+from build_helpers import CAST_TO_FLOAT, IF_MODEL, OUTPUT_ALSO_CONSUMED, conv_model, model_from_text, run
 from onnxconverter_common import float16
 
 

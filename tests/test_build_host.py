@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import pipeline.verify.host as host
 from pipeline.cli import app
-from tests.build_helpers import conv_model, save
+from build_helpers import conv_model, save
 
 
 @pytest.fixture

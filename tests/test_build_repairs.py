@@ -54,7 +54,7 @@ def test_stale_shapes_in_a_decoder_head_are_repaired_before_the_browser_sees_the
     bundle refuses the session; the build's automatic stale_shapes repair makes it pass."""
     import onnx
 
-    from tests.graph_helpers import decoder_head_model
+    from graph_helpers import decoder_head_model
 
     model = decoder_head_model(stale=True)
     onnx.save(model, str(tmp_path / "head.onnx"))

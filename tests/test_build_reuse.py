@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.build_helpers import conv_model, save
+from build_helpers import conv_model, save
 
 runner = CliRunner()
 

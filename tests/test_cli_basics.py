@@ -65,7 +65,7 @@ def test_help_and_recipes_load_no_numpy_boto_brotli_jsonschema_or_onnx():
 
 
 def test_publish_does_not_load_onnx_onnxruntime_or_playwright(tmp_path):
-    from tests.publish_helpers import write_package
+    from publish_helpers import write_package
 
     package = write_package(tmp_path / "dist").root
     # The bucket is unreachable: --dry-run prints the local plan.

@@ -23,7 +23,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.build_helpers import conv_model, model_from_text, save
+from build_helpers import conv_model, model_from_text, save
+from process_helpers import interruptible
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -223,7 +224,7 @@ def _slow_model(path: Path) -> Path:
 def test_a_build_stopped_mid_way_leaves_no_staging_folder(tmp_path, stop, code):
     model = _slow_model(tmp_path / "slow.onnx")
     out = tmp_path / "dist"
-    child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", str(model), "--no-browser", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = interruptible([sys.executable, "-m", "pipeline.cli", "build", str(model), "--no-browser", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     staged = False
     while time.monotonic() < deadline and child.poll() is None:

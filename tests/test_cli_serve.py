@@ -13,6 +13,7 @@ import brotli
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from process_helpers import interruptible
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_JS = b"export const greeting = 'hello';\n" * 200
@@ -32,7 +33,7 @@ def write_package(dist: Path, name: str) -> Path:
 
 
 def start(folder: Path, *options: str) -> tuple[subprocess.Popen, list[str]]:
-    child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(folder), "--port", "0", *options], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = interruptible([sys.executable, "-m", "pipeline.cli", "serve", str(folder), "--port", "0", *options], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = child.stdout.readline()
     assert first.startswith(f"serving {folder} at http://127.0.0.1:"), first + child.stderr.read()
     return child, [first]

@@ -11,8 +11,8 @@ from onnxconverter_common import float16
 from pipeline.graph.passes.topo_sort import topological_sort
 from pipeline.precision.fp16 import FP16Refused, SAFE_BLOCK_LIST, convert_with_keeps
 from pipeline.precision.converter_errors import ConversionError, convert_keeping, mixed_float_nodes, name_unnamed_nodes, offending_nodes
-from tests.build_helpers import model_from_text, run
-from tests.fp16_models import mask_model, pad_in_if_model
+from build_helpers import model_from_text, run
+from fp16_models import mask_model, pad_in_if_model
 
 
 def _plain_conversion_error(model: onnx.ModelProto) -> str:
@@ -91,7 +91,7 @@ def test_onnxruntime_refusal_is_retried_and_an_unfixable_model_is_refused_with_t
 
 
 def test_keep_nodes_are_a_no_op_on_a_clean_model():
-    from tests.build_helpers import conv_model
+    from build_helpers import conv_model
 
     result = convert_with_keeps(conv_model())
     assert result.kept == [] and not any(s["name"] == "fp16_keep" for s in result.steps)

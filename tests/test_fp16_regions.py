@@ -15,7 +15,7 @@ from pipeline.precision import fp16 as fp16_module
 from pipeline.precision.fp16 import convert_with_keeps
 from pipeline.precision.converter_errors import name_unnamed_nodes
 from pipeline.precision.regions import keep_fp32_regions, unholdable_constants
-from tests.fp16_models import random_feeds, random_graph
+from fp16_models import random_feeds, random_graph
 
 SEEDS = range(24)  # every third has an If, every third a Loop
 

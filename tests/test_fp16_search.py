@@ -16,8 +16,8 @@ from pipeline.precision.ranking import rank_nodes
 from pipeline.precision.search import search_keep_set
 from pipeline.recipe import Recipe
 from pipeline.verify.host import run_model
-from tests.build_helpers import save
-from tests.fp16_models import OVERFLOW_KEPT, overflow_model
+from build_helpers import save
+from fp16_models import OVERFLOW_KEPT, overflow_model
 
 runner = CliRunner()
 
@@ -201,7 +201,7 @@ def test_search_runs_against_every_evaluator_and_the_summary_lists_the_kept_node
 def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_path, host_only_search):
     """max_abs = 0 passes only with every Conv in fp32: an "fp16" model of fp32 size. The search
     says so and fp16 keeps failing its host check."""
-    from tests.build_helpers import conv_model
+    from build_helpers import conv_model
 
     save(conv_model(), tmp_path / "conv.onnx")
     recipe = tmp_path / "strict.toml"
@@ -242,7 +242,7 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators
-    from tests.fp16_models import OVERFLOW_KEPT_FP16_KERNELS
+    from fp16_models import OVERFLOW_KEPT_FP16_KERNELS
 
     model = overflow_model()
     feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32)}

@@ -13,7 +13,7 @@ from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
 from pipeline.cli import app
 from pipeline.verify.browser.chromium import launch_browser
 from pipeline.verify.browser.server import running_server
-from tests.build_helpers import conv_model, save
+from build_helpers import conv_model, save
 
 runner = CliRunner()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.web.render import static_files
-from tests.build_helpers import conv_model, save
+from build_helpers import conv_model, save
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.verify.browser.chromium import launch_browser, new_watched_page
-from tests.build_helpers import conv_model, save
-from tests.publish_helpers import aws_env, new_bucket, run_json, s3_server  # noqa: F401 - fixtures
+from build_helpers import conv_model, save
+from publish_helpers import aws_env, new_bucket, run_json, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.publish.upload_plan import plan_package
 from pipeline.publish.s3 import Target, make_client
-from tests.build_helpers import conv_model, save
-from tests.publish_helpers import (  # noqa: F401 - fixtures
+from build_helpers import conv_model, save
+from publish_helpers import (  # noqa: F401 - fixtures
     ACCESS_KEY,
     SECRET_KEY,
     assert_manifests_complete,

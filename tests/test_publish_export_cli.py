@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.manifest import read_manifest
 from pipeline.publish.upload_plan import plan_package
-from tests.publish_helpers import write_package
+from publish_helpers import write_package
 
 runner = CliRunner()
 

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.publish_helpers import (  # noqa: F401 - fixtures
+from process_helpers import interruptible
+from publish_helpers import (  # noqa: F401 - fixtures
     Fault,
     assert_manifests_complete,
     aws_env,
@@ -251,7 +252,7 @@ def test_interrupted_publish_keeps_the_previous_version(proxy, s3_server, publis
     command = [sys.executable, "-c", "from pipeline.cli import app; app()", "publish", str(v2.root),
                "--bucket", bucket, "--endpoint-url", proxy.url, "--part-size", "5"]
     repo = Path(__file__).resolve().parent.parent
-    child = subprocess.Popen(command, cwd=repo, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    child = interruptible(command, cwd=repo, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while stall.fired == 0 and time.monotonic() < deadline and child.poll() is None:

@@ -7,7 +7,7 @@ import json
 
 import brotli
 import pytest
-from tests.publish_helpers import write_package
+from publish_helpers import write_package
 
 from pipeline.errors import PackError
 from pipeline.publish.upload_plan import IMMUTABLE_CACHE, SHORT_CACHE, Stage, find_packages, plan_package

@@ -9,7 +9,7 @@ import time
 
 import boto3
 from botocore.config import Config
-from tests.publish_helpers import (  # noqa: F401 - fixtures
+from publish_helpers import (  # noqa: F401 - fixtures
     ACCESS_KEY,
     SECRET_KEY,
     assert_manifests_complete,
@@ -112,7 +112,7 @@ def test_https_uploads_carry_no_aws_chunked_or_trailing_checksums(proxy, s3_serv
 def test_the_https_proxy_sees_the_upload_form_r2_rejects_from_a_default_client(s3_server, tls_files, tmp_path):
     """Control for the test above: a default boto3 client over https does send aws-chunked, so the
     https proxy is a faithful stand-in for what R2 receives."""
-    from tests.publish_helpers import FaultProxy
+    from publish_helpers import FaultProxy
 
     front = FaultProxy(s3_server.port, tls=tls_files)
     try:

@@ -18,7 +18,7 @@ from pipeline.cli import app
 from pipeline.errors import PackError
 from pipeline.lockfile import LockFile, lock_for
 from pipeline.recipe import RECIPES_DIR, InputSpec, builtin_recipes, load_recipe_file, parse_recipe
-from tests.publish_helpers import make_loopback_cert
+from publish_helpers import make_loopback_cert
 
 runner = CliRunner()
 DATA = Path(__file__).resolve().parent / "data" / "flagship"

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.verify.browser.harness import KEPT_OUTPUT_ELEMENTS, kept_output
-from tests.build_helpers import conv_model, save
-from tests.publish_helpers import aws_env, bucket_snapshot, new_bucket, run_json, s3_server, write_package  # noqa: F401 - fixtures
+from build_helpers import conv_model, save
+from publish_helpers import aws_env, bucket_snapshot, new_bucket, run_json, s3_server, write_package  # noqa: F401 - fixtures
 
 runner = CliRunner()
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.runtime import max_ir_version, resolve_runtime
-from tests.build_helpers import conv_model, save
+from build_helpers import conv_model, save
 
 pytestmark = [pytest.mark.network_registry]
 runner = CliRunner()

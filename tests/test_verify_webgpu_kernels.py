@@ -181,7 +181,7 @@ def test_a_planted_fp16_accumulation_failure_is_caught_where_the_cpu_ep_passes(t
 
 
 def test_a_model_too_heavy_for_lavapipe_is_not_verifiable_without_running(tmp_path, monkeypatch):
-    from tests.build_helpers import conv_model
+    from build_helpers import conv_model
 
     monkeypatch.setattr(webgpu_kernels, "unavailable_reason", lambda: None)
     monkeypatch.setattr(webgpu_kernels, "WORKER_MODULE", "tests.webgpu_crashing_worker")
