@@ -365,7 +365,7 @@ bench-prepare)
   DEST=$(cd "${3:-.}" && pwd)
   rm -rf "$DEST/.gpu-web/src" "$DEST/.gpu-web/pkgs"
   mkdir -p "$DEST/.gpu-web/src" "$DEST/.gpu-web/pkgs" "$DEST/.whl"
-  git ls-files pipeline scripts web_template recipes pyproject.toml | tar -cf - -T - | tar -C "$DEST/.gpu-web/src" -xf -
+  git ls-files pipeline scripts web_template recipes pyproject.toml lab/gpu_verify.sh | tar -cf - -T - | tar -C "$DEST/.gpu-web/src" -xf -
   # as installed (setup.py): recipes/ and web_template/ are the package-data packages pipeline.recipes and
   # pipeline.web_template, which the code reads with importlib.resources (python3 -P runs from this tree)
   for data in recipes web_template; do
@@ -373,11 +373,12 @@ bench-prepare)
   done
   # a package tar over 30 MiB is split in two pieces, pkgs/big1/ and pkgs/big2/, carried by two calls;
   # the others go to pkgs/small/ (pkgs/<name>.parts lists a split package's pieces)
+  # (report.data.npz and report.html stay here: verify needs neither, and a real-size one is ~90 MiB)
   mkdir -p "$DEST/.gpu-web/pkgs/small" "$DEST/.gpu-web/pkgs/big1" "$DEST/.gpu-web/pkgs/big2"
   for pkg in "$DIST"/*/; do
     name=$(basename "$pkg")
     (cd "$DIST" && tar -cf "$DEST/.gpu-web/pkgs/$name.tar" \
-       $(find "$name" -type f ! -name '*.br' -exec sh -c '[ -f "$1.br" ] || echo "$1"' _ {} \;) $(find "$name" -name '*.br'))
+       $(find "$name" -type f ! -name '*.br' ! -name 'report.data.npz' ! -name 'report.html' -exec sh -c '[ -f "$1.br" ] || echo "$1"' _ {} \;) $(find "$name" -name '*.br'))
     if [ "$(stat -c %s "$DEST/.gpu-web/pkgs/$name.tar")" -gt $((30 * 1024 * 1024)) ]; then
       (cd "$DEST/.gpu-web/pkgs" && split -n 2 -d "$name.tar" "$name.tar." && mv "$name.tar.00" big1/ && mv "$name.tar.01" big2/ \
          && printf '%s\n' "$name.tar.00" "$name.tar.01" > "small/$name.parts" && rm "$name.tar")
