@@ -1,12 +1,12 @@
 """Benchmark built packages per EP in headless Chromium, through each package's own loader: webgpu
-fp32, webgpu fp16 and wasm side by side (and one onnxruntime-web release beside another with
+fp32, webgpu fp16 (and fp16w where the package ships it) and wasm side by side (and one onnxruntime-web release beside another with
 --runtime given twice).
 
     .venv/bin/python scripts/bench/bench_ep.py dist/gtcrn [dist/other ...] [--gpu] [--runtime VERSION|DIR]
                                                [--pages 3] [--steady 10] [--threads 4] [--json out.json|-]
     .venv/bin/python scripts/bench/bench_ep.py dist/gtcrn --smoke --json -   # one page, one steady run
 
-Per package and configuration (webgpu fp32, webgpu fp16, wasm fp32 with --threads threads), with
+Per package and configuration (webgpu fp32, webgpu fp16, webgpu fp16w, wasm fp32 with --threads threads), with
 production settings (the loader's own session options, default logging, no profiling):
 session create, first run and steady run (median of --steady runs on one page), each the median
 over --pages fresh pages; peak GPU buffer bytes (the page wraps GPUDevice.createBuffer and
@@ -43,19 +43,22 @@ OTHER_RUNTIME = "bench"
 
 
 def configurations(manifest: dict, threads: int) -> list[dict]:
-    """(label, bundle, EP, variant, threads) for webgpu fp32, webgpu fp16, wasm fp32 (or the
-    package's nearest variants when it ships no fp32)."""
+    """(label, bundle, EP, variant, threads) for webgpu fp32, webgpu fp16, webgpu fp16w (when the
+    package ships it), wasm fp32 (or the package's nearest variants when it ships no fp32)."""
     by_precision = {}
     for name, variant in manifest["variants"].items():
         by_precision.setdefault(variant.get("precision"), name)
     fp32 = by_precision.get("fp32") or next(iter(manifest["variants"]))
     fp16 = by_precision.get("fp16")
+    fp16w = by_precision.get("fp16w")
     bundles = manifest["runtime"]["bundles"]
     webgpu_bundle = "webgpu" if "webgpu" in bundles else None
     configs = []
     if webgpu_bundle:
         configs.append({"label": "webgpu fp32", "bundle": "webgpu", "ep": "webgpu", "variant": fp32})
         configs.append({"label": "webgpu fp16", "bundle": "webgpu", "ep": "webgpu", "variant": fp16})
+        if fp16w:
+            configs.append({"label": "webgpu fp16w", "bundle": "webgpu", "ep": "webgpu", "variant": fp16w})
     configs.append({"label": f"wasm fp32 x{threads}", "bundle": webgpu_bundle or "wasm", "ep": "wasm", "variant": fp32, "threads": threads})
     return configs
 
