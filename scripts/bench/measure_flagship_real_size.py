@@ -113,8 +113,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="Vocos only (the smallest export), to check the script runs")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of the markdown table")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)  # its parent holds the built-in recipes' lock (./pack.lock.json)
     names = ["vocos"] if args.smoke else (args.names or list(cases()))
+    unknown = sorted(set(names) - set(cases()))
+    if unknown:
+        parser.error(f"{', '.join(unknown)}: not in tests/data/flagship_real/cases.json; choose from {', '.join(cases())}")
+    args.out.mkdir(parents=True, exist_ok=True)  # its parent holds the built-in recipes' lock (./pack.lock.json)
     env = {**os.environ, "PACK_WEBGPU_KERNELS_MAX_GMAC": os.environ.get("PACK_WEBGPU_KERNELS_MAX_GMAC", "0")}
     rows = []
     for name in names:
