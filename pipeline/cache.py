@@ -8,6 +8,7 @@ create 0600/0700 whatever the umask; the helpers here give their results the uma
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -118,6 +119,20 @@ def check_cache_writable() -> None:
 def _unusable_cache(root: Path, why: str) -> str:
     origin = f"{CACHE_ENV}={root}" if os.environ.get(CACHE_ENV) else f"the cache folder {root}"
     return f"{origin}: cannot write there ({why}); make it writable or set {CACHE_ENV} to a writable folder"
+
+
+@contextmanager
+def made_once(path: Path) -> Iterator[None]:
+    """Held while this process makes the cache entry `path`: builds that share a cache (parallel
+    CI jobs, test workers) wait for the one making it and then read it, instead of all making the
+    same entry at once. The lock (`<path>.lock`) is released by the system if the process dies."""
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def file_sha256(path: Path) -> str:

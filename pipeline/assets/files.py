@@ -13,7 +13,7 @@ from pathlib import Path
 import brotli
 
 from pipeline.manifest import FileEntry
-from pipeline.cache import atomic_write, cache_dir, file_sha256, remember_digest
+from pipeline.cache import atomic_write, cache_dir, file_sha256, made_once, remember_digest
 from pipeline.progress import Progress
 
 MEDIA_TYPES = {
@@ -72,8 +72,11 @@ def brotli_encode(data: bytes, sha256: str, suffix: str, label: str, progress: P
     cached = cache_dir("brotli") / f"{sha256}.q{quality}.br"
     if cached.exists():
         return cached.read_bytes()
-    encoded = _compress(data, quality, label, progress)
-    atomic_write(cached, encoded)
+    with made_once(cached):  # the runtime's .wasm takes a minute at q11: compress it once per cache
+        if cached.exists():
+            return cached.read_bytes()
+        encoded = _compress(data, quality, label, progress)
+        atomic_write(cached, encoded)
     return encoded
 
 
@@ -113,7 +116,7 @@ def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: P
     return PackageFile(path, sha256, len(data), None, None)
 
 
-def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str, label: str, progress: Progress) -> list[PackageFile]:
+def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str | None, label: str, progress: Progress) -> list[PackageFile]:
     """add_hashed_file for each (stem, suffix, data), compressed in parallel across cores (brotli
     releases the GIL while it works) under one progress bar; the results are in `items`' order and
     each is the same bytes as compressing alone, so builds stay reproducible."""

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from pipeline.assets.chunks import chunk_bytes, write_chunked
-from pipeline.assets.files import PackageFile, add_hashed_file, describe_file
+from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, describe_file
 from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
 from pipeline.assets.samples import declared_shape, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
@@ -207,18 +207,15 @@ def write_sample(staging: Path, recipe: Recipe, reference_model: onnx.ModelProto
 def write_runtime(staging: Path, recipe: Recipe, progress: Progress) -> RuntimeFiles:
     """The onnxruntime-web bundles the platform chains need (one per distinct chain bundle)."""
     runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
-    files: list[PackageFile] = []
-    bundles = {}
-    for key in sorted({chain_bundle(chain) for chain in recipe.chains.values()}):
-        bundle = runtime.bundles[key]
-        module = add_hashed_file(staging, f"ort/{bundle.module.name.removesuffix('.mjs')}", ".mjs", bundle.module.read_bytes(), progress)
-        wasm = add_hashed_file(staging, f"ort/{bundle.wasm.name.removesuffix('.wasm')}", ".wasm", bundle.wasm.read_bytes(), progress)
-        files += [module, wasm]
-        bundles[key] = {"entry": bundle.entry, "module": module.path, "wasm": wasm.path}
-        if bundle.glue is not None:  # releases up to 1.22: emscripten's glue module, imported apart
-            glue = add_hashed_file(staging, f"ort/{bundle.glue.name.removesuffix('.mjs')}", ".mjs", bundle.glue.read_bytes(), progress)
-            files.append(glue)
-            bundles[key]["glue"] = glue.path
+    keys = sorted({chain_bundle(chain) for chain in recipe.chains.values()})
+    # (bundle key, role, file): glue is emscripten's module imported apart, in releases up to 1.22
+    parts = [(key, role, path) for key in keys for role, path in (("module", runtime.bundles[key].module), ("wasm", runtime.bundles[key].wasm), ("glue", runtime.bundles[key].glue)) if path is not None]
+    # compressed together, across cores: each .wasm takes up to a minute at q11 on a cold cache
+    items = [(f"ort/{path.name.removesuffix(path.suffix)}", path.suffix, path.read_bytes()) for _, _, path in parts]
+    files = add_hashed_files(staging, items, None, "brotli onnxruntime-web", progress)
+    bundles: dict[str, dict[str, str]] = {key: {"entry": runtime.bundles[key].entry} for key in keys}
+    for (key, role, _), written in zip(parts, files):
+        bundles[key][role] = written.path
     return RuntimeFiles(tuple(files), {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles})
 
 
