@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: set up if needed, then the whole suite (browser tests included), on two workers
-# (pytest-xdist; a test module stays on one worker, so its module-scoped builds are made once).
-# Extra arguments go to pytest (e.g. `-n 0` for one process, `-m "not slow_browser"`).
+# The test command: set up if needed, then the whole suite (browser tests included), on three
+# workers (pytest-xdist; a test module stays on one worker, so its module-scoped builds are made
+# once). Three, on two cores: the tests wait on browsers, servers and subprocesses much of the
+# time (`/usr/bin/time` on a three-worker run: the two cores 58 % busy); modules with `slow` tests go first (conftest.py).
+# Extra arguments go to pytest (e.g. `-n 0` for one process, `-m "not slow"`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${PACK_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${PACK_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

@@ -16,6 +16,18 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PACK_CACHE_DIR", str(REPO / ".cache" / "pack"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules with the most `slow` tests run first (scripts/test.sh turns xdist's own order, by
+    test count, off), so the long builds start at once and the run does not end on one of them
+    while the other workers idle. Within a module the order stays as written."""
+    slow_per_module: dict[str, int] = {}
+    for item in items:
+        slow_per_module.setdefault(item.module.__name__, 0)
+        if item.get_closest_marker("slow") is not None:
+            slow_per_module[item.module.__name__] += 1
+    items.sort(key=lambda item: -slow_per_module[item.module.__name__])
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO

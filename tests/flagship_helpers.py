@@ -38,8 +38,8 @@ BROWSER_BUILDS = {
     "speech": ["mp-senet", "vocos", "wavtokenizer-decode"],
 }
 HOST_ONLY = {"uvr-mdx-vocals"}
-# Over a minute each on SwiftShader with the machine shared (measured 70-85 s; the rest 50-65 s).
-SLOW_IN_BROWSER = {"lama", "htdemucs", "migan", "mp-senet"}
+# Every browser build of a flagship export takes 30-85 s on SwiftShader with the machine shared.
+SLOW_IN_BROWSER = {name for names in BROWSER_BUILDS.values() for name in names}
 
 
 def sha256(path: Path) -> str:

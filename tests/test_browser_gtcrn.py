@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 
-pytestmark = [pytest.mark.browser, pytest.mark.network_registry]
+pytestmark = [pytest.mark.browser, pytest.mark.network_registry, pytest.mark.slow]  # its module build takes 1.5 min
 runner = CliRunner()
 
 

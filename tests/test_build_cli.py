@@ -26,6 +26,7 @@ def conv_file(tmp_path) -> Path:
     return save(conv_model(), tmp_path / "tiny-conv.onnx")
 
 
+@pytest.mark.slow
 def test_build_model_without_recipe_writes_a_complete_package(conv_file, tmp_path):
     out = tmp_path / "dist"
     result = build(str(conv_file), "--no-browser", "--out", str(out))

@@ -30,6 +30,7 @@ def test_gtcrn_from_pypi_converts_and_verifies_on_the_host(tmp_path):
     assert manifest["files"][fp16]["size"] < 0.85 * manifest["files"][fp32]["size"]
 
 
+@pytest.mark.slow
 def test_isnet_fp16_is_handled_as_already_fp16(tmp_path, monkeypatch):
     # ISNet at 1024² is over the whole-run limit: its node audit takes about a minute even with
     # warm caches, so it is timed by scripts/bench/bench_node_audit.py, not here (tests/test_verify_node_audit.py
@@ -45,6 +46,7 @@ def test_isnet_fp16_is_handled_as_already_fp16(tmp_path, monkeypatch):
     assert code == 0
 
 
+@pytest.mark.slow
 def test_isnet_uint8_is_handled_as_quantized(tmp_path):
     code, report, manifest = _build("isnet-uint8", tmp_path)
     assert report["source"]["precision"] == "quantized"

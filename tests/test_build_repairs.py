@@ -31,6 +31,7 @@ def _verify_on_root(package: Path) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_build_repairs_the_negative_step_slice_so_even_the_root_bundle_is_right(tmp_path):
     package, report = _build(tmp_path, auto=True)
     repair = next(step for step in report["steps"] if step["name"] == "neg_step_slice")
@@ -40,6 +41,7 @@ def test_build_repairs_the_negative_step_slice_so_even_the_root_bundle_is_right(
     assert code == 0, [c for c in verified["checks"] if c["status"] != "passed"]
 
 
+@pytest.mark.slow
 def test_without_the_repair_the_root_bundle_is_wrong_on_webgpu(tmp_path):
     """The control: the shipped webgpu bundle is right either way; the root (JSEP) build is not."""
     package, report = _build(tmp_path, auto=False)
@@ -49,6 +51,7 @@ def test_without_the_repair_the_root_bundle_is_wrong_on_webgpu(tmp_path):
     assert code == 1 and failed and all(c["ep"] == "webgpu" for c in failed)
 
 
+@pytest.mark.slow
 def test_stale_shapes_in_a_decoder_head_are_repaired_before_the_browser_sees_them(tmp_path):
     """A WavTokenizer-style ISTFT head whose Squeeze carries a stale 3-D shape: every onnxruntime-web
     bundle refuses the session; the build's automatic stale_shapes repair makes it pass."""

@@ -88,6 +88,7 @@ def built(tmp_path_factory):
 
 
 @needs_kernels
+@pytest.mark.slow  # the build behind each: 10-45 s
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fp16_at_real_size_is_verified_on_the_host_and_by_the_node_audit(name, built):
     code, report, manifest, output = built(name)

@@ -76,6 +76,7 @@ def _build(model_file: Path, version: str, out: Path, browser: bool) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_an_older_layout_release_builds_and_verifies_in_the_browser(releases, tmp_path):
     model = conv_model(channels=3)
     for node in model.graph.node:  # as exporters write them: 1.20's WebGPU Conv needs explicit dilations
