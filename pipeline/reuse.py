@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cache import cache_dir, file_sha256, folder_mode
+from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_mode, remembered_digest
 
 REUSE_ENV = "PACK_BUILD_REUSE"
 # Settings that do not change a build's result: where caches live, and reuse itself.
@@ -57,22 +57,38 @@ class BuildInputs:
 
 
 def source_hashes(model_path: Path, known_sha256: str | None) -> dict[str, str]:
-    """sha256 of the model file and of each external data file it names (read without its data)."""
+    """sha256 of the model file and of each external data file it names. Hashes are remembered
+    per file as it is on disk, and the names a model gives its external data per model hash, so a
+    rebuild neither reads the weights again nor parses the model."""
+    sha = known_sha256 or remembered_digest(model_path, "sha256", file_sha256)
+    hashes = {model_path.name: sha}
+    for location in _external_data_names(model_path, sha):
+        data = model_path.parent / location
+        if data.is_file() and location not in hashes:
+            hashes[location] = remembered_digest(data, "sha256", file_sha256)
+    return hashes
+
+
+def _external_data_names(model_path: Path, sha256: str) -> list[str]:
+    """The external data files the model names (read without its data), remembered per model hash."""
+    memo = cache_dir("external-data-names") / f"{sha256}.json"
+    try:
+        return json.loads(memo.read_text())
+    except (OSError, ValueError):
+        pass
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-    hashes = {model_path.name: known_sha256 or file_sha256(model_path)}
     try:
         header = onnx.load(str(model_path), load_external_data=False)
     except Exception:  # noqa: BLE001 - an unreadable model is reported by the build itself
-        return hashes
-    for tensor in _get_all_tensors(header):
-        if uses_external_data(tensor):
-            location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
-            data = model_path.parent / location if location else None
-            if data is not None and data.is_file() and location not in hashes:
-                hashes[location] = file_sha256(data)
-    return hashes
+        return []
+    names = sorted({entry.value for tensor in _get_all_tensors(header) if uses_external_data(tensor) for entry in tensor.external_data if entry.key == "location"})
+    try:
+        atomic_write(memo, json.dumps(names).encode())
+    except OSError:
+        pass  # a cache that cannot be written only costs the next build a parse
+    return names
 
 
 @lru_cache(maxsize=1)

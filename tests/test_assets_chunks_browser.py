@@ -133,8 +133,8 @@ def wire_bytes(result: dict, manifest: dict, variant: str) -> int:
 
 @pytest.mark.parametrize("ep", ["wasm", "webgpu"])
 def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(browser, server, ep):  # noqa: F811
-    """fp16w in chunks: widened chunk by chunk into place, the same outputs as the one-file fp16w
-    package (widened whole, in a Worker), and about half of fp32's bytes on the wire."""
+    """fp16w in chunks: widened chunk by chunk into place in a Worker, the same outputs as the
+    one-file fp16w package (widened whole, in a Worker), and about half of fp32's bytes on the wire."""
     chunked, single = server, server.url + SINGLE[1:]
     manifest = manifest_of(Path(chunked.root))
     assert manifest["variants"]["fp16w"]["externalData"]["widened"]
@@ -146,7 +146,8 @@ def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(bro
     assert (ours["info"]["ep"], ours["info"]["variant"]) == (theirs["info"]["ep"], theirs["info"]["variant"]) == (ep, "fp16w")
     assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
     widen = [e for e in ours["events"] if e["type"] == "widen"]
-    assert [(e["variant"], e["where"], e["tensors"]) for e in widen] == [("fp16w", "main thread", 4)], widen  # 3 in the chunks, b1 in the graph
+    # 3 in the chunks, b1 in the graph; chunks and graph widened in the page's Worker
+    assert [(e["variant"], e["where"], e["tensors"], e.get("why")) for e in widen] == [("fp16w", "worker", 4, None)], widen
     assert widen[0]["bytes"] > manifest["variants"]["fp16w"]["externalData"]["widened"]["size"]
     assert [e["where"] for e in theirs["events"] if e["type"] == "widen"] == ["worker"]
     ratio = wire_bytes(ours, manifest, "fp16w") / wire_bytes(fp32, manifest, "fp32")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.cache import file_sha256
+from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
 from pipeline.lockfile import LockFile
 from pipeline.progress import Progress
@@ -167,7 +167,8 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         # downloaded by other means, so it is pinned as that remote file. Other local files
         # (a bare model, a recipe pointing at a path) are the user's own and never pinned.
         stand_in = request.overridden and bool(request.published_uri) and (is_url(request.published_uri) or request.published_uri.startswith(("pypi:", "npm:")))
-        actual = file_sha256(path) if expected is not None or from_registry or stand_in else None
+        # remembered per file as it is on disk (inode, size, mtime, ctime): a rebuild reads it once
+        actual = remembered_digest(path, "sha256", file_sha256) if expected is not None or from_registry or stand_in else None
         if expected is not None and actual != expected:
             raise _not_the_expected_file(request, path, actual, expected, origin, lock)
     if expected is None and actual is not None and lock.path is not None:

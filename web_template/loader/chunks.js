@@ -8,11 +8,11 @@
 //
 // An fp16w variant in chunks (`widen` and externalData.widened): the chunks from widened.offset on
 // hold fp16 values; each is widened to float32 straight into its place in the widened buffer as
-// it arrives (widen.js widenChunk; nothing before that offset moves), and the graph is widened
+// it arrives (in widen.js's Worker where the page has one; nothing before that offset moves), and the graph is widened
 // with that layout. The bytes are those pipeline/precision/fp16w.py gives the host checks.
 
 import { PackLoadError } from './errors.js';
-import { WIDEN, variantBytes, widenChunk, widenFp16Initializers } from './widen.js';
+import { WIDEN, Widener, variantBytes } from './widen.js';
 
 // Chromium opens 6 connections per origin over HTTP/1.1; leave some for the runtime files.
 export const CHUNK_CONCURRENCY = 4;
@@ -129,21 +129,20 @@ export async function variantModel(files, manifest, variant, signal, { concurren
   graph.catch(() => {}); // awaited below, after the chunks
   const widened = plan.widened;
   const data = new Uint8Array(widened ? widened.size : plan.size);
-  let widenMs = 0;
-  const now = () => (globalThis.performance ? performance.now() : Date.now());
-  await mapLimit(plan.chunks, concurrency, async (chunk) => {
-    // Files.get retries a transient failure of this chunk alone (files.js) and checks its sha256.
-    const coded = await files.get(chunk.file, signal);
-    if (widened && chunk.offset >= widened.offset) {
-      const started = now();
-      widenChunk(coded, chunk.planes, data, widened.offset + 2 * (chunk.offset - widened.offset));
-      widenMs += now() - started;
-    } else interleave(coded, chunk.planes, data, chunk.offset);
-  });
-  if (!widened) return { bytes: await graph, externalData: [{ path: plan.path, data }] };
-  const result = widenFp16Initializers(await graph, { path: plan.path, offset: widened.offset, size: plan.size });
-  const where = typeof window !== 'undefined' ? 'main thread' : 'this thread';
-  const emit = files.emit || (() => {});
-  emit({ type: 'widen', variant, where, why: 'chunked: each chunk widened as it arrives', ms: widenMs + result.ms, tensors: result.tensors, bytes: result.bytes.byteLength + data.byteLength });
-  return { bytes: result.bytes, externalData: [{ path: plan.path, data }] };
+  const widener = widened ? new Widener() : null; // one Worker for the whole variant
+  try {
+    await mapLimit(plan.chunks, concurrency, async (chunk) => {
+      // Files.get retries a transient failure of this chunk alone (files.js) and checks its sha256.
+      const coded = await files.get(chunk.file, signal);
+      if (widened && chunk.offset >= widened.offset) await widener.chunk(coded, chunk.planes, data, widened.offset + 2 * (chunk.offset - widened.offset));
+      else interleave(coded, chunk.planes, data, chunk.offset);
+    });
+    if (!widened) return { bytes: await graph, externalData: [{ path: plan.path, data }] };
+    const result = await widener.graph(await graph, { path: plan.path, offset: widened.offset, size: plan.size });
+    const emit = files.emit || (() => {});
+    emit({ type: 'widen', variant, ...widener.facts(), chunked: 'each chunk widened as it arrives', tensors: result.tensors, bytes: result.bytes.byteLength + data.byteLength });
+    return { bytes: result.bytes, externalData: [{ path: plan.path, data }] };
+  } finally {
+    if (widener) widener.close();
+  }
 }

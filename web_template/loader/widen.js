@@ -231,15 +231,19 @@ export function widenFp16Initializers(input, layout = null) {
   return { bytes: out, tensors: stats.tensors, values: stats.values, ms };
 }
 
+function checkChunk(coded, planes, out, outOffset) {
+  if (coded.length % 2 || (out.byteOffset + outOffset) % 4 || outOffset + 2 * coded.length > out.length || (planes !== 1 && planes !== 2)) {
+    fail(`a chunk of ${coded.length} bytes in ${planes} planes does not widen to byte ${outOffset} of ${out.length}`);
+  }
+}
+
 /**
  * One chunk of fp16 values to widen, as shipped (`planes` 2: low bytes, then high bytes; 1: as
  * is), written as float32 into `out` at `outOffset` (a multiple of 4). Returns the value count.
  */
 export function widenChunk(coded, planes, out, outOffset) {
   if (!LITTLE_ENDIAN) fail('widening needs a little-endian host');
-  if (coded.length % 2 || (out.byteOffset + outOffset) % 4 || outOffset + 2 * coded.length > out.length || (planes !== 1 && planes !== 2)) {
-    fail(`a chunk of ${coded.length} bytes in ${planes} planes does not widen to byte ${outOffset} of ${out.length}`);
-  }
+  checkChunk(coded, planes, out, outOffset);
   const count = coded.length / 2;
   const table = halfToFloatBits();
   const wide = new Uint32Array(out.buffer, out.byteOffset + outOffset, count);
@@ -248,34 +252,113 @@ export function widenChunk(coded, planes, out, outOffset) {
   return count;
 }
 
-/** widenFp16Initializers in a module Worker started from this file; rejects when none can start. */
-export function widenInWorker(bytes, signal) {
-  return new Promise((resolve, reject) => {
-    const worker = new Worker(new URL(import.meta.url), { type: 'module', name: 'pack-widen' });
-    const done = () => {
-      worker.terminate();
-      if (signal) signal.removeEventListener('abort', aborted);
-    };
-    const aborted = () => {
-      done();
-      reject(signal.reason);
-    };
-    if (signal) signal.addEventListener('abort', aborted, { once: true });
-    worker.onmessage = ({ data }) => {
-      done();
-      if (data.error) reject(new PackLoadError(data.error));
-      else resolve({ ...data, bytes: new Uint8Array(data.bytes) });
+const now = () => (globalThis.performance ? performance.now() : Date.now());
+
+/** The worker could not start or died: the work is redone on this thread. */
+class WorkerDown extends Error {}
+
+/**
+ * Widening for one load, off the main thread: a module Worker started from this file widens the
+ * graph and every chunk sent to it. Where none can start (Node, a CSP that forbids it, a
+ * cross-origin loader), or it dies, the same functions run on this thread. `where` says where the
+ * work ran, `why` why not in a Worker; `ms` is the widening time (in the Worker, its own).
+ */
+export class Widener {
+  constructor() {
+    this.where = 'worker';
+    this.why = null;
+    this.ms = 0;
+    this.worker = null;
+    this.pending = new Map();
+    this.nextId = 0;
+    if (typeof Worker !== 'function' || typeof window === 'undefined') {
+      this.fallBack('no Worker here');
+      return;
+    }
+    try {
+      this.worker = new Worker(new URL(import.meta.url), { type: 'module', name: 'pack-widen' });
+    } catch (error) {
+      this.fallBack(error && error.message ? error.message : String(error));
+      return;
+    }
+    this.worker.onmessage = ({ data }) => {
+      const waiting = this.pending.get(data.id);
+      this.pending.delete(data.id);
+      if (data.error) waiting.reject(new PackLoadError(data.error));
+      else waiting.resolve(data);
     };
     // A worker that cannot load (CSP, cross-origin script) fires 'error' before any message.
-    worker.onerror = (event) => {
-      done();
+    this.worker.onerror = (event) => {
       if (event && event.preventDefault) event.preventDefault();
-      reject(new Error(`worker failed to start${event && event.message ? `: ${event.message}` : ''}`));
+      const why = `worker failed to start${event && event.message ? `: ${event.message}` : ''}`;
+      for (const waiting of this.pending.values()) waiting.reject(new WorkerDown(why));
+      this.pending.clear();
+      this.fallBack(why);
     };
-    // A copy goes over: the fetched bytes may be shared with another caller of Files.get.
-    const copy = bytes.slice();
-    worker.postMessage(copy.buffer, [copy.buffer]);
-  });
+  }
+
+  fallBack(why) {
+    if (this.worker) this.worker.terminate();
+    this.worker = null;
+    this.where = typeof window !== 'undefined' ? 'main thread' : 'this thread';
+    this.why = this.why || why;
+  }
+
+  ask(message, transfer) {
+    return new Promise((resolve, reject) => {
+      const id = this.nextId++;
+      this.pending.set(id, { resolve, reject });
+      this.worker.postMessage({ id, ...message }, transfer);
+    });
+  }
+
+  /** widenChunk, in the Worker: the float32 bytes come back and are copied into place. */
+  async chunk(coded, planes, out, outOffset) {
+    checkChunk(coded, planes, out, outOffset);
+    if (this.worker) {
+      const copy = coded.slice(); // what goes over is moved: the fetched bytes may be shared with another caller of Files.get
+      try {
+        const { wide, ms } = await this.ask({ kind: 'chunk', coded: copy.buffer, planes }, [copy.buffer]);
+        out.set(new Uint8Array(wide), outOffset);
+        this.ms += ms;
+        return;
+      } catch (error) {
+        if (!(error instanceof WorkerDown)) throw error;
+      }
+    }
+    const started = now();
+    widenChunk(coded, planes, out, outOffset);
+    this.ms += now() - started;
+  }
+
+  /** widenFp16Initializers(bytes, layout), in the Worker where it runs: { bytes, tensors, values, ms }. */
+  async graph(bytes, layout = null) {
+    if (this.worker) {
+      const copy = bytes.slice();
+      try {
+        const result = await this.ask({ kind: 'graph', bytes: copy.buffer, layout }, [copy.buffer]);
+        this.ms += result.ms;
+        return { ...result, bytes: new Uint8Array(result.bytes) };
+      } catch (error) {
+        if (!(error instanceof WorkerDown)) throw error;
+      }
+    }
+    const result = widenFp16Initializers(bytes, layout);
+    this.ms += result.ms;
+    return result;
+  }
+
+  close() {
+    if (this.worker) this.worker.terminate();
+    this.worker = null;
+    for (const waiting of this.pending.values()) waiting.reject(new WorkerDown('closed'));
+    this.pending.clear();
+  }
+
+  /** The 'widen' event's where, why and ms. */
+  facts() {
+    return { where: this.where, ...(this.why ? { why: this.why } : {}), ms: this.ms };
+  }
 }
 
 /**
@@ -287,34 +370,33 @@ export async function variantBytes(files, manifest, variant, signal, emit = () =
   const bytes = await files.get(spec.model, signal);
   if (!spec.widen) return bytes;
   if (spec.widen !== WIDEN) throw new PackLoadError(`manifest.json variants.${variant}.widen "${spec.widen}" is unknown to this loader (it knows "${WIDEN}"); update loader.js`);
-  let result = null;
-  let where = 'worker';
-  let why = null;
-  if (typeof Worker === 'function' && typeof window !== 'undefined') {
-    try {
-      result = await widenInWorker(bytes, signal);
-    } catch (error) {
-      if (signal && signal.aborted) throw error;
-      if (error instanceof PackLoadError) throw error;
-      why = error && error.message ? error.message : String(error);
-    }
-  } else why = 'no Worker here';
-  if (!result) {
-    where = typeof window !== 'undefined' ? 'main thread' : 'this thread';
-    result = widenFp16Initializers(bytes);
+  const widener = new Widener();
+  try {
+    const result = await widener.graph(bytes);
+    emit({ type: 'widen', variant, ...widener.facts(), tensors: result.tensors, bytes: result.bytes.byteLength });
+    return result.bytes;
+  } finally {
+    widener.close();
   }
-  emit({ type: 'widen', variant, where, ...(why ? { why } : {}), ms: result.ms, tensors: result.tensors, bytes: result.bytes.byteLength });
-  return result.bytes;
 }
 
-// Worker entry: this module started as a Worker widens what it is sent.
+// Worker entry: this module started as a Worker widens what it is sent (a graph, or one chunk).
 if (typeof WorkerGlobalScope !== 'undefined' && globalThis instanceof WorkerGlobalScope) {
   globalThis.onmessage = ({ data }) => {
+    const { id, kind } = data;
     try {
-      const result = widenFp16Initializers(new Uint8Array(data));
-      globalThis.postMessage({ bytes: result.bytes.buffer, tensors: result.tensors, values: result.values, ms: result.ms }, [result.bytes.buffer]);
+      if (kind === 'chunk') {
+        const started = now();
+        const coded = new Uint8Array(data.coded);
+        const wide = new Uint8Array(2 * coded.length);
+        widenChunk(coded, data.planes, wide, 0);
+        globalThis.postMessage({ id, wide: wide.buffer, ms: now() - started }, [wide.buffer]);
+      } else {
+        const result = widenFp16Initializers(new Uint8Array(data.bytes), data.layout);
+        globalThis.postMessage({ id, bytes: result.bytes.buffer, tensors: result.tensors, values: result.values, ms: result.ms }, [result.bytes.buffer]);
+      }
     } catch (error) {
-      globalThis.postMessage({ error: error && error.message ? error.message : String(error) });
+      globalThis.postMessage({ id, error: error && error.message ? error.message : String(error) });
     }
   };
 }
