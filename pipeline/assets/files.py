@@ -13,28 +13,14 @@ from pathlib import Path
 import brotli
 
 from pipeline.manifest import FileEntry
+from pipeline.media_types import media_type
 from pipeline.cache import atomic_write, cache_dir, file_sha256, made_once, remember_digest
 from pipeline.progress import Progress
 
-MEDIA_TYPES = {
-    ".onnx": "application/octet-stream",
-    ".bin": "application/octet-stream",
-    ".data": "application/octet-stream",
-    ".wasm": "application/wasm",
-    ".mjs": "text/javascript",
-    ".js": "text/javascript",
-    ".json": "application/json",
-    ".html": "text/html; charset=utf-8",
-    ".ts": "text/plain; charset=utf-8",
-}
 HASH_CHARS = 16
 # Keep a .br copy only when it saves at least this fraction: a copy that saves less costs a
 # request-time decision and bucket space for nothing.
 MIN_SAVING = 0.02
-
-
-def media_type(name: str) -> str:
-    return MEDIA_TYPES.get(Path(name).suffix, "application/octet-stream")
 
 
 # Byte-plane coded weight chunks (pipeline/assets/chunks.py), measured by scripts/bench/bench_coding.py on

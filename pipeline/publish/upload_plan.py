@@ -21,6 +21,7 @@ from typing import Any
 import brotli
 
 from pipeline.manifest import Manifest, Run, failed_runs, read_manifest
+from pipeline.media_types import content_type
 from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
 from pipeline.report import REPORT_FILES, REPORT_HTML, REPORT_JSON
@@ -29,23 +30,6 @@ IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 # Short so that a new manifest/loader reaches browsers within a minute; must-revalidate keeps
 # caches from serving a stale manifest that could name objects a later --prune removed.
 SHORT_CACHE = "public, max-age=60, must-revalidate"
-
-# Browsers are strict about these types (WebAssembly.instantiateStreaming needs
-# application/wasm, module scripts need a JavaScript type), so the extension decides for them
-# even when the manifest says otherwise.
-_STRICT_TYPES = {
-    ".wasm": "application/wasm",
-    ".mjs": "text/javascript; charset=utf-8",
-    ".js": "text/javascript; charset=utf-8",
-    ".json": "application/json",
-    ".html": "text/html; charset=utf-8",
-}
-_TYPES = {
-    **_STRICT_TYPES,
-    ".ts": "text/plain; charset=utf-8",  # loader.d.ts: for people reading it, not for browsers
-    ".onnx": "application/octet-stream",
-    ".bin": "application/octet-stream",
-}
 
 _HASHED_NAME = re.compile(r"^.+\.([0-9a-f]{16})\.[^./]+$")
 _READ_CHUNK = 1 << 20
@@ -145,7 +129,7 @@ def plan_package(root: Path) -> PackagePlan:
     objects = [_plan_listed_file(root, path, entry) for path, entry in files.items()]
     manifest_file = root / "manifest.json"
     sha256, size = _sha256_file(manifest_file)
-    objects.append(PlannedObject("manifest.json", manifest_file, size, sha256, sha256, _content_type("manifest.json", None), None, SHORT_CACHE, Stage.MANIFEST))
+    objects.append(PlannedObject("manifest.json", manifest_file, size, sha256, sha256, content_type("manifest.json", None), None, SHORT_CACHE, Stage.MANIFEST))
     objects.sort(key=lambda obj: (obj.stage, obj.path))
     return PackagePlan(name=manifest["name"], root=root, objects=tuple(objects), manifest=manifest, unlisted=tuple(_unlisted(root, files)))
 
@@ -164,7 +148,7 @@ def with_report(plan: PackagePlan) -> PackagePlan:
             how = f"make it with `pack report {plan.root}`" if name == REPORT_HTML else "rebuild the package with `pack build`"
             raise PackError(f"{path}: not found; {how}, or publish without --with-report")
         sha256, size = _sha256_file(path)
-        added.append(PlannedObject(name, path, size, sha256, sha256, _content_type(name, None), None, SHORT_CACHE, Stage.PAGE))
+        added.append(PlannedObject(name, path, size, sha256, sha256, content_type(name, None), None, SHORT_CACHE, Stage.PAGE))
     objects = sorted((*plan.objects, *added), key=lambda obj: (obj.stage, obj.path))
     return replace(plan, objects=tuple(objects), unlisted=tuple(p for p in plan.unlisted if p not in (REPORT_JSON, REPORT_HTML)))
 
@@ -207,13 +191,13 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
         )
     if entry["cache"] == "immutable" and not match:
         raise PackError(f"{where}: cache 'immutable' but the name carries no content hash; rebuild the package")
-    content_type = _content_type(path, entry.get("mediaType"))
+    media = content_type(path, entry.get("mediaType"))
     cache = IMMUTABLE_CACHE if entry["cache"] == "immutable" else SHORT_CACHE
     stage = stage_of(path, entry["cache"])
 
     brotli_entry = (entry.get("encodings") or {}).get("br")
     if not brotli_entry:
-        return PlannedObject(path, decoded, size, sha256, sha256, content_type, None, cache, stage)
+        return PlannedObject(path, decoded, size, sha256, sha256, media, None, cache, stage)
     encoded = _safe_path(root, brotli_entry.get("path") or f"{path}.br")
     if not encoded.is_file():
         raise PackError(f"{encoded}: listed as the br encoding of {path} but missing; rebuild the package")
@@ -222,16 +206,7 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
         raise PackError(f"{encoded}: {body_size} bytes, manifest.json says {brotli_entry['size']}; rebuild")
     if remembered_digest(encoded, "br-decoded-sha256", _brotli_decoded_sha256) != sha256:
         raise PackError(f"{encoded}: does not decode to {path}; rebuild the package")
-    return PlannedObject(path, encoded, body_size, sha256, body_sha256, content_type, "br", cache, stage)
-
-
-def _content_type(path: str, media_type: Any) -> str:
-    suffix = PurePosixPath(path).suffix
-    if suffix in _STRICT_TYPES:
-        return _STRICT_TYPES[suffix]
-    if isinstance(media_type, str) and media_type:
-        return media_type
-    return _TYPES.get(suffix, "application/octet-stream")
+    return PlannedObject(path, encoded, body_size, sha256, body_sha256, media, "br", cache, stage)
 
 
 def _sha256_file(path: Path) -> tuple[str, int]:

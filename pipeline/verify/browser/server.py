@@ -29,19 +29,9 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
+from pipeline.media_types import content_type
+
 MANIFEST = "manifest.json"
-MEDIA_TYPES = {
-    ".mjs": "text/javascript",
-    ".js": "text/javascript",
-    ".wasm": "application/wasm",
-    ".json": "application/json",
-    ".html": "text/html; charset=utf-8",
-    ".css": "text/css",
-    ".ts": "text/plain; charset=utf-8",
-    ".onnx": "application/octet-stream",
-    ".bin": "application/octet-stream",
-    ".txt": "text/plain; charset=utf-8",
-}
 ISOLATION_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Embedder-Policy": "require-corp",
@@ -102,7 +92,7 @@ class StaticServer:
         return None
 
     def media_type(self, relative: str) -> str:
-        return self._media_types.get(relative) or MEDIA_TYPES.get(Path(relative).suffix, "application/octet-stream")
+        return content_type(relative, self._media_types.get(relative))
 
     def body(self, plain: Path, accepts_br: bool) -> tuple[Path | bytes, str | None] | None:
         """(the file or in-memory bytes to send, its Content-Encoding) for the file `locate` found;
