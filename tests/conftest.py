@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures of the browser (browser, pages) and of the S3 server (s3_server, aws_env, tls_files,
+# proxy), for every module that asks for them by name
+pytest_plugins = ["loader_helpers", "publish_helpers"]
+
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PACK_CACHE_DIR", str(REPO / ".cache" / "pack"))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, pages  # noqa: F401 (fixtures)
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX
 from pipeline.verify.browser.server import running_server
 
 pytestmark = pytest.mark.browser
@@ -42,7 +42,7 @@ def chunk_files(package: Path, variant: str = "fp32") -> list[str]:
     return [c["file"] for c in manifest_of(package)["variants"][variant]["externalData"]["chunks"]]
 
 
-def load(browser, server, options: dict, *, init_script: str | None = None, route=None, run: bool = True, more: tuple = ()):  # noqa: F811
+def load(browser, server, options: dict, *, init_script: str | None = None, route=None, run: bool = True, more: tuple = ()):
     """LOAD_AND_RUN in a fresh context; `more` are further (base URL, options) loads in the same page."""
     context = browser.new_context()
     try:
@@ -68,13 +68,13 @@ SINGLE = "/single/"  # the one-file package, mounted beside the chunked one (one
 
 
 @pytest.fixture(scope="module")
-def server(chunked_packages, pages):  # noqa: F811
+def server(chunked_packages, pages):
     with running_server(chunked_packages["chunked"], {TEST_PREFIX: pages, SINGLE: chunked_packages["single"]}) as running:
         yield running
 
 
 @pytest.mark.parametrize("ep", ["wasm", "webgpu"])
-def test_chunked_outputs_equal_the_one_file_package_and_chunks_download_in_parallel(browser, server, ep):  # noqa: F811
+def test_chunked_outputs_equal_the_one_file_package_and_chunks_download_in_parallel(browser, server, ep):
     """On wasm the connection of one chunk is also cut once: that chunk alone is fetched again."""
     chunked, single = server, server.url + SINGLE[1:]
     parts = chunk_files(Path(chunked.root))
@@ -132,7 +132,7 @@ def wire_bytes(result: dict, manifest: dict, variant: str) -> int:
 
 
 @pytest.mark.parametrize("ep", ["wasm", "webgpu"])
-def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(browser, server, ep):  # noqa: F811
+def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(browser, server, ep):
     """fp16w in chunks: widened chunk by chunk into place in a Worker, the same outputs as the
     one-file fp16w package (widened whole, in a Worker), and about half of fp32's bytes on the wire."""
     chunked, single = server, server.url + SINGLE[1:]
@@ -155,7 +155,7 @@ def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(bro
 
 
 @pytest.mark.parametrize("variant", ["fp32", "fp16w"])
-def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, pages, tmp_path, variant):  # noqa: F811
+def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, pages, tmp_path, variant):
     package = shutil.copytree(chunked_packages["chunked"], tmp_path / "corrupt")
     bad = chunk_files(package, variant)[-1]
     data = bytearray((package / bad).read_bytes())

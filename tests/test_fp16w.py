@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, decode_output, image_sample, make_package, pages, read_manifest, reference  # noqa: F401 (fixtures)
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, decode_output, image_sample, make_package, read_manifest, reference
 from pipeline.cli import app
 from pipeline.errors import PackError
 from pipeline.graph.model_io import model_bytes

@@ -13,17 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader_helpers import (  # noqa: F401 (browser, pages: fixtures)
-    LOAD_AND_RUN,
-    TEST_PREFIX,
-    browser,
-    pages,
-    decode_output,
-    image_sample,
-    make_package,
-    read_manifest,
-    reference,
-)
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, decode_output, image_sample, make_package, read_manifest, reference
 from pipeline.runtime import resolve_runtime
 from pipeline.verify.browser.chromium import new_watched_page, probe_adapter
 from pipeline.verify.browser.server import running_server

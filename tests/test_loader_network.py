@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loader_helpers import LOAD_AND_RUN, browser, make_package, read_manifest  # noqa: F401 (fixture)
+from loader_helpers import LOAD_AND_RUN, make_package, read_manifest
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, fp16_of, image_model, make_package, pages, read_manifest, write_manifest  # noqa: F401 (fixtures)
+from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, fp16_of, image_model, make_package, read_manifest, write_manifest
 from pipeline.commands.summary import chain_speed_lines
 from pipeline.errors import PackError
 from pipeline.web.select import CHEAP_SAMPLE_MS, default_select

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.verify.browser.chromium import launch_browser, new_watched_page
 from build_helpers import conv_model, save
-from publish_helpers import aws_env, new_bucket, run_json, s3_server  # noqa: F401 - fixtures
+from publish_helpers import new_bucket, run_json
 
 pytestmark = pytest.mark.browser
 

@@ -11,22 +11,7 @@ from pipeline.cli import app
 from pipeline.publish.upload_plan import plan_package
 from pipeline.publish.s3 import Target, make_client
 from build_helpers import conv_model, save
-from publish_helpers import (  # noqa: F401 - fixtures
-    ACCESS_KEY,
-    SECRET_KEY,
-    assert_manifests_complete,
-    aws_env,
-    bucket_snapshot,
-    decoded_body,
-    isolate_aws_env,
-    new_bucket,
-    proxy,
-    run_cli,
-    run_json,
-    s3_server,
-    tls_files,
-    write_package,
-)
+from publish_helpers import ACCESS_KEY, SECRET_KEY, assert_manifests_complete, bucket_snapshot, decoded_body, isolate_aws_env, new_bucket, run_cli, run_json, write_package
 
 http_only = pytest.mark.parametrize("proxy", ["http"], indirect=True)
 

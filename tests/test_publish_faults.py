@@ -13,21 +13,7 @@ from pathlib import Path
 
 import pytest
 from process_helpers import interruptible
-from publish_helpers import (  # noqa: F401 - fixtures
-    Fault,
-    assert_manifests_complete,
-    aws_env,
-    bucket_snapshot,
-    is_upload,
-    key_endswith,
-    new_bucket,
-    proxy,
-    run_cli,
-    run_json,
-    s3_server,
-    tls_files,
-    write_package,
-)
+from publish_helpers import Fault, assert_manifests_complete, bucket_snapshot, is_upload, key_endswith, new_bucket, run_cli, run_json, write_package
 
 MIB = 1024 * 1024
 # Faults whose handling does not depend on the upload form run over https only (what R2 sees);

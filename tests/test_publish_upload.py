@@ -9,20 +9,7 @@ import time
 
 import boto3
 from botocore.config import Config
-from publish_helpers import (  # noqa: F401 - fixtures
-    ACCESS_KEY,
-    SECRET_KEY,
-    assert_manifests_complete,
-    aws_env,
-    bucket_snapshot,
-    decoded_body,
-    new_bucket,
-    proxy,
-    run_json,
-    s3_server,
-    tls_files,
-    write_package,
-)
+from publish_helpers import ACCESS_KEY, SECRET_KEY, assert_manifests_complete, bucket_snapshot, decoded_body, new_bucket, run_json, write_package
 
 from pipeline.progress import Progress
 from pipeline.publish.upload_plan import IMMUTABLE_CACHE, SHORT_CACHE, plan_package

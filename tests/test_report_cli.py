@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.verify.browser.harness import KEPT_OUTPUT_ELEMENTS, kept_output
 from build_helpers import conv_model, save
-from publish_helpers import aws_env, bucket_snapshot, new_bucket, run_json, s3_server, write_package  # noqa: F401 - fixtures
+from publish_helpers import bucket_snapshot, new_bucket, run_json, write_package
 
 runner = CliRunner()
 
@@ -83,7 +83,7 @@ def test_kept_outputs_are_bounded() -> None:
     assert flat.size == KEPT_OUTPUT_ELEMENTS and cut.startswith(f"the first {KEPT_OUTPUT_ELEMENTS} of")
 
 
-def test_publish_leaves_the_report_out_unless_asked(s3_server, aws_env, tmp_path) -> None:  # noqa: F811
+def test_publish_leaves_the_report_out_unless_asked(s3_server, aws_env, tmp_path) -> None:
     package = write_package(tmp_path / "dist")
     (package.root / "report.html").write_text("<!doctype html><title>report</title>\n")
     (package.root / "report.data.npz").write_bytes(b"not published")
