@@ -42,7 +42,9 @@ def run_one(spec: dict, device, ep_options: dict, tmp: str) -> dict:
 def main(jobs_path: str, done_path: str) -> None:
     plan = json.loads(Path(jobs_path).read_text())
     device = webgpu_device() if any(spec["ep"] == "webgpu" for spec in plan["jobs"]) else None
-    with tempfile.TemporaryDirectory(prefix="pack-node-audit-profile-") as tmp, open(done_path, "a") as done:
+    # in the caller's folder, which it removes: a worker that crashes (the caller retries the
+    # group node by node) leaves nothing behind in the system's temporary folder
+    with tempfile.TemporaryDirectory(prefix="profile-", dir=Path(done_path).parent) as tmp, open(done_path, "a") as done:
         for spec in plan["jobs"]:
             try:
                 status = json.dumps(run_one(spec, device, plan["ep_options"], tmp))

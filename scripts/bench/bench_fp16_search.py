@@ -16,10 +16,12 @@ by side in one run: trials, wall time and the number of nodes each keeps in fp32
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -260,7 +262,9 @@ def main() -> None:
         args.blocks, args.plants, args.width = 12, 1, 8
     warnings.simplefilter("ignore")  # the converter warns once per clamped constant, per trial
     # A fresh cache: no conversion or host run is reused from an earlier run of the benchmark.
-    os.environ["PACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="pack-bench-fp16-")
+    fresh_cache = tempfile.mkdtemp(prefix="pack-bench-fp16-")
+    atexit.register(shutil.rmtree, fresh_cache, True)
+    os.environ["PACK_CACHE_DIR"] = fresh_cache
     if args.hazards:
         hazards_main(args)
         return
