@@ -26,6 +26,7 @@ from typing import Any
 
 import pipeline
 from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_mode, remembered_digest
+from pipeline.errors import PackError
 
 REUSE_ENV = "PACK_BUILD_REUSE"
 # Settings that do not change a build's result: where caches live, and reuse itself.
@@ -71,9 +72,13 @@ def source_hashes(model_path: Path, known_sha256: str | None) -> dict[str, str]:
 
 def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     """The external data files the model names (read without its data), remembered per model hash."""
-    memo = cache_dir("external-data-names") / f"{sha256}.json"
     try:
-        return json.loads(memo.read_text())
+        memo: Path | None = cache_dir("external-data-names") / f"{sha256}.json"
+    except PackError:
+        memo = None  # no usable cache: parsed every time
+    try:
+        if memo is not None:
+            return json.loads(memo.read_text())
     except (OSError, ValueError):
         pass
     import onnx
@@ -84,10 +89,11 @@ def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     except Exception:  # noqa: BLE001 - an unreadable model is reported by the build itself
         return []
     names = sorted({entry.value for tensor in _get_all_tensors(header) if uses_external_data(tensor) for entry in tensor.external_data if entry.key == "location"})
-    try:
-        atomic_write(memo, json.dumps(names).encode())
-    except OSError:
-        pass  # a cache that cannot be written only costs the next build a parse
+    if memo is not None:
+        try:
+            atomic_write(memo, json.dumps(names).encode())
+        except OSError:
+            pass  # a cache that cannot be written only costs the next build a parse
     return names
 
 

@@ -154,6 +154,30 @@ def test_chunked_fp16w_equals_the_one_file_fp16w_with_half_the_bytes_of_fp32(bro
     assert 0.45 < ratio < 0.55, ratio
 
 
+# The loader's widening Worker fails: its script throws as it loads (as under a CSP that forbids
+# it). onnxruntime-web's own thread Workers are left alone.
+BROKEN_WORKER = """
+window.__chunkFetches = null;
+const RealWorker = window.Worker;
+window.Worker = function (url, options) {
+  if (!options || options.name !== 'pack-widen') return new RealWorker(url, options);
+  return new RealWorker('data:text/javascript,throw new Error("no worker here")', options);
+};
+"""
+
+
+def test_chunked_fp16w_widens_on_the_main_thread_when_the_worker_fails(browser, server):
+    """The Worker fails after chunks were sent to it: they are widened here instead, to the same outputs."""
+    options = {"executionProviders": ["wasm"], "variant": "fp16w", "prewarm": False}
+    broken = load(browser, server, options, init_script=BROKEN_WORKER)
+    working = load(browser, server, options)
+    assert broken["ok"] and working["ok"], (broken, working)
+    assert broken["outputs"]["y"]["bytes"] == working["outputs"]["y"]["bytes"]
+    widen = [e for e in broken["events"] if e["type"] == "widen"]
+    assert [(e["where"], e["tensors"]) for e in widen] == [("main thread", 4)], widen
+    assert widen[0]["why"].startswith("worker failed to start"), widen
+
+
 @pytest.mark.parametrize("variant", ["fp32", "fp16w"])
 def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, pages, tmp_path, variant):
     package = shutil.copytree(chunked_packages["chunked"], tmp_path / "corrupt")

@@ -85,9 +85,10 @@ def hashed_name(stem: str, sha256: str, suffix: str) -> str:
     return f"{stem}.{sha256[:HASH_CHARS]}{suffix}"
 
 
-def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: Progress, kind: str | None = None, encoded: bytes | None = None) -> PackageFile:
-    """Write `<stem>.<hash><suffix>` (stem may include a folder) and its .br copy where it pays."""
-    sha256 = hashlib.sha256(data).hexdigest()
+def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: Progress, kind: str | None = None, encoded: bytes | None = None, sha256: str | None = None) -> PackageFile:
+    """Write `<stem>.<hash><suffix>` (stem may include a folder) and its .br copy where it pays
+    (`encoded` and `sha256`: already computed for `data`)."""
+    sha256 = sha256 or hashlib.sha256(data).hexdigest()
     path = hashed_name(stem, sha256, suffix)
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -110,16 +111,17 @@ def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str 
     advancing = threading.Lock()
     with progress.task(label, sum(len(data) for _, _, data in items), "bytes") as task:
 
-        def encode(item: tuple[str, str, bytes]) -> bytes:
+        def encode(item: tuple[str, str, bytes]) -> tuple[str, bytes]:
             stem, suffix, data = item
-            encoded = brotli_encode(data, hashlib.sha256(data).hexdigest(), suffix, stem, quiet, kind)
+            sha256 = hashlib.sha256(data).hexdigest()
+            encoded = brotli_encode(data, sha256, suffix, stem, quiet, kind)
             with advancing:
                 task.advance(len(data))
-            return encoded
+            return sha256, encoded
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            encoded = list(pool.map(encode, items))
-    return [add_hashed_file(root, stem, suffix, data, progress, kind, blob) for (stem, suffix, data), blob in zip(items, encoded)]
+            done = list(pool.map(encode, items))
+    return [add_hashed_file(root, stem, suffix, data, progress, kind, blob, sha256) for (stem, suffix, data), (sha256, blob) in zip(items, done)]
 
 
 def describe_file(root: Path, path: str) -> PackageFile:

@@ -209,7 +209,10 @@ def write_runtime(staging: Path, recipe: Recipe, progress: Progress) -> RuntimeF
     runtime = recipe_runtime(recipe.runtime_version, recipe.runtime_path, progress)
     keys = sorted({chain_bundle(chain) for chain in recipe.chains.values()})
     # (bundle key, role, file): glue is emscripten's module imported apart, in releases up to 1.22
-    parts = [(key, role, path) for key in keys for role, path in (("module", runtime.bundles[key].module), ("wasm", runtime.bundles[key].wasm), ("glue", runtime.bundles[key].glue)) if path is not None]
+    parts = []
+    for key in keys:
+        bundle = runtime.bundles[key]
+        parts += [(key, role, path) for role, path in (("module", bundle.module), ("wasm", bundle.wasm), ("glue", bundle.glue)) if path is not None]
     # compressed together, across cores: each .wasm takes up to a minute at q11 on a cold cache
     items = [(f"ort/{path.name.removesuffix(path.suffix)}", path.suffix, path.read_bytes()) for _, _, path in parts]
     files = add_hashed_files(staging, items, None, "brotli onnxruntime-web", progress)

@@ -129,7 +129,7 @@ export async function variantModel(files, manifest, variant, signal, { concurren
   graph.catch(() => {}); // awaited below, after the chunks
   const widened = plan.widened;
   const data = new Uint8Array(widened ? widened.size : plan.size);
-  const widener = widened ? new Widener() : null; // one Worker for the whole variant
+  const widener = widened ? new Widener(signal) : null; // one Worker for the whole variant
   try {
     await mapLimit(plan.chunks, concurrency, async (chunk) => {
       // Files.get retries a transient failure of this chunk alone (files.js) and checks its sha256.

@@ -264,13 +264,14 @@ class WorkerDown extends Error {}
  * work ran, `why` why not in a Worker; `ms` is the widening time (in the Worker, its own).
  */
 export class Widener {
-  constructor() {
+  constructor(signal = null) {
     this.where = 'worker';
     this.why = null;
     this.ms = 0;
     this.worker = null;
     this.pending = new Map();
     this.nextId = 0;
+    this.signal = signal;
     if (typeof Worker !== 'function' || typeof window === 'undefined') {
       this.fallBack('no Worker here');
       return;
@@ -287,6 +288,12 @@ export class Widener {
       if (data.error) waiting.reject(new PackLoadError(data.error));
       else waiting.resolve(data);
     };
+    this.aborted = () => {
+      for (const waiting of this.pending.values()) waiting.reject(signal.reason);
+      this.pending.clear();
+      this.close();
+    };
+    if (signal) signal.addEventListener('abort', this.aborted, { once: true });
     // A worker that cannot load (CSP, cross-origin script) fires 'error' before any message.
     this.worker.onerror = (event) => {
       if (event && event.preventDefault) event.preventDefault();
@@ -306,6 +313,10 @@ export class Widener {
 
   ask(message, transfer) {
     return new Promise((resolve, reject) => {
+      if (this.signal && this.signal.aborted) {
+        reject(this.signal.reason); // an aborted load stops widening too
+        return;
+      }
       const id = this.nextId++;
       this.pending.set(id, { resolve, reject });
       this.worker.postMessage({ id, ...message }, transfer);
@@ -349,6 +360,7 @@ export class Widener {
   }
 
   close() {
+    if (this.signal && this.aborted) this.signal.removeEventListener('abort', this.aborted);
     if (this.worker) this.worker.terminate();
     this.worker = null;
     for (const waiting of this.pending.values()) waiting.reject(new WorkerDown('closed'));
@@ -370,7 +382,7 @@ export async function variantBytes(files, manifest, variant, signal, emit = () =
   const bytes = await files.get(spec.model, signal);
   if (!spec.widen) return bytes;
   if (spec.widen !== WIDEN) throw new PackLoadError(`manifest.json variants.${variant}.widen "${spec.widen}" is unknown to this loader (it knows "${WIDEN}"); update loader.js`);
-  const widener = new Widener();
+  const widener = new Widener(signal);
   try {
     const result = await widener.graph(bytes);
     emit({ type: 'widen', variant, ...widener.facts(), tensors: result.tensors, bytes: result.bytes.byteLength });
