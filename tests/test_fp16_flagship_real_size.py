@@ -122,13 +122,19 @@ def test_nodes_kept_in_fp32_are_listed_with_their_cost(name, built):
 
 
 @needs_kernels
-def test_htdemucs_keeps_its_chunk_standardisation_in_fp32_without_a_trial(built):
-    """The mean and std over the whole 7.8 s chunk (687960 values) are the WebGPU ReduceMean hazard:
-    kept in fp32 up front (precision/kernel_hazards.py), so the fp16 that ships is right on WebGPU."""
+def test_htdemucs_keeps_its_chunk_standardisation_and_time_decoder_in_fp32_without_a_trial(built):
+    """Two WebGPU kernel hazards kept in fp32 up front (precision/kernel_hazards.py), so the fp16
+    that ships is right on WebGPU: the mean and std over the whole 7.8 s chunk (687960 values: fp16
+    ReduceMean gives 0), and the time decoder's four stride-4 ConvTransposes up to 344064 samples
+    (fp16 counts their positions wrongly past 2048; the node audit passed the two large ones, cut to
+    their first positions, and an H200 failed that fp16 at 0.099 of the range)."""
     code, report, manifest, output = built("htdemucs")
     kept = manifest["fp16"]["keptFp32"]
     reductions = [k for k in kept if k["op"] == "ReduceMean"]
     assert len(reductions) >= 2 and all("687960" in k["why"] for k in reductions), kept
+    upsamplings = {k["node"]: k["why"] for k in kept if k["op"] == "ConvTranspose"}
+    assert set(upsamplings) == {"node_convolution", "node_convolution_1", "node_convolution_2", "node_convolution_3"}, kept
+    assert all("known WebGPU kernel hazard" in why and "stride 4" in why for why in upsamplings.values())
 
 
 @needs_kernels

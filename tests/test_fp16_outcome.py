@@ -122,6 +122,29 @@ def test_reductions_over_65520_values_are_kept_without_a_trial_at_the_sample_sha
     assert set(found) == {"chunk_mean", "frame_norm", "frame_sum"} and "687960 values" in found["chunk_mean"]
 
 
+def test_conv_transposes_counting_past_2048_positions_are_kept_without_a_trial():
+    """onnxruntime's WebGPU fp16 ConvTranspose counts positions in fp16, exact up to 2048
+    (tests/test_verify_node_audit.py measures it): HTDemucs' time decoder goes to 344064."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.precision.kernel_hazards import known_kernel_hazards
+
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "w"], ["up"], name="up_time", strides=[2], pads=[1, 1], kernel_shape=[4]),
+        helper.make_node("ConvTranspose", ["img", "w2"], ["up2"], name="up_image", strides=[2, 2], kernel_shape=[2, 2]),
+    ]
+    graph = helper.make_graph(nodes, "decoder", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "t"]),
+                                                 helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 8, "h", "w"])],
+                              [helper.make_tensor_value_info("up", TensorProto.FLOAT, None), helper.make_tensor_value_info("up2", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((8, 4, 4), np.float32), "w"), numpy_helper.from_array(np.ones((8, 4, 2, 2), np.float32), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert known_kernel_hazards(model, {"x": (1, 8, 1024), "img": (1, 8, 256, 1024)}) == {}  # counts to 2046
+    found = known_kernel_hazards(model, {"x": (1, 8, 1030), "img": (1, 8, 256, 1536)})
+    assert set(found) == {"up_time", "up_image"}
+    assert "over 1030 input positions at stride 2, counting to 2058" in found["up_time"] and "without a trial" in found["up_time"]
+    assert "over 1536 input positions at stride 2" in found["up_image"]  # MDX's 3072-bin upsampling
+
+
 def test_the_producers_of_a_discrete_op_rank_first():
     from onnx import TensorProto, helper, numpy_helper
 

@@ -144,7 +144,8 @@ def hazards(tmp_path_factory):
 
 
 @needs_kernels
-def test_the_audit_names_the_fp16_matmul_and_reducemean_failures_and_passes_fp32(hazards):
+def test_the_audit_names_the_fp16_matmul_and_reducemean_failures_and_passes_fp32(hazards, monkeypatch):
+    monkeypatch.setattr(node_audit, "CHEAP_ELEMENTS", 0)  # every node cut, as in a large model
     folder, feeds = hazards
     verdicts = node_audit.node_verdicts(folder / "fp32.onnx", folder / "fp16.onnx", feeds)
     by_node = {v.node: v for v in verdicts}
@@ -227,3 +228,34 @@ def test_a_scalar_constant_a_node_reads_stays_a_scalar_in_its_audit(tmp_path):
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 64, 1)).astype(np.float32)}
     verdicts = node_audit.node_verdicts(tmp_path / "fp32.onnx", tmp_path / "fp32.onnx", feeds, precision="fp32")
     assert [(v.op, v.status) for v in verdicts] == [("DFT", "passed")], [v.line() for v in verdicts]
+
+
+def conv_transpose_model(length: int, dtype: int = TensorProto.FLOAT16) -> onnx.ModelProto:
+    """One stride-2 ConvTranspose over `length` input positions (2 × length outputs)."""
+    w = np.random.default_rng(4).standard_normal((8, 4, 4)).astype(np.float32) / 6
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="upsample", strides=[2], pads=[1, 1], kernel_shape=[4])
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    graph = helper.make_graph([node], "upsample", [helper.make_tensor_value_info("x", dtype, [1, 8, length])],
+                              [helper.make_tensor_value_info("y", dtype, [1, 4, 2 * length])], [numpy_helper.from_array(w.astype(np_type), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [1024, 1030])
+def test_a_cheap_node_runs_whole_so_an_error_far_along_its_axis_is_seen(tmp_path, monkeypatch, length):
+    """onnxruntime's WebGPU fp16 ConvTranspose counts positions in fp16 (exact up to 2048): with
+    1030 inputs at stride 2 its outputs from 2051 on are wrong, with 1024 they are right. A cut to
+    the first positions never reaches them; a node this cheap runs whole at its real shapes."""
+    onnx.save(conv_transpose_model(length, TensorProto.FLOAT), tmp_path / "fp32.onnx")
+    onnx.save(conv_transpose_model(length), tmp_path / "fp16.onnx")
+    feeds = {"x": np.random.default_rng(5).standard_normal((1, 8, length)).astype(np.float32)}
+    [whole] = node_audit.node_verdicts(tmp_path / "fp32.onnx", tmp_path / "fp16.onnx", feeds)
+    assert whole.cut == "" and whole.shape == [[1, 8, length], [8, 4, 4]]
+    assert whole.status == ("failed" if length > 1024 else "passed"), whole.line()
+    if length > 1024:
+        assert whole.metrics["max_abs_of_scale"] > 0.1  # 0.22 measured; fp16 rounding alone is ~1e-3
+        monkeypatch.setattr(node_audit, "CHEAP_ELEMENTS", 0)
+        [cut] = node_audit.node_verdicts(tmp_path / "fp32.onnx", tmp_path / "fp16.onnx", feeds)
+        assert cut.cut and cut.status == "passed", cut.line()  # what a cut audit (a large node) sees

@@ -6,6 +6,15 @@ mean): a reduction or normalisation that long is kept in fp32 whatever the host 
 that standardises a long audio chunk (HTDemucs: mean and std over 687960 values) gets a right fp16
 variant on WebGPU without a GPU in the loop. Reduction lengths come from shape inference at the
 sample inputs' shapes.
+
+Its fp16 ConvTranspose is wrong far along a long axis: the kernel converts each output position
+(less the padding, plus the tap) to the tensor's own float type before dividing by the stride, and
+fp16 holds integers exactly only up to 2048: a ConvTranspose whose last input position times its
+stride passes 2048 is kept. Measured on lavapipe (one node, random weights): a
+stride-1 ConvTranspose whose output has 2100 positions along its axis is wrong from position 2048 on
+(0.78 of the output's scale); stride 2 with 2060 outputs from 2051 on; stride 4 with 5376 outputs
+(HTDemucs' first time-decoder layer) from 4103 on; 2048 outputs were right at strides 1 and 2. An
+H200 in Chromium gives HTDemucs' fp16 the same error as lavapipe (time output 0.099 of its range).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from pipeline.graph.passes.util import constant_values, copy_model, infer_shapes
 
 LONG_REDUCTION = 65520  # fp16 ReduceMean on WebGPU returns 0 from this many values on
 REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"}
+EXACT_POSITIONS = 2048  # fp16 represents every integer up to this one
 NORM_OPS = {"LayerNormalization", "InstanceNormalization", "GroupNormalization", "MeanVarianceNormalization", "LpNormalization"}
 
 
@@ -57,9 +67,21 @@ def _reduced_count(node: onnx.NodeProto, dims: list[int], constants: dict[str, n
     return None
 
 
+def _far_position(node: onnx.NodeProto, in_dims: list[int]) -> tuple[int, int, int] | None:
+    """(position, input length, stride) of the axis where the WebGPU ConvTranspose kernel counts
+    furthest: an input position times the stride is the largest count that picks a real input."""
+    spatial = in_dims[2:]
+    if not spatial:
+        return None
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    strides = list(attributes.get("strides") or [1] * len(spatial))
+    return max(((size - 1) * stride, size, stride) for size, stride in zip(spatial, strides))
+
+
 def known_kernel_hazards(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, str]:
     """{node: why} for main-graph reductions and normalisations over at least LONG_REDUCTION
-    values at the given input shapes (the model's own where none are given)."""
+    values, and ConvTransposes whose positions fp16 cannot count exactly (beyond EXACT_POSITIONS),
+    at the given input shapes (the model's own where none are given)."""
     inferred = _fixed_shapes(model, shapes or {})
     dims_of = {}
     for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -71,6 +93,12 @@ def known_kernel_hazards(model: onnx.ModelProto, shapes: dict[str, tuple[int, ..
     constants = constant_values(model.graph)
     found = {}
     for node in model.graph.node:
+        if node.op_type == "ConvTranspose" and node.name and node.input[0] in dims_of:
+            far = _far_position(node, dims_of[node.input[0]])
+            if far is not None and far[0] > EXACT_POSITIONS:
+                found[node.name] = (f"known WebGPU kernel hazard: fp16 ConvTranspose over {far[1]} input positions at stride {far[2]}, counting to {far[0]} "
+                                    f"(the kernel counts positions in fp16, exact only up to {EXACT_POSITIONS}); kept without a trial")
+            continue
         if node.op_type not in REDUCE_OPS | NORM_OPS or not node.input or node.input[0] not in dims_of or not node.name:
             continue
         count = _reduced_count(node, dims_of[node.input[0]], constants)

@@ -40,6 +40,7 @@ from pipeline.verify import node_slicing
 from pipeline.verify.host import run_model
 from pipeline.verify.metrics import compare, judge
 from pipeline.verify.thresholds import node_bounds
+from pipeline.verify.webgpu_kernels import node_macs
 
 WORKER_MODULE = "pipeline.verify.node_audit_worker"
 # Nodes per session: onnxruntime's WebGPU EP compiles each distinct kernel once per session, and
@@ -47,6 +48,12 @@ WORKER_MODULE = "pipeline.verify.node_audit_worker"
 NODES_PER_SESSION = 256
 # A node with no cutting rule runs whole when the values it reads are at most this many elements.
 WHOLE_ELEMENTS = 1 << 20
+# A node that is cheap at its real shapes runs whole even where it could be cut: kernels choose code
+# paths by shape and go wrong at far positions (fp16 ConvTranspose from position 2048 on), which a
+# cut to the first few positions never reaches. Cheap: reads and writes at most CHEAP_ELEMENTS
+# values and costs at most CHEAP_MACS multiply-accumulates (about 10 ms on lavapipe).
+CHEAP_ELEMENTS = 1 << 19
+CHEAP_MACS = 16_000_000
 DEFAULT_AUDIT_TIMEOUT_S = 900
 
 
@@ -293,6 +300,8 @@ def _plan(reference, feeds: dict[str, np.ndarray]) -> tuple[list[_Job], list[dic
         attrs = {**_attributes(node), "_opset": opset}
         small = {i: [int(v) for v in np.asarray(constants[name]).ravel()] for i, name in enumerate(node.input) if name in constants and constants.size(name) <= 16 and np.asarray(constants[name]).dtype.kind in "iu"}
         plan = node_slicing.plan_node(node.op_type, attrs, shapes, small)
+        if not isinstance(plan, str) and _cheap(node, shapes, fed, known):
+            plan = node_slicing.Plan([None] * len(node.input), how="")
         if isinstance(plan, str):
             elements = sum(math.prod(shapes[i]) for i in fed)
             if elements > WHOLE_ELEMENTS:
@@ -302,6 +311,16 @@ def _plan(reference, feeds: dict[str, np.ndarray]) -> tuple[list[_Job], list[dic
         out_float = {name: known.get(name, (0, None))[0] == 1 for name in node.output if name}
         jobs.append(_Job(len(jobs), node, shapes, plan, fed, out_float))
     return jobs, not_audited
+
+
+def _cheap(node, shapes: list, fed: list[int], known: dict) -> bool:
+    """Whether `node` is cheap enough at its real shapes to run whole (CHEAP_ELEMENTS, CHEAP_MACS)."""
+    outs = [known.get(name, (0, None))[1] for name in node.output if name]
+    if any(shape is None for shape in outs):
+        return False
+    elements = sum(math.prod(shapes[i]) for i in fed) + sum(math.prod(shape) for shape in outs)
+    macs = node_macs(node.op_type, shapes[0] if shapes else None, shapes[1] if len(shapes) > 1 else None, outs[0] if outs else None)
+    return elements <= CHEAP_ELEMENTS and macs <= CHEAP_MACS
 
 
 # --- the host run -----------------------------------------------------------------------------

@@ -222,16 +222,22 @@ def _compute_sizes_and_work(model_path: Path, feed_shapes: dict[str, tuple[str, 
     for node in inferred.graph.node:
         if len(node.input) < 2 or not node.output:
             continue
-        a, b, out = (known.get(name) for name in (node.input[0], node.input[1], node.output[0]))
-        if a is None or b is None or out is None:
-            continue
-        if node.op_type == "Conv" and len(b) >= 2:
-            macs += math.prod(out) * math.prod(b[1:])
-        elif node.op_type == "ConvTranspose" and len(b) >= 2:
-            macs += math.prod(a) * math.prod(b[1:])
-        elif node.op_type in ("MatMul", "Gemm") and a:
-            macs += math.prod(out) * a[-1]
+        macs += node_macs(node.op_type, *(known.get(name) for name in (node.input[0], node.input[1], node.output[0])))
     return sizes, macs
+
+
+def node_macs(op: str, a: list[int] | None, b: list[int] | None, out: list[int] | None) -> int:
+    """Multiply-accumulates of one Conv, ConvTranspose, MatMul or Gemm node with first input shape
+    `a`, second `b` and output `out` (0 for other ops or unknown shapes)."""
+    if a is None or b is None or out is None:
+        return 0
+    if op == "Conv" and len(b) >= 2:
+        return math.prod(out) * math.prod(b[1:])
+    if op == "ConvTranspose" and len(b) >= 2:
+        return math.prod(a) * math.prod(b[1:])
+    if op in ("MatMul", "Gemm") and a:
+        return math.prod(out) * a[-1]
+    return 0
 
 
 def whole_run_limit(model_path: Path, feeds: dict[str, np.ndarray]) -> str | None:
