@@ -132,7 +132,7 @@ def test_measure_fp16w_smoke():
 @smoke_test("bench_node_audit.py")
 @pytest.mark.skipif(webgpu_kernels.unavailable_reason() is not None, reason=f"webgpu-kernels not available: {webgpu_kernels.unavailable_reason()}")
 def test_bench_node_audit_smoke(chunked_packages):
-    (result,) = smoke("bench_node_audit.py", str(chunked_packages["single"]), json_flag=("--json", "-"))
+    (result,) = smoke("bench_node_audit.py", str(chunked_packages["chunked"]), json_flag=("--json", "-"))
     assert len(result["seconds"]) == 1 and positive(result["seconds"][0])
     audited = result["audit"]["variants"]
     assert "fp16" in audited and audited["fp16"]["audited"] > 0 and not audited["fp16"]["failed"]

@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.assets.chunks import runnable_model  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.sample_file import read_sample  # noqa: E402
 from pipeline.verify import node_audit, webgpu_kernels  # noqa: E402
@@ -33,7 +34,8 @@ from pipeline.verify import node_audit, webgpu_kernels  # noqa: E402
 def bench(package: Path, runs: int, out=sys.stdout) -> dict:
     manifest = json.loads((package / "manifest.json").read_text())
     feeds = read_sample(package, manifest)[0]
-    variants = {name: (package / v["model"], v["precision"]) for name, v in manifest["variants"].items() if v.get("precision") in ("fp16", "fp16w", "fp32")}
+    # as the loader hands them to onnxruntime: chunked weights reassembled, fp16w widened
+    variants = {name: (runnable_model(package, v, name), v["precision"]) for name, v in manifest["variants"].items() if v.get("precision") in ("fp16", "fp16w", "fp32")}
     reference = variants["fp32"][0]
     limit = webgpu_kernels.whole_run_limit(reference, feeds)
     print(f"{package.name}: {webgpu_kernels.estimated_macs(reference, feeds) / 1e9:.1f} GMAC per run; whole run: {limit or 'within the limit'}", file=out)
