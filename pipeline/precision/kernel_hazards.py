@@ -7,14 +7,14 @@ that standardises a long audio chunk (HTDemucs: mean and std over 687960 values)
 variant on WebGPU without a GPU in the loop. Reduction lengths come from shape inference at the
 sample inputs' shapes.
 
-Its fp16 ConvTranspose is wrong far along a long axis: the kernel converts each output position
-(less the padding, plus the tap) to the tensor's own float type before dividing by the stride, and
-fp16 holds integers exactly only up to 2048: a ConvTranspose whose last input position times its
-stride passes 2048 is kept. Measured on lavapipe (one node, random weights): a
-stride-1 ConvTranspose whose output has 2100 positions along its axis is wrong from position 2048 on
-(0.78 of the output's scale); stride 2 with 2060 outputs from 2051 on; stride 4 with 5376 outputs
-(HTDemucs' first time-decoder layer) from 4103 on; 2048 outputs were right at strides 1 and 2. An
-H200 in Chromium gives HTDemucs' fp16 the same error as lavapipe (time output 0.099 of its range).
+The same EP's fp16 ConvTranspose is wrong far along a long axis: the kernel converts each output
+position (less the padding, plus the tap) to the tensor's own float type before dividing by the
+stride, and fp16 holds integers exactly only up to 2048, so a ConvTranspose whose last input
+position times its stride passes 2048 is kept. Measured on lavapipe (one node, random weights): a
+stride-1 ConvTranspose with 2100 outputs along its axis is wrong from position 2048 on (0.78 of the
+output's scale); stride 2 with 2060 outputs from 2051 on; stride 4 with 5376 outputs (HTDemucs'
+first time-decoder layer) from 4103 on; 2048 outputs were right at strides 1 and 2. An H200 in
+Chromium gives HTDemucs' fp16 the same error as lavapipe (time output 0.099 of its range).
 """
 
 from __future__ import annotations
