@@ -1,5 +1,6 @@
 """Shared test set-up: one pack cache for the whole run (downloads, brotli, runtime), so tests that
-build packages reuse each other's work; CI points PACK_CACHE_DIR at a folder it keeps.
+build packages reuse each other's work; CI starts it empty in its clean clone, but for the brotli
+encodings of onnxruntime-web's files (.ci/run, scripts/ci_brotli_seed.py).
 
 Test modules are named by the pipeline stage they prove, `test_<stage>_<what>.py`: source
 (`recipes_sources`), graph, fp16 (precision), verify and browser (verify/browser), assets, report,

@@ -1,0 +1,65 @@
+"""Keep the brotli encodings of onnxruntime-web's files on this machine across clean clones (CI).
+
+Every build ships the runtime's .wasm and .mjs files with q11 brotli copies; on a cold cache that
+compression costs minutes of CPU per release (each .wasm up to a minute), and a clean clone starts
+cold. The encodings are a pure function of third-party bytes (cached by their sha256 and quality),
+so .ci/run restores them from a folder outside the clone before the suite and saves new ones
+after it. Nothing else is kept: downloads, conversions, runs and builds stay in the clone's cache,
+and the compression path itself still runs for every model file and in test_assets_brotli.py.
+
+Usage: python3 scripts/ci_brotli_seed.py restore|save SEED CACHE   (stdlib only: runs before set-up)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+
+def runtime_hashes(cache: Path) -> set[str]:
+    """sha256 of every file of every onnxruntime-web release in the cache's runtime folder."""
+    found = set()
+    for path in (cache / "runtime").glob("*/*/dist/*"):
+        if path.is_file():
+            digest = hashlib.sha256()
+            with path.open("rb") as stream:
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+            found.add(digest.hexdigest())
+    return found
+
+
+def copy_new(source: Path, target: Path, names: list[str]) -> int:
+    """Copy each named file from `source` to `target` unless it is there; written beside and renamed
+    so an interrupted copy never leaves a partial encoding under its final name."""
+    target.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for name in names:
+        if (target / name).exists():
+            continue
+        partial = target / f".{name}.partial"
+        shutil.copyfile(source / name, partial)
+        partial.replace(target / name)
+        copied += 1
+    return copied
+
+
+def main(mode: str, seed: Path, cache: Path) -> None:
+    if mode == "restore":
+        if (seed / "brotli").is_dir():
+            names = [p.name for p in (seed / "brotli").iterdir() if p.name.endswith(".br")]
+            print(f"brotli seed: {copy_new(seed / 'brotli', cache / 'brotli', names)} runtime encodings restored from {seed.name}")
+    elif mode == "save":
+        hashes = runtime_hashes(cache)
+        names = [p.name for p in (cache / "brotli").glob("*.br") if p.name.split(".")[0] in hashes]
+        print(f"brotli seed: {copy_new(cache / 'brotli', seed / 'brotli', names)} new runtime encodings kept")
+    else:
+        sys.exit(f"usage: {sys.argv[0]} restore|save SEED CACHE")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(f"usage: {sys.argv[0]} restore|save SEED CACHE")
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))
