@@ -1,0 +1,34 @@
+"""scripts/ci_brotli_seed.py: only the encodings of onnxruntime-web's own files outlive a clean clone."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ci_brotli_seed.py"
+
+
+def run(*args: str) -> str:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_save_keeps_runtime_encodings_only_and_restore_brings_them_back(tmp_path):
+    cache, seed, clean = tmp_path / "cache", tmp_path / "seed", tmp_path / "clean"
+    wasm = cache / "runtime" / "onnxruntime-web" / "1.30.0" / "dist" / "ort-wasm-simd-threaded.wasm"
+    wasm.parent.mkdir(parents=True)
+    wasm.write_bytes(b"\0asm runtime bytes")
+    runtime_sha = hashlib.sha256(wasm.read_bytes()).hexdigest()
+    (cache / "brotli").mkdir()
+    (cache / "brotli" / f"{runtime_sha}.q11.br").write_bytes(b"runtime encoding")
+    (cache / "brotli" / f"{'0' * 64}.q5.br").write_bytes(b"a model's weights: the project's own, not kept")
+    assert "1 new runtime encodings kept" in run("save", str(seed), str(cache))
+    assert sorted(p.name for p in (seed / "brotli").iterdir()) == [f"{runtime_sha}.q11.br"]
+    assert "0 new" in run("save", str(seed), str(cache))  # kept once
+    assert "1 runtime encodings restored" in run("restore", str(seed), str(clean))
+    assert (clean / "brotli" / f"{runtime_sha}.q11.br").read_bytes() == b"runtime encoding"
+    assert not list((clean / "brotli").glob(".*"))  # no partial copy left
+
+
+def test_restore_without_a_seed_does_nothing(tmp_path):
+    assert run("restore", str(tmp_path / "none"), str(tmp_path / "cache")) == ""
+    assert not (tmp_path / "cache").exists()
