@@ -158,7 +158,10 @@ def audit_check(base: dict, audit: "node_audit.AuditResult", variant: str, why_a
         worst = max((v for v in verdicts if "rel_l2" in v.metrics), key=lambda v: v.metrics["rel_l2"], default=None)
         figure = f"; worst {worst.line()}" if worst else ""
         skipped = f"; {len(unverifiable)} nodes not verifiable there, {len(audit.not_audited)} not auditable (report.json webgpu_kernels.audit)" if unverifiable or audit.not_audited else ""
-        verdict = check(**base, status="passed", metrics=worst.metrics if worst else {}, threshold=worst.threshold if worst else {}, detail=f"{audited}: every node within bounds, each fed the host's fp32 values, so error that builds up from node to node is not covered{figure}{skipped}")
+        cut = sum(1 for v in verdicts if v.cut)
+        # what a pass does not cover: a cut node is judged at its first outputs only, and each node on exact inputs
+        coverage = f"{cut} of them cut to their first outputs, each fed the host's fp32 values (a kernel error further along a cut node, and error that builds up from node to node, are not covered)"
+        verdict = check(**base, status="passed", metrics=worst.metrics if worst else {}, threshold=worst.threshold if worst else {}, detail=f"{audited}: every node within bounds, {coverage}{figure}{skipped}")
     return verdict, run
 
 
