@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ class RemoteServer:
     address: str  # the namespace's end of the veth pair
     port: int
     process: subprocess.Popen
+    # TMPDIR of what runs in the namespace: the servers are killed, so Playwright and Chromium
+    # never remove their profiles there; this folder goes with the server
+    tmp: Path | None = None
 
     @property
     def url(self) -> str:
@@ -114,16 +118,17 @@ def start_remote_servers(count: int, port: int = 3000) -> list[RemoteServer]:
     try:
         for _ in range(count):
             namespace, ns_ip = _namespace()
+            tmp = Path(tempfile.mkdtemp(prefix="pack-remote-server-"))
             process = subprocess.Popen(
                 ["ip", "netns", "exec", namespace, sys.executable, "-m", "playwright", "run-server", "--port", str(port), "--host", "0.0.0.0", "--unsafe"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)},
             )
-            servers.append(RemoteServer(namespace, ns_ip, port, process))
+            servers.append(RemoteServer(namespace, ns_ip, port, process, tmp))
         for server in servers:
             _wait_listening(server.process, server.address, port, "run-server")
     except BaseException:
         for server in servers:
-            stop_remote_server_namespace(server.namespace)
+            stop_remote_server(server)
         raise
     return servers
 
@@ -150,24 +155,28 @@ asyncio.run(main())
 def start_cdp_browser(profile: Path, port: int = 9223) -> RemoteServer:
     """A fresh namespace running headless Chromium with its DevTools (CDP) port relayed on `port`."""
     namespace, ns_ip = _namespace()
+    tmp = Path(tempfile.mkdtemp(prefix="pack-remote-cdp-"))
     try:
         subprocess.Popen(
             ["ip", "netns", "exec", namespace, "/usr/bin/chromium", "--headless=new", "--no-sandbox", "--enable-unsafe-webgpu",
              f"--user-data-dir={profile}", "--remote-debugging-port=9222", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)},
         )
         relay = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", _RELAY, str(port), "9222"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         _wait_listening(relay, ns_ip, port, "relay")
     except BaseException:
         stop_remote_server_namespace(namespace)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return RemoteServer(namespace, ns_ip, port, relay)
+    return RemoteServer(namespace, ns_ip, port, relay, tmp)
 
 
 def stop_remote_server(server: RemoteServer) -> None:
     server.kill()
     stop_remote_server_namespace(server.namespace)
+    if server.tmp is not None:
+        shutil.rmtree(server.tmp, ignore_errors=True)
 
 
 def stop_remote_server_namespace(namespace: str) -> None:
