@@ -12,9 +12,9 @@ Usage: python3 scripts/ci_brotli_seed.py restore|save SEED CACHE   (stdlib only:
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import shutil
-import sys
 from pathlib import Path
 
 
@@ -51,15 +51,16 @@ def main(mode: str, seed: Path, cache: Path) -> None:
         if (seed / "brotli").is_dir():
             names = [p.name for p in (seed / "brotli").iterdir() if p.name.endswith(".br")]
             print(f"brotli seed: {copy_new(seed / 'brotli', cache / 'brotli', names)} runtime encodings restored from {seed.name}")
-    elif mode == "save":
+    else:
         hashes = runtime_hashes(cache)
         names = [p.name for p in (cache / "brotli").glob("*.br") if p.name.split(".")[0] in hashes]
         print(f"brotli seed: {copy_new(cache / 'brotli', seed / 'brotli', names)} new runtime encodings kept")
-    else:
-        sys.exit(f"usage: {sys.argv[0]} restore|save SEED CACHE")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit(f"usage: {sys.argv[0]} restore|save SEED CACHE")
-    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))
+    parser = argparse.ArgumentParser(description="Keep the brotli encodings of onnxruntime-web's files across clean clones.")
+    parser.add_argument("mode", choices=["restore", "save"])
+    parser.add_argument("seed", type=Path, help="the folder kept outside the clone")
+    parser.add_argument("cache", type=Path, help="the clone's PACK_CACHE_DIR")
+    arguments = parser.parse_args()
+    main(arguments.mode, arguments.seed, arguments.cache)

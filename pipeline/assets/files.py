@@ -12,9 +12,9 @@ from pathlib import Path
 
 import brotli
 
+from pipeline.cache import atomic_write, cache_dir, file_sha256, made_once, remember_digest
 from pipeline.manifest import FileEntry
 from pipeline.media_types import media_type
-from pipeline.cache import atomic_write, cache_dir, file_sha256, made_once, remember_digest
 from pipeline.progress import Progress
 
 HASH_CHARS = 16
