@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import onnx
 
 from pipeline.graph.passes.base import STAGES, PassSettings, Repair
+from pipeline.graph.passes.topo_sort import check_order
 
 PACKAGE = "pipeline.graph.passes"
 # Modules of the folder that hold the shared contract and helpers rather than a repair.
@@ -99,7 +100,8 @@ def run_passes(
     finish: bool = True,
 ) -> tuple[onnx.ModelProto, list[dict[str, Any]]]:
     """Apply the selected repairs (names or entries) in run order, each once, and return the model
-    with one report.json step per repair. `finish` appends the "last" stage (the IR version cap),
+    with one report.json step per repair. A repair that leaves an ordered graph out of order is a
+    bug in it: OrderBroken names it. `finish` appends the "last" stage (the IR version cap),
     whose step is recorded only when it changed something or has a note: it runs on every model."""
     settings = settings or PassSettings()
     chosen = {r.name: r for r in (get(s) if isinstance(s, str) else s for s in selected)}
@@ -108,6 +110,8 @@ def run_passes(
     steps = []
     for repair in sorted(chosen.values(), key=lambda r: r.order):
         result = repair(model, settings)
+        if result.changed:
+            check_order(model, result.model, f"repair {repair.name}")
         model = result.model
         if repair.stage != "last" or result.changed or result.records:
             steps.append(result.as_step(repair.name))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model, declared_types, subgraphs
@@ -84,55 +84,6 @@ def mixed_float_nodes(model: onnx.ModelProto) -> list[str]:
 
     walk(model.graph, {})
     return found
-
-
-def cast_kept_inputs(model: onnx.ModelProto, keep: set[str]) -> int:
-    """Insert `Cast(to=FLOAT)` before fp16 inputs of kept nodes. The converter does this only for
-    inputs declared in the node's own graph, so a kept node inside an If branch that reads an
-    outer-scope tensor would otherwise get fp16. Edits `model` in place; returns the casts added."""
-    added = 0
-    fresh = NameMaker(model.graph)
-
-    def walk(graph: onnx.GraphProto, outer: dict[str, int]) -> None:
-        nonlocal added
-        types = declared_types(graph, outer)
-        position = 0
-        while position < len(graph.node):
-            node = graph.node[position]
-            if node.name in keep and node.op_type != "Cast":
-                for index, name in enumerate(node.input):
-                    if name and types.get(name) == TensorProto.FLOAT16:
-                        cast_out = fresh(f"{name}__fp32_for_{node.name}")
-                        graph.node.insert(position, helper.make_node("Cast", [name], [cast_out], to=TensorProto.FLOAT, name=fresh(f"{node.name}__keep_cast{index}")))
-                        types[cast_out] = TensorProto.FLOAT
-                        node.input[index] = cast_out
-                        position += 1
-                        added += 1
-            for sub in subgraphs(node):
-                walk(sub, types)
-            position += 1
-
-    walk(model.graph, {})
-    return added
-
-
-def restore_fp32_outputs(model: onnx.ModelProto, fp32_outputs: set[str]) -> int:
-    """A kept node that writes a graph output gets a Cast to fp16 after it from the converter, which
-    also relabels the output fp16 (and an fp32 value above 65504 becomes inf). Point that Cast back
-    at fp32 and the output with it: fp32 I/O stays fp32. Edits in place; returns outputs fixed."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    fixed = 0
-    for output in model.graph.output:
-        if output.name in fp32_outputs and output.type.tensor_type.elem_type == TensorProto.FLOAT16:
-            cast = producers.get(output.name)
-            if cast is None or cast.op_type != "Cast":
-                continue
-            for attribute in cast.attribute:
-                if attribute.name == "to":
-                    attribute.i = TensorProto.FLOAT
-            output.type.tensor_type.elem_type = TensorProto.FLOAT
-            fixed += 1
-    return fixed
 
 
 _NODE_PATTERNS = (

@@ -1,15 +1,16 @@
 """fp16 conversion that survives real models, and the reverse upcast for models shipped as fp16.
 
 `convert_with_keeps` = the "fp16-before" repairs (rename names the converter would reuse, detach
-consumed outputs) → unnamed nodes named → onnxconverter-common (fp32 I/O kept, safe block list, the
-nodes kept in fp32) → the "fp16-after" repairs (Cast retarget, topological sort) → full
-onnx.checker; an invalid result keeps more nodes in fp32 and retries (converter_errors.py). Each step is
-recorded for report.json.
+consumed outputs) → topological order, unnamed nodes named → typed_fp16.py (fp16 by construction:
+fp32 I/O kept, the safe block list and the nodes kept in fp32 in fp32, casts only between regions)
+→ the "fp16-after" repairs (Cast retarget, topological sort: no-ops on a typed model, kept for models
+converted elsewhere) → full onnx.checker; an invalid result (or one onnxruntime refuses) keeps more
+nodes in fp32 and retries, reading the error (converter_errors.py). Each step is recorded for
+report.json.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,11 +20,12 @@ from onnx import TensorProto, numpy_helper
 from onnxconverter_common import float16
 
 from pipeline.graph.passes.base import PassResult
-from pipeline.graph.passes.topo_sort import topological_sort
+from pipeline.graph.passes.topo_sort import check_order, topological_sort
 from pipeline.graph.passes.util import all_graphs
 from pipeline.graph.repairs import in_stage, run_passes
-from pipeline.precision.regions import FP16_MAX, FP16_MIN_SUBNORMAL, keep_fp32_regions, unholdable_constants
-from pipeline.precision.converter_errors import ConversionError, KeepFailed, KeptNode, cast_kept_inputs, convert_keeping, kept_list, name_unnamed_nodes, restore_fp32_outputs
+from pipeline.precision.converter_errors import ConversionError, KeepFailed, KeptNode, convert_keeping, kept_list, name_unnamed_nodes
+from pipeline.precision.regions import FP16_MAX, FP16_MIN_SUBNORMAL, unholdable_constants
+from pipeline.precision.typed_fp16 import convert_by_regions
 
 # Ops kept in fp32 on top of the converter's own list: Resize's scales/roi must stay float, Range
 # has no fp16 before opset 27, RandomNormalLike draws in its input's type (docs/precision.md).
@@ -35,28 +37,19 @@ class FP16Refused(Exception):
 
 
 def _converter_step(model: onnx.ModelProto, block_list: list[str], keep: set[str]) -> PassResult:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block_list, node_block_list=sorted(keep), max_finite_val=FP16_MAX, min_positive_val=FP16_MIN_SUBNORMAL)
-        except Exception as error:  # the converter raises bare Exceptions and ValueErrors
-            raise ConversionError(f"onnxconverter-common failed: {error}") from None
-    added = cast_kept_inputs(converted, keep)
-    restore_fp32_outputs(converted, {o.name for o in model.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT})
-    regions = keep_fp32_regions(converted, model)
-    converted = regions.model
-    notes = sorted({str(w.message).splitlines()[0][:200] for w in caught})
-    blocked = sorted({n.op_type for n in model.graph.node if n.op_type in block_list})
+    result, rounding_warnings = convert_by_regions(model, keep, set(block_list), FP16_MAX, FP16_MIN_SUBNORMAL)
+    blocked = sorted({n.op_type for g in all_graphs(model.graph) for n in g.node if n.op_type in block_list})
     what = f"converted to fp16, fp32 I/O kept; ops kept in fp32: {', '.join(blocked) or 'none'}"
     if keep:
-        what += f"; {len(keep)} nodes kept in fp32 ({added} casts added inside subgraphs)"
-    records = [{"what": what}] + regions.records + [{"warning": note} for note in notes]
-    return PassResult(converted, True, records)
+        what += f"; {len(keep)} nodes kept in fp32"
+    records = [{"what": what}] + result.records + [{"warning": note} for note in rounding_warnings]
+    return PassResult(result.model, True, records)
 
 
 def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str]) -> tuple[onnx.ModelProto, list[dict]]:
     """One conversion attempt keeping `keep` in fp32: (the checked fp16 model, its steps)."""
     result = _converter_step(model, block_list, keep)
+    check_order(model, result.model, "fp16_convert")
     converted, after = run_passes(result.model, in_stage("fp16-after"), finish=False)
     try:
         onnx.checker.check_model(converted, full_check=True)
@@ -93,6 +86,7 @@ def convert_with_keeps(model: onnx.ModelProto, extra_block_list: list[str] = (),
     # The IR version cap is not run here: the converter keeps its input's IR version, and the
     # build capped that already.
     prepared, steps = run_passes(model, in_stage("fp16-before"), finish=False)
+    prepared = topological_sort(prepared).model  # the typing places each cast after its value's producer
     named = name_unnamed_nodes(prepared)
     if named.changed:
         steps.append(named.as_step(name_unnamed_nodes.name))

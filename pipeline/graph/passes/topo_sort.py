@@ -41,6 +41,37 @@ def _sorted_nodes(graph: onnx.GraphProto, outer: set[str]) -> list[onnx.NodeProt
     return ordered
 
 
+class OrderBroken(RuntimeError):
+    """A rewrite left a node before the producer of something it reads: a bug in that rewrite."""
+
+
+def out_of_order(model: onnx.ModelProto) -> str | None:
+    """The first read of a value before the node that makes it, in any graph, or None."""
+
+    def walk(graph: onnx.GraphProto, visible: set[str]) -> str | None:
+        made_here = {out for node in graph.node for out in node.output}
+        available = set(visible) | {t.name for t in graph.input} | {t.name for t in graph.initializer} | {""}
+        for node in graph.node:
+            for name in _reads(node):
+                if name in made_here and name not in available:
+                    return f"node '{node.name}' ({node.op_type}) in graph '{graph.name}' reads '{name}' before the node that makes it"
+            available.update(node.output)
+            for sub in subgraphs(node):
+                found = walk(sub, available)
+                if found:
+                    return found
+        return None
+
+    return walk(model.graph, set())
+
+
+def check_order(before: onnx.ModelProto, after: onnx.ModelProto, rewrite_name: str) -> None:
+    """Raise OrderBroken naming the rewrite when `after` is out of order and `before` was not."""
+    broken = out_of_order(after)
+    if broken and out_of_order(before) is None:
+        raise OrderBroken(f"'{rewrite_name}' broke topological order: {broken}")
+
+
 def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
     ordered = _sorted_nodes(model.graph, set())
     if [id(n) for n in ordered] == [id(n) for n in model.graph.node]:
