@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import onnx
 
-from pipeline.manifest import Manifest, Thresholds, Verification, adapter_runs, describe_run, measurements_from, package_verdict, refused, run_sort_key, runs_from_checks, write_manifest
+from pipeline.manifest import Manifest, Thresholds, Verification, adapter_runs, chains_without_refused_eps, describe_run, measurements_from, package_verdict, refused, refused_eps, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import ModelFiles, PackageContents, io_entries, plain_files, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
@@ -394,6 +394,11 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         final = dict(thresholds=thresholds, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
         judged = contents.manifest(verification=verification, **final)  # the runs decide; `passed` follows
         refusals = _refused_pairs(judged)
+        eps_refused = refused_eps(judged)
+        if eps_refused:  # an EP refused leaves the chains that keep another (the loader loads a smaller bundle)
+            verification["refusedEps"] = eps_refused
+            contents = replace(contents, chains=chains_without_refused_eps(judged))
+            judged = contents.manifest(verification=verification, **final)
         passed, verdict = package_verdict(judged)
         if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
             passed = False

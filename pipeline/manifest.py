@@ -97,12 +97,19 @@ class AdapterRuns(TypedDict):
     runs: list[Run]  # the browser runs on devices of this adapter class
 
 
+class RefusedEp(TypedDict):
+    ep: str
+    platforms: list[str]  # the platform chains it had no usable variant in
+    evidence: str  # the failed runs
+
+
 class Verification(TypedDict):
     browser: bool
     passed: bool  # package_verdict: every chain keeps a verified variant per EP
     runs: list[Run]
     adapters: NotRequired[list[AdapterRuns]]  # per adapter class, when verified on several browsers
-    require: NotRequired[list[str]]  # [verify] require
+    require: NotRequired[list[str]]  # [verify] require: variants and EPs
+    refusedEps: NotRequired[list[RefusedEp]]  # EPs no variant is usable on (they left the chains they could)
 
 
 class Measurement(TypedDict):
@@ -446,30 +453,71 @@ def same_adapter_class(a: dict, b: dict) -> bool:
     return aa == ab if (aa or ab) else da == db
 
 
+def usable_variants(manifest: Manifest, bundle: str, ep: str) -> list[str]:
+    """The variants of `ep` in `bundle` that no run refuses and some run passed."""
+    runs = manifest["verification"]["runs"]
+    return [
+        v for v in manifest["variantFor"].get(ep, [])
+        if refused(manifest, bundle, ep, v) is None
+        and any(r["status"] == "passed" and _matches(r["bundle"], bundle) and _matches(r["ep"], ep) and r["variant"] == v for r in runs)
+    ]
+
+
+def _why_refused(manifest: Manifest, bundle: str, ep: str) -> str:
+    return "; ".join(describe_run(r) for r in failed_runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep))
+
+
+def refused_eps(manifest: Manifest) -> list[RefusedEp]:
+    """The EPs that a platform chain keeps no usable variant on, with the evidence (the failed runs)."""
+    found: dict[str, RefusedEp] = {}
+    for platform, chain in manifest["executionProviders"].items():
+        bundle = chain_bundle(chain)
+        for ep in chain:
+            if not usable_variants(manifest, bundle, ep):
+                entry = found.setdefault(ep, {"ep": ep, "platforms": [], "evidence": _why_refused(manifest, bundle, ep) or "no check passed on it"})
+                entry["platforms"].append(platform)
+    return [found[ep] for ep in sorted(found)]
+
+
+def chains_without_refused_eps(manifest: Manifest) -> dict[str, list[str]]:
+    """An EP refused is not a failed package: it leaves each platform chain whose other EPs keep a
+    usable variant in the shorter chain's bundle (a bundle the package ships; the loader then
+    loads the smaller one), and stays in chains that would be left with nothing (package_verdict
+    fails those)."""
+    chains = {}
+    for platform, chain in manifest["executionProviders"].items():
+        kept = [ep for ep in chain if usable_variants(manifest, chain_bundle(chain), ep)]
+        shorter = chain_bundle(kept) if kept else None
+        if kept and kept != list(chain) and shorter in manifest["runtime"]["bundles"] and all(usable_variants(manifest, shorter, ep) for ep in kept):
+            chains[platform] = kept
+        else:
+            chains[platform] = list(chain)
+    return chains
+
+
 def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
-    """The package rule (build's exit code, `pack publish`): a refused variant is not a failed
-    package. Passes when every platform chain has, on each of its EPs, a variant that no run
-    refuses and that some run passed, and no variant in `verification.require` is refused.
-    Returns (passed, the problems that fail it)."""
+    """The package rule (build's exit code, `pack publish`): neither a refused variant nor a refused
+    EP fails a package. Passes when every platform chain keeps a usable variant on at least one of
+    its EPs (the loader falls back past a refused EP), and no variant or EP in
+    `verification.require` is refused. Returns (passed, the problems that fail it)."""
     runs = manifest["verification"]["runs"]
     if not any(run["status"] == "passed" for run in runs):
         return False, ["no check passed (every one failed, was skipped or was not verifiable)"]
     problems = []
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
-        for ep in chain:
-            usable = [
-                v for v in manifest["variantFor"].get(ep, [])
-                if refused(manifest, bundle, ep, v) is None
-                and any(r["status"] == "passed" and _matches(r["bundle"], bundle) and _matches(r["ep"], ep) and r["variant"] == v for r in runs)
-            ]
-            if not usable:
-                why = "; ".join(describe_run(r) for r in failed_runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep))
-                problems.append(f"platform {platform}: no verified variant left on {ep}" + (f" ({why})" if why else ""))
-    for variant in manifest["verification"].get("require", []):
+        if not any(usable_variants(manifest, bundle, ep) for ep in chain):
+            why = "; ".join(filter(None, (_why_refused(manifest, bundle, ep) for ep in chain)))
+            problems.append(f"platform {platform}: no verified variant left on {' or '.join(chain)}" + (f" ({why})" if why else ""))
+    refused_by_ep = {entry["ep"]: entry for entry in refused_eps(manifest)}
+    for required in manifest["verification"].get("require", []):
+        if required in refused_by_ep:
+            entry = refused_by_ep[required]
+            problems.append(f"EP {required} is required ([verify] require) but refused on {', '.join(entry['platforms'])}: {entry['evidence']}")
+            continue
         for run in failed_runs(manifest):
-            if _matches(run["variant"], variant):
-                problems.append(f"variant {variant} is required ([verify] require) but refused: {describe_run(run)}")
+            if _matches(run["variant"], required):
+                problems.append(f"variant {required} is required ([verify] require) but refused: {describe_run(run)}")
                 break
     return not problems, problems
 

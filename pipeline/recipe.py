@@ -89,7 +89,7 @@ class Recipe:
     repairs_auto: bool = True
     repairs: list[str] = field(default_factory=list)
     seed: int = 0
-    verify_require: list[str] = field(default_factory=list)  # [verify] require: variants whose refusal fails the build
+    verify_require: list[str] = field(default_factory=list)  # [verify] require: variants and EPs whose refusal fails the build
     runtime_version: str = DEFAULT_RUNTIME
     runtime_path: Path | None = None  # a local onnxruntime-web build ([runtime] path), instead of npm
     chains: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CHAINS.items()})
@@ -303,10 +303,6 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     verify = r.table(data.get("verify", {}), "verify", ("seed", "require"))
     seed = r.typed(verify, "verify", "seed", int, "an integer")
     recipe.seed = 0 if seed is None else seed
-    require = verify.get("require", [])
-    if not isinstance(require, list) or any(v not in recipe.variants for v in require):
-        r.fail("verify.require", f"a list of the recipe's variants ({', '.join(recipe.variants)})", require)
-    recipe.verify_require = list(require)
 
     runtime = r.table(data.get("runtime", {}), "runtime", ("version", "path"))
     version = r.typed(runtime, "runtime", "version", str, "an onnxruntime-web version like '1.30.0'")
@@ -326,6 +322,12 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     chains = r.table(data.get("execution_providers", {}), "execution_providers", PLATFORMS)
     for platform in chains:
         recipe.chains[platform] = r.choice_list(chains, "execution_providers", platform, EPS)
+
+    require = verify.get("require", [])
+    requirable = [*recipe.variants, *sorted({ep for chain in recipe.chains.values() for ep in chain}, key=EPS.index)]
+    if not isinstance(require, list) or any(v not in requirable for v in require):
+        r.fail("verify.require", f"a list of the recipe's variants and EPs ({', '.join(requirable)})", require)
+    recipe.verify_require = list(require)
 
     loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant", "select"))
     watchdog = r.typed(loader, "loader", "watchdog_ms", int, "milliseconds as an integer")

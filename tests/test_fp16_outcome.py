@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.commands.summary import fp16_kept_lines
-from pipeline.manifest import package_verdict
+from pipeline.manifest import chains_without_refused_eps, package_verdict, refused_eps
 from pipeline.recipe import Recipe
 from pipeline.verify.checks import contradicted_kernel_errors
 from pipeline.verify.stages import _fp16_judge
@@ -34,10 +34,40 @@ def test_a_refused_fp16_leaves_every_chain_a_verified_variant_and_the_package_pa
     assert package_verdict(manifest) == (True, [])
 
 
-def test_a_chain_left_without_a_verified_variant_on_an_ep_fails_the_package():
-    manifest = _manifest([HOST_FP32, WEBGPU_FP32, _run("browser", "webgpu", "wasm", "fp32", "failed", "y: max_abs 1 > 0.001"), _run("host", "*", "*", "fp16", "failed")])
+def test_a_chain_left_without_a_verified_variant_on_any_ep_fails_the_package():
+    wasm_failed = _run("browser", "webgpu", "wasm", "fp32", "failed", "y: max_abs 1 > 0.001")
+    manifest = _manifest([HOST_FP32, _run("browser", "webgpu", "webgpu", "fp32", "failed", "y: rel_l2 1 > 0.001"), wasm_failed, _run("host", "*", "*", "fp16", "failed")])
     passed, problems = package_verdict(manifest)
-    assert not passed and problems[0].startswith("platform desktop: no verified variant left on wasm") and "max_abs 1" in problems[0]
+    assert not passed and problems[0].startswith("platform desktop: no verified variant left on webgpu or wasm") and "max_abs 1" in problems[0]
+
+
+KERNELS_FAILED = [_run("webgpu-kernels", "*", "webgpu", v, "failed", "All inputs must be tensors on WebGPU buffers") for v in ("fp16", "fp32")]
+
+
+def _with_wasm_bundle(manifest: dict) -> dict:
+    """The package also ships the wasm-only bundle (an Apple-mobile chain loads it)."""
+    manifest["runtime"]["bundles"]["wasm"] = dict(manifest["runtime"]["bundles"]["webgpu"], entry="onnxruntime-web/wasm")
+    manifest["executionProviders"]["apple-mobile"] = ["wasm"]
+    return manifest
+
+
+def test_an_ep_refused_for_every_variant_leaves_the_chains_and_the_package_passes():
+    runs = [HOST_FP32, _run("host", "*", "*", "fp16", "passed"), *KERNELS_FAILED, _run("browser", "wasm", "wasm", "fp32", "passed"), WASM_FP32]
+    manifest = _with_wasm_bundle(_manifest(runs))
+    assert package_verdict(manifest) == (True, [])
+    [entry] = refused_eps(manifest)
+    assert entry["ep"] == "webgpu" and entry["platforms"] == ["desktop"] and "All inputs must be tensors on WebGPU buffers" in entry["evidence"]
+    assert chains_without_refused_eps(manifest) == {"desktop": ["wasm"], "apple-mobile": ["wasm"]}
+    # without the wasm-only bundle the chain keeps its bundle, and the loader passes the EP by
+    assert chains_without_refused_eps(_manifest(runs)) == {"desktop": ["webgpu", "wasm"]}
+    assert package_verdict(_manifest(runs)) == (True, [])
+
+
+def test_a_required_ep_that_is_refused_fails_the_package():
+    manifest = _with_wasm_bundle(_manifest([HOST_FP32, *KERNELS_FAILED, WASM_FP32, _run("browser", "wasm", "wasm", "fp32", "passed")]))
+    manifest["verification"]["require"] = ["webgpu"]
+    passed, problems = package_verdict(manifest)
+    assert not passed and problems == ["EP webgpu is required ([verify] require) but refused on desktop: webgpu-kernels fp16 (any bundle, webgpu): failed: All inputs must be tensors on WebGPU buffers; webgpu-kernels fp32 (any bundle, webgpu): failed: All inputs must be tensors on WebGPU buffers"]
 
 
 def test_a_required_variant_that_is_refused_fails_the_package():
@@ -53,7 +83,7 @@ def test_no_passed_run_is_no_verified_package():
     assert package_verdict(manifest) == (False, ["no check passed (every one failed, was skipped or was not verifiable)"])
 
 
-def test_verify_require_names_recipe_variants(tmp_path):
+def test_verify_require_names_recipe_variants_and_eps(tmp_path):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
@@ -61,7 +91,7 @@ def test_verify_require_names_recipe_variants(tmp_path):
     recipe = tmp_path / "r.toml"
     recipe.write_text('name = "r"\nsource = { uri = "m.onnx" }\nvariants = ["fp32"]\n[verify]\nrequire = ["fp16"]\n')
     result = CliRunner().invoke(app, ["build", str(recipe), "--no-browser"])
-    assert result.exit_code == 2 and "verify.require" in result.output
+    assert result.exit_code == 2 and "verify.require" in result.output and "(fp32, webgpu, wasm)" in result.output
 
 
 def test_a_kernel_runtime_error_the_browser_contradicts_is_not_verifiable():

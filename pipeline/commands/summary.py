@@ -256,6 +256,7 @@ def print_summary(report: dict, package_dir: Path) -> None:
         for line in (device_lines(report["browser"], report["checks"]) if grid else browser_lines(report["browser"])):
             echo(line)
     manifest_path = Path(package_dir) / "manifest.json"
+    manifest: dict = {}
     if manifest_path.is_file():
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -285,7 +286,11 @@ def print_summary(report: dict, package_dir: Path) -> None:
     refused_fp = [item for item in report.get("refused") or []]
     if report["passed"] and (refused_fp or report.get("variants_refused")):
         names = sorted({item["variant"] for item in refused_fp} | set(report.get("variants_refused") or {}))
-        echo(f"REFUSED VARIANTS: {', '.join(names)} (listed above; every platform chain still has a verified variant on each EP)")
+        echo(f"REFUSED VARIANTS: {', '.join(names)} (listed above; every platform chain still has a verified variant)")
+    chains = manifest.get("executionProviders") or {}
+    for entry in (manifest.get("verification") or {}).get("refusedEps") or []:
+        now = ", ".join(f"{platform} {' > '.join(chains.get(platform, []))}" for platform in entry["platforms"])
+        echo(f"REFUSED EP: {entry['ep']} (no variant passed on it: {entry['evidence']}); chains now: {now}")
     verdict = "PASSED" if report["passed"] else "FAILED"
     echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped"
          + (f", {errors} error" if (errors := sum(c['status'] == 'error' for c in report['checks'])) else ""))
