@@ -166,3 +166,32 @@ def test_a_repair_that_breaks_order_is_named():
 
     with pytest.raises(OrderBroken, match="'repair reverse_nodes' broke topological order: node '.*' reads '.*' before the node that makes it"):
         run_passes(model, [Repair(name="reverse_nodes", order=999, stage="source", rewrite=reverse)], finish=False)
+
+
+def test_the_fallback_reads_a_checker_error_on_a_block_listed_node_as_its_feeders():
+    """Parsing errors is the fallback, never the mechanism; it reads the Range form the checker
+    gives (`(op_type:Range, node name: …)`) and keeps what feeds the fp32 node."""
+    from pipeline.precision.converter_errors import offending_nodes
+
+    model = name_unnamed_nodes(model_from_text(RANGE_LIMIT_THROUGH_CAST)).model
+    range_node = next(n for n in model.graph.node if n.op_type == "Range")
+    error = f"[ShapeInferenceError] (op_type:Range, node name: {range_node.name}): limit typestr: T, has unsupported type: tensor(float16)"
+    found = offending_nodes(error, None, model, blocked_ops={"Range"})
+    ops = {n.name: n.op_type for n in model.graph.node}
+    assert sorted(ops[name] for name in found) == ["Cast", "Constant", "Constant"]
+    assert all(f"feeds the fp32 node '{range_node.name}'" in why for why in found.values())
+    # onnxruntime's run-time form names the node too
+    assert "Slice_3" in offending_nodes("Non-zero status code returned while running Slice node. Name:'Slice_3' Status Message: …", None, _slice_model(), set())
+
+
+def _slice_model():
+    model = model_from_text("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    s (float[4] x) => (float[2] y) <int64[1] s0 = {0}, int64[1] e0 = {2}> {
+      a = Relu (x)
+      b = Neg (a)
+      c = Abs (b)
+      y = Slice (c, s0, e0)
+    }
+    """)
+    return name_unnamed_nodes(model).model

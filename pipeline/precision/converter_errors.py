@@ -88,6 +88,7 @@ def mixed_float_nodes(model: onnx.ModelProto) -> list[str]:
 
 _NODE_PATTERNS = (
     re.compile(r"node name: ([^)\s][^)]*)\)"),
+    re.compile(r"Name:\s*'([^']+)'"),  # onnxruntime at run time: "running Slice node. Name:'Slice_0'"
     re.compile(r"Node \(([^)]+)\)"),
     re.compile(r"of node \(([^)]+)\)"),
     re.compile(r"Node:\s*([^\s,]+)"),
@@ -128,8 +129,9 @@ def _through_casts(node: onnx.NodeProto, readers: dict, producer: dict, source_n
 
 def offending_nodes(error: str, converted: onnx.ModelProto | None, source: onnx.ModelProto, blocked_ops: set[str] = frozenset()) -> dict[str, str]:
     """{source node name: why} for the nodes an fp16 error points at, with their type neighbourhood.
-    Nodes of `blocked_ops` are fp32 already and never returned."""
-    source_nodes, source_readers, _ = _index(source)
+    Nodes of `blocked_ops` are fp32 already and never returned: when the error names one, the nodes
+    that make its inputs are kept instead (an fp16 value reached it)."""
+    source_nodes, source_readers, source_producer = _index(source)
     names = set(source_nodes)
     first_line = error.strip().splitlines()[0][:160] if error.strip() else "fp16 conversion failed"
     found: dict[str, str] = {}
@@ -140,7 +142,12 @@ def offending_nodes(error: str, converted: onnx.ModelProto | None, source: onnx.
 
     for pattern in _NODE_PATTERNS:
         for name in pattern.findall(error):
-            add(name.strip(), f"named by the fp16 error: {first_line}")
+            name = name.strip()
+            add(name, f"named by the fp16 error: {first_line}")
+            if name in names and source_nodes[name].op_type in blocked_ops:
+                for tensor in source_nodes[name].input:
+                    if tensor in source_producer:
+                        add(source_producer[tensor].name, f"feeds the fp32 node '{name}' named by the fp16 error: {first_line}")
     if converted is not None:
         nodes, readers, producer = _index(converted)
         for pattern in _TENSOR_PATTERNS:
