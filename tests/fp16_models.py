@@ -170,3 +170,37 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
         else:
             feeds[value.name] = rng.uniform(-1, 1, [d.dim_value for d in value.type.tensor_type.shape.dim]).astype(np.float32)
     return feeds
+
+
+def loudness_model(samples: int = 4096, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """An audio feature head with the hazards fp16 kernels get wrong and onnxruntime's CPU EP hides
+    (it computes most fp16 ops in fp32): PCM samples squared beyond 65504 for an RMS normalisation,
+    a loudness z-score E[L²] − E[L]² of ~70 dB values whose fp16 sum of squares overflows on WebGPU
+    (NaN there), epsilons below fp16's range, beside a small MLP that fp16 handles."""
+    rng = np.random.default_rng(seed)
+    f = lambda name, value: numpy_helper.from_array(np.asarray(value, np.float32), name)  # noqa: E731
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["feat", "w"], ["h"], name="proj"), n("Tanh", ["h"], ["t"], name="act"),
+        n("Mul", ["audio", "pcm"], ["samples"], name="to_pcm"), n("Mul", ["samples", "samples"], ["sq"], name="square"),
+        n("ReduceMean", ["sq", "last"], ["ms"], name="mean_square", keepdims=1), n("Add", ["ms", "eps"], ["ms_eps"], name="add_eps"),
+        n("Sqrt", ["ms_eps"], ["rms"], name="rms"), n("Div", ["samples", "rms"], ["rms_normalized"], name="normalize"),
+        n("Mul", ["t", "ten"], ["l10"], name="loud_scale"), n("Add", ["l10", "seventy"], ["loud"], name="loudness"),
+        n("ReduceMean", ["loud", "last"], ["lm"], name="loud_mean", keepdims=1), n("Sub", ["loud", "lm"], ["lc"], name="loud_centre"),
+        n("Mul", ["loud", "loud"], ["l2"], name="loud_sq"), n("ReduceMean", ["l2", "last"], ["e2"], name="loud_e2", keepdims=1),
+        n("Mul", ["lm", "lm"], ["lm2"], name="loud_m2"), n("Sub", ["e2", "lm2"], ["var"], name="loud_var"),
+        n("Add", ["var", "eps"], ["var_eps"], name="var_eps"), n("Sqrt", ["var_eps"], ["std"], name="loud_std"),
+        n("Div", ["lc", "std"], ["loudness_z"], name="zscore"), n("Mul", ["t", "half"], ["y"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes, "loudness",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 1, samples]), helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 64, 64])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in (("rms_normalized", [1, 1, samples]), ("loudness_z", [1, 64, 64]), ("y", [1, 64, 64]))],
+        [numpy_helper.from_array(np.array([2], np.int64), "last"), f("eps", 1e-8), f("seventy", 70.0), f("ten", 10.0),
+         f("w", rng.normal(0, 0.3, (64, 64))), f("half", 0.5), f("pcm", 32768.0)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"audio": rng.uniform(-0.3, 0.3, (1, 1, samples)).astype(np.float32), "feat": rng.uniform(-1, 1, (1, 64, 64)).astype(np.float32)}
+    return model, feeds

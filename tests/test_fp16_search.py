@@ -325,3 +325,40 @@ def test_over_the_whole_run_limit_the_node_audit_judges_the_search(tmp_path, mon
     assert [(n["node"], n["evaluator"]) for n in search["node_failures"]] == [("long_matmul", "webgpu-kernels")]
     assert "K = 4096" in search["node_failures"][0]["why"] or "4096" in search["node_failures"][0]["why"]
     assert search["minimal"] and search["trials"] == 1 and "failed" not in search, search  # one trial: the named node kept
+
+
+@pytest.mark.slow
+def test_a_failure_only_the_webgpu_kernels_show_is_ranked_and_searched_there(tmp_path):
+    """Issue 26 must-have 4: the loudness head passes the host (the CPU EP computes fp16 in fp32)
+    and is NaN on fp16 WebGPU kernels; the nodes whose fp16 output turns NaN/Inf there, against the
+    fp32 intermediates, rank first, and the search keeps what fixes it."""
+    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    if webgpu_kernels.unavailable_reason():
+        pytest.skip(webgpu_kernels.unavailable_reason())
+    from pipeline.precision.fp16 import convert_with_keeps
+    from pipeline.precision.kept_nodes import Fp16Context
+    from pipeline.precision.ranking import divergent_nodes
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.stages import fp16_evaluators
+    from fp16_models import loudness_model
+
+    model, feeds = loudness_model()
+    host = lambda path, f: run_model(path, f).outputs  # noqa: E731
+    on_webgpu = lambda path, f: webgpu_kernels.run_on_webgpu(path, f).outputs  # noqa: E731
+    plain = convert_with_keeps(model).model
+    ranked = divergent_nodes(model, plain, feeds, host, on_webgpu)
+    assert {stat.node for stat in ranked[:2]} == {"square", "loud_e2"}, [(s.node, s.why) for s in ranked]
+    assert all("NaN or Inf" in stat.why for stat in ranked[:2])
+    assert "loud_e2" not in {stat.node for stat in divergent_nodes(model, plain, feeds, host, host)}  # the CPU EP hides it
+
+    reference_file = save(model, tmp_path / "ref.onnx")
+    recipe = Recipe(name="loudness", path=None)
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    context = Fp16Context(feeds, host, evaluators, LockFile(None), Progress.quiet())
+    made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
+    fp16 = next(v for v in made.variants if v.name == "fp16")
+    kept = {k["node"]: k["why"] for k in fp16.kept_fp32}
+    assert "loud_e2" in kept and kept["loud_e2"].startswith("search: webgpu-kernels: its fp16 output turns NaN or Inf")
+    record = next(s for s in made.steps if s["name"] == "fp16_keep_fp32")["records"][0]
+    assert record["search"]["ranked"][0]["why"].startswith("webgpu-kernels: its fp16 output turns NaN or Inf")

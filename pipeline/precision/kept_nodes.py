@@ -20,7 +20,7 @@ from pipeline.lockfile import LockFile
 from pipeline.precision.detect import weight_bytes_by_type
 from pipeline.precision.fp16 import SAFE_BLOCK_LIST
 from pipeline.precision.kernel_hazards import known_kernel_hazards
-from pipeline.precision.ranking import RunOutputs, rank_nodes
+from pipeline.precision.ranking import RunOutputs, divergent_nodes, rank_nodes
 from pipeline.precision.search import SearchResult, search_keep_set
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -43,6 +43,9 @@ class Evaluator:
     # for each node the candidate fails, a node that then fails in every candidate leaving it in fp16.
     failing_nodes: Callable[[Path], dict[str, str]] | None = None
     facts: Callable[[], dict] | None = None  # what its trials cost (the node audit: node runs, verdicts reused)
+    # Runs a model where this evaluator judges (every output, for the divergence ranking), or None
+    # where it cannot run a whole model (the node audit ranks by failing_nodes instead).
+    run_outputs: RunOutputs | None = None
 
 
 @dataclass
@@ -234,6 +237,22 @@ def _failing_nodes(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> d
     return found
 
 
+def _divergence_first(named: onnx.ModelProto, converted: onnx.ModelProto, failing: dict[tuple[str, str], str], blocked: set[str], context: Fp16Context, ranked: list) -> list:
+    """A failure is ranked where it is seen: on each failing evaluator that runs whole models, the
+    nodes whose fp16 output adds the most error to the fp32 intermediates there come first (the
+    first failing evaluator's first), then the fp32-run ranking."""
+    first: list = []
+    for evaluator in context.evaluators:
+        if evaluator.run_outputs is None or not any(name == evaluator.name for name, _ in failing):
+            continue
+        for stat in divergent_nodes(named, converted, context.feeds, context.run_outputs, evaluator.run_outputs, blocked):
+            if stat.node not in {s.node for s in first}:
+                stat.why = f"{evaluator.name}: {stat.why}"
+                first.append(stat)
+    named_first = {stat.node for stat in first}
+    return first + [stat for stat in ranked if stat.node not in named_first]
+
+
 def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, str], detail: str, recipe: Recipe, convert: Convert, context: Fp16Context) -> tuple[dict, onnx.ModelProto, dict[str, str]]:
     """The search for nodes to keep in fp32 when `converted` misses a threshold ("first failure"
     `detail`): (its report figures, the fp16 model, kept {node: why}). Nodes a node-local
@@ -271,7 +290,8 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         result = SearchResult(True, [], tried[0], time.perf_counter() - started, True)
     else:
         blocked = set(SAFE_BLOCK_LIST) | set(recipe.fp16_block_ops)
-        ranked = [stat for stat in rank_nodes(named, context.feeds, context.run_outputs, blocked) if stat.node not in kept and stat.node not in needed]
+        ranked = _divergence_first(named, converted, failures_of([]), blocked, context, rank_nodes(named, context.feeds, context.run_outputs, blocked))
+        ranked = [stat for stat in ranked if stat.node not in kept and stat.node not in needed]
         why.update({stat.node: f"search: {stat.why}" for stat in ranked})
         pool = [stat.node for stat in ranked]
         # Keeping every candidate shows what no node choice fixes (one trial, reused by the search).

@@ -187,3 +187,65 @@ def _rank_discrete_inputs(model: onnx.ModelProto, by_name: dict[str, NodeStat], 
                 if name in nodes:
                     upstream += [producer[i] for i in nodes[name].input if i in producer]
             frontier = upstream
+
+
+def _exposed_floats(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The (fp16) model with every fp32 and fp16 value its main-graph nodes make as a graph output."""
+    exposed = copy_model(model)
+    inferred = onnx.shape_inference.infer_shapes(exposed)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    present = {o.name for o in exposed.graph.output}
+    for node in exposed.graph.node:
+        for name in node.output:
+            if name and name not in present and types.get(name) in (TensorProto.FLOAT, TensorProto.FLOAT16):
+                exposed.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
+                present.add(name)
+    return exposed
+
+
+def _error_of_range(reference: np.ndarray, value: np.ndarray) -> float:
+    """max |value - reference| as a share of the reference's largest |x|; inf where the fp16 value
+    is NaN or Inf and the reference is finite."""
+    reference, value = np.asarray(reference, np.float64), np.asarray(value, np.float64)
+    if reference.shape != value.shape:
+        return 0.0
+    finite = np.isfinite(reference)
+    if np.any(finite & ~np.isfinite(value)):
+        return math.inf
+    if not finite.any():
+        return 0.0
+    scale = float(np.abs(reference[finite]).max()) or 1.0
+    return float(np.abs(value[finite] - reference[finite]).max()) / scale
+
+
+DIVERGENCE_FLOOR = 1e-3  # error a node adds, as a share of its output's range, below which it is not ranked by divergence
+
+
+def divergent_nodes(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: dict[str, np.ndarray], run_reference: RunOutputs, run_candidate: RunOutputs, blocked_ops: set[str] = frozenset()) -> list[NodeStat]:
+    """The main-graph nodes of `model` whose fp16 output in `candidate`, run where the candidate
+    fails (`run_candidate`: the WebGPU kernels, say), adds the most error to the fp32 intermediates
+    (`run_reference`), most first: the error of its output (NaN or Inf where fp32 is finite: infinite)
+    less the largest error of its inputs, so the node where the error starts ranks above the nodes
+    it flows through. Nodes adding less than DIVERGENCE_FLOOR are left out."""
+    exposed, _ = exposed_model(model)
+    with tempfile.TemporaryDirectory(prefix="pack-diverge-") as tmp:
+        reference_path, candidate_path = Path(tmp) / "reference.onnx", Path(tmp) / "candidate.onnx"
+        reference_path.write_bytes(model_bytes(exposed))
+        candidate_path.write_bytes(model_bytes(_exposed_floats(candidate)))
+        reference, values = run_reference(reference_path, feeds), run_candidate(candidate_path, feeds)
+    if reference is None or values is None:
+        return []
+    error: dict[str, float] = {}
+    stats = []
+    for index, node in enumerate(model.graph.node):
+        errors = [_error_of_range(reference[name], values[name]) for name in node.output if name in reference and name in values]
+        if not errors:
+            continue
+        error.update({name: e for name, e in zip([n for n in node.output if n in reference and n in values], errors)})
+        added = max(errors) - max((error.get(name, 0.0) for name in node.input), default=0.0)
+        if node.op_type in _NOT_CANDIDATES or node.op_type in blocked_ops or not node.name or not added >= DIVERGENCE_FLOOR:
+            continue
+        why = "its fp16 output turns NaN or Inf where fp32 is finite" if math.isinf(max(errors)) else f"its fp16 output adds {added:.3g} of its range to its inputs' error"
+        stats.append(NodeStat(node.name, node.op_type, _max_abs(np.asarray(reference[node.output[0]], np.float64)) if node.output[0] in reference else 0.0, 1.0, (1e7 if math.isinf(added) else 1e6 * added) - index * 1e-12, why))
+    stats.sort(key=lambda stat: -stat.score)
+    return stats

@@ -214,7 +214,7 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
     the fp32 `model` (audit_evaluator.py: its failed nodes are the failures, each trial re-runs only
     the nodes whose precision changed); without `model` such a candidate blocks nothing."""
     host = _fp16_judge(run_model, "cpu", reference, feeds, recipe)
-    evaluators = [Evaluator("host cpu", host, host.failures)]
+    evaluators = [Evaluator("host cpu", host, host.failures, run_outputs=lambda path, run_feeds: run_model(path, run_feeds).outputs)]
     try:
         from pipeline.verify import webgpu_kernels
     except ImportError:
@@ -222,8 +222,9 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
     if webgpu_kernels.unavailable_reason() is None:
         nchw = lambda path, run_feeds: webgpu_kernels.run_on_webgpu(path, run_feeds, {"preferredLayout": "NCHW"})  # noqa: E731
         whole = _fp16_judge(webgpu_kernels.run_on_webgpu, "webgpu", reference, feeds, recipe, retry=nchw)
+        run_whole = lambda path, run_feeds: webgpu_kernels.run_on_webgpu(path, run_feeds).outputs  # noqa: E731 - None over the whole-run limit
         if model is None:
-            evaluators.append(Evaluator("webgpu-kernels", whole, whole.failures))
+            evaluators.append(Evaluator("webgpu-kernels", whole, whole.failures, run_outputs=run_whole))
             return evaluators
         from pipeline.verify.audit_evaluator import CandidateAudit
 
@@ -235,7 +236,7 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
         def failing_nodes(path: Path) -> dict[str, str]:
             return audit.failing_nodes(path) if webgpu_kernels.whole_run_limit(path, feeds) else {}
 
-        evaluators.append(Evaluator("webgpu-kernels", _judge_of(failures), failures, failing_nodes, audit.facts))
+        evaluators.append(Evaluator("webgpu-kernels", _judge_of(failures), failures, failing_nodes, audit.facts, run_whole))
     return evaluators
 
 
