@@ -182,3 +182,12 @@ def test_the_product_imports_nothing_from_scripts_or_lab():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(name.split(".")[0] in ("scripts", "lab", "tests") for name in names), f"{path.relative_to(REPO)} imports {names}"
+
+
+@smoke_test("measure_fp16_corpus.py")
+def test_measure_fp16_corpus_smoke(tmp_path):
+    [row] = smoke("measure_fp16_corpus.py", str(tmp_path / "dist"))
+    assert (row["model"], row["exporter"], row["size"]) == ("lama", "torchscript", "small")
+    # the Range over a Cast of a traced size (issue 26) converts: an fp16 model ships
+    assert 0 < row["fp16_bytes"] < row["fp32_bytes"] and positive(row["build_s"]), row
+    assert not row["verdict"].startswith("refused: converted model is invalid"), row
