@@ -174,9 +174,10 @@ def package(tmp_path_factory, world):
     folder = tmp_path_factory.mktemp("built")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PACK_WEBGPU_KERNELS", "off")
+        patch.setattr("pipeline.progress._isatty", lambda stream: True)  # the download bar and "pinned" line drawn
         uri = f"http://{world['server']}/tiny.onnx?X-Amz-Credential={SECRETS['recipe uri credential']}&X-Amz-Signature={SECRETS['recipe uri']}"
         recipe = write_recipe(folder, uri)
-        result = pack("build", str(recipe), "--no-browser", "--json", "--out", str(folder / "dist"))
+        result = pack("build", str(recipe), "--no-browser", "--out", str(folder / "dist"))
     check(result, 0, folder / "dist", folder / "tiny.lock.json", world=world)  # the recipe is the input: not searched
     return folder / "dist" / "tiny"
 
