@@ -47,6 +47,7 @@ from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
+from pipeline.urls import mask_url
 from pipeline.verify.browser.run_plan import plan_runs
 from pipeline.verify.checks import contradicted_kernel_errors, self_reference_checks, skipped_runs
 from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
@@ -124,7 +125,7 @@ def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
     """The file this build uses (--source or the recipe's) and the published facts to check it by."""
     return SourceRequest(
         recipe_name=recipe.name,
-        rebuild=f"pack build {options.target}",
+        rebuild=f"pack build {mask_url(options.target)}",
         uri=options.source or recipe.source,
         published_uri=recipe.source,
         published_sha256=recipe.source_sha256,
@@ -282,16 +283,18 @@ def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock_entry: di
         "input_shapes": sorted(options.input_shapes),
         "browser": options.browser,
         "gpu": options.gpu,
-        "source_given": options.source,
+        "source_given": mask_url(options.source) if options.source else None,
     }
     runtime = recipe.runtime_version
     if recipe.runtime_path is not None:  # a local build: its bundles are what runs
         local = local_runtime(Path(recipe.runtime_path))  # only the files a package ships, not the build tree
         shipped = sorted({path for bundle in local.bundles.values() for path in (bundle.module, bundle.wasm, bundle.glue) if path is not None})
         runtime += ":" + "".join(file_sha256(path) for path in shipped)
+    # the source's bytes are hashed: its URL counts as masked, so a signed URL signed again reuses the build
+    recipe_data = {**as_data(recipe), "source": mask_url(recipe.source) if recipe.source else recipe.source}
     return BuildInputs(
         source=source_hashes(fetched.path, fetched.sha256),
-        recipe=as_data(recipe),
+        recipe=recipe_data,
         options=options_data,
         lock={"entry": lock_entry},
         runtime=runtime,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from pipeline.urls import mask_urls
+
 
 class PackError(Exception):
     """Bad input or environment: one line, names the culprit and the fix; exit code 2."""
@@ -44,4 +46,4 @@ def raise_terminated(signum: int, frame) -> None:  # noqa: ARG001 - signal handl
 
 def warn(message: str) -> None:
     """One line on stderr for something pack did on the user's behalf (stdout stays clean for --json)."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    print(f"warning: {mask_urls(message)}", file=sys.stderr, flush=True)

@@ -2,7 +2,8 @@
 
 One `Progress` object is passed down a command; long steps call `task()` for a bar or `note()` for a
 status line. Bars are drawn by `rich` (rate and time left per bar, several bars at once, e.g.
-parallel uploads); all output goes to stderr so stdout stays clean for --json.
+parallel uploads); all output goes to stderr so stdout stays clean for --json. Every URL in a
+line is masked (pipeline/urls.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
+
+from pipeline.urls import mask_urls
 
 
 def _rich_bars(stream):  # -> (rich Console, rich Progress); rich is imported only to draw
@@ -101,7 +104,7 @@ class Progress:
 
     def note(self, message: str) -> None:
         if self.enabled:
-            self._console.print(message, markup=False, highlight=False)
+            self._console.print(mask_urls(message), markup=False, highlight=False)
 
     @contextmanager
     def task(self, label: str, total: float | None = None, unit: str = "items") -> Iterator[Task]:

@@ -97,7 +97,7 @@ def test_two_endpoints_verify_through_the_connection_and_a_killed_one_errors(pac
     document = json.loads(result.stdout)
     browser = document["browser"]
     endpoints = {entry["endpoint"]: entry for entry in browser["endpoints"]}
-    first_label = f"{first.url}?***"
+    first_label = f"{first.url}?token=***"
     assert list(endpoints) == [first_label, second.url, doomed.url]
     # (b) both live endpoints verified everything; their checks sit under one device
     for label in (first_label, second.url):
@@ -206,19 +206,19 @@ def test_a_failure_on_one_adapter_class_steers_the_loader_on_that_class_only(pac
 
 
 def test_endpoint_options_parse_and_never_print_tokens(package):
-    from pipeline.verify.browser.remote import CDP, LOCAL, parse_endpoints, redact, scrub
+    from pipeline.verify.browser.remote import CDP, LOCAL, parse_endpoints
 
     endpoints = parse_endpoints([f"wss://grid.example:443/playwright?token={TOKEN}, local", "ws://10.0.0.2:3000/"], ["http://10.0.0.3:9222"])
     assert [e.kind for e in endpoints] == [CONNECT, LOCAL, CONNECT, CDP]
-    assert [e.label for e in endpoints] == ["wss://grid.example:443/playwright?***", "local", "ws://10.0.0.2:3000/", "http://10.0.0.3:9222 (cdp)"]
+    assert [e.label for e in endpoints] == ["wss://grid.example:443/playwright?token=***", "local", "ws://10.0.0.2:3000/", "http://10.0.0.3:9222 (cdp)"]
     assert parse_endpoints(["ws://a:1/,ws://a:1/"], None) == [Endpoint(CONNECT, "ws://a:1/")]
-    assert redact(f"wss://user:pw@cloud.example/v1/{TOKEN}/chromium") == "wss://cloud.example/v1/***/chromium"
-    message = f"WebSocket error: wss://user:pw@cloud.example/v1/{TOKEN}/chromium 401 (token {TOKEN}, pw)"
-    scrubbed = scrub(message, Endpoint(CONNECT, f"wss://user:pw@cloud.example/v1/{TOKEN}/chromium"))
-    assert TOKEN not in scrubbed and "pw@" not in scrubbed and "wss://cloud.example/v1/***/chromium" in scrubbed
+    cloud = Endpoint(CONNECT, f"wss://user:pw@cloud.example/v1/{TOKEN}/chromium")
+    assert cloud.label == "wss://***@cloud.example/v1/***/chromium"
+    scrubbed = cloud.scrub(f"WebSocket error: wss://user:pw@cloud.example/v1/{TOKEN}/chromium 401 (token {TOKEN}, pw)")
+    assert TOKEN not in scrubbed and "pw@" not in scrubbed and "wss://***@cloud.example/v1/***/chromium" in scrubbed
     # bad input: one line, exit 2, the token not echoed
     for args, expected in (
-        (["--browser", f"http://grid:3000/?token={TOKEN}"], "error: --browser http://grid:3000/?***: not a ws:// or wss:// URL (or `local`)"),
+        (["--browser", f"http://grid:3000/?token={TOKEN}"], "error: --browser http://grid:3000/?token=***: not a ws:// or wss:// URL (or `local`)"),
         (["--cdp", "grid:9222"], "error: --cdp grid:9222: not a ws:// or wss:// or http:// or https:// URL"),
         (["--browser", "ws://grid:3000/", "--runtime", "1.30.0"], "error: --runtime with --browser/--cdp"),
     ):

@@ -100,10 +100,10 @@ def recipes(
 
 def _recipe_row(recipe) -> dict:
     from pipeline.lockfile import lock_for
-    from pipeline.source import LOCK_SECTION
+    from pipeline.source import LOCK_SECTION, pin_names
 
     pinned = lock_for(recipe, None).get(recipe.name, LOCK_SECTION) if recipe.source else None
-    pinned = pinned if pinned and pinned.get("uri") == recipe.source else None
+    pinned = pinned if pin_names(pinned, recipe.source) else None
     return {
         "name": recipe.name,
         "description": recipe.description,

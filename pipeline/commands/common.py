@@ -16,11 +16,13 @@ import typer
 
 from pipeline.errors import PackError, interrupt_exit_code, raise_terminated
 from pipeline.progress import Progress
+from pipeline.urls import mask_urls
 
 
 @contextmanager
 def cli_errors() -> Iterator[None]:
-    """Run a command body: a PackError becomes its one-line message on stderr and exit code 2;
+    """Run a command body: a PackError becomes its one-line message on stderr (every URL in it
+    masked) and exit code 2;
     Ctrl-C (exit 130) and SIGTERM (exit 143) unwind through the same clean-up paths and end with
     one line instead of a traceback."""
     previous = None
@@ -29,7 +31,7 @@ def cli_errors() -> Iterator[None]:
     try:
         yield
     except PackError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {mask_urls(str(error))}", err=True)
         raise typer.Exit(error.exit_code) from None
     except KeyboardInterrupt as error:
         code = interrupt_exit_code(error)
@@ -88,4 +90,15 @@ def progress_for(json_output: bool) -> Progress:
 
 
 def print_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+    """`document` on stdout, every URL in it masked (pipeline/urls.py)."""
+    sys.stdout.write(json.dumps(_masked(document), indent=2, sort_keys=False) + "\n")
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_urls(value)
+    if isinstance(value, dict):
+        return {key: _masked(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_masked(item) for item in value]
+    return value

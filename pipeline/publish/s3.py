@@ -24,6 +24,7 @@ import botocore.session
 from botocore.config import Config
 
 from pipeline.errors import PackError
+from pipeline.urls import mask_url
 
 # One pool slot per transfer thread plus the HEAD workers, so threads never wait for a socket.
 # 16 in flight: on loopback moto, 200 MB went up in 5.9-6.6 s against 6.7-9.0 s with 8
@@ -42,6 +43,18 @@ class Target:
     region: str | None = None
     profile: str | None = None
     public_url: str | None = None
+
+    def __post_init__(self) -> None:
+        # The bucket's keys come from the AWS credentials, and browsers fetch the public URL
+        # anonymously: credentials in either URL would only end up in logs. Object URLs are the
+        # base URL plus a key, so neither takes a query either.
+        for option, url, fix in (
+            ("--endpoint-url", self.endpoint_url, "the bucket's key pair goes in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or --profile / AWS_PROFILE)"),
+            ("--public-url", self.public_url, "browsers fetch the package anonymously, so its public URL holds no credentials"),
+        ):
+            parts = urlsplit(url or "")
+            if "@" in parts.netloc or parts.query or parts.fragment:
+                raise PackError(f"{option} {mask_url(url or '')}: give the base URL alone, without user info, query or fragment; {fix}")
 
     def key(self, package: str, path: str) -> str:
         return "/".join(part for part in (self.prefix, package, path) if part)
@@ -63,7 +76,7 @@ class Target:
 
     def describe(self) -> str:
         where = f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}"
-        return f"{where} at {self.endpoint_url}" if self.endpoint_url else where
+        return f"{where} at {mask_url(self.endpoint_url)}" if self.endpoint_url else where
 
 
 def normalize_prefix(prefix: str | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
@@ -14,6 +14,7 @@ from pipeline.progress import Progress
 from pipeline.source.download import DownloadMismatch, SourceUnreachable, download
 from pipeline.source.identify import describe_file, recipe_with_sha256
 from pipeline.source.packages import fetch_package_file
+from pipeline.urls import mask_url
 
 LOCK_SECTION = "source"
 
@@ -35,16 +36,26 @@ def is_url(spec: str) -> bool:
     return spec.startswith("http://") or spec.startswith("https://")
 
 
+def _file_name(spec: str) -> str:
+    """The file a source names, for a short message: the last segment of a URL's path (no query)."""
+    return Path(urlsplit(spec).path).name if is_url(spec) else spec.rsplit("/", 1)[-1]
+
+
 def public_uri(spec: str) -> str:
     """The source as report.json may show it once published: registry specs as they are, URLs
-    without credentials or query (signed URLs carry tokens there), local paths as their file name
-    (the build machine's folders are nobody's business)."""
+    masked (pipeline/urls.py: no credentials, no query values; signed URLs carry tokens there),
+    local paths as their file name (the build machine's folders are nobody's business)."""
     if is_url(spec):
-        parts = urlsplit(spec)
-        return urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
+        return mask_url(spec)
     if spec.startswith(("pypi:", "npm:")):
         return spec
     return Path(spec).name
+
+
+def pin_names(pinned: dict | None, *uris: str | None) -> bool:
+    """Whether a lock pin was taken from one of `uris`. Pins record the URL masked, so a signed
+    URL signed again (a new `X-Amz-Signature`) still names the same pinned file."""
+    return pinned is not None and mask_url(str(pinned.get("uri"))) in {mask_url(uri) for uri in uris if uri}
 
 
 def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Progress, sha256_origin: str = "recipe key 'source.sha256'") -> Path:
@@ -52,7 +63,7 @@ def resolve_source(spec: str, sha256: str | None, base_dir: Path, progress: Prog
     `sha256_origin` names where `sha256` came from, for the hint when it does not match."""
     if is_url(spec):
         if not sha256:
-            raise PackError(f"source {spec}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256), or a lock file to pin it in (--lock FILE)")
+            raise PackError(f"source {mask_url(spec)}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256), or a lock file to pin it in (--lock FILE)")
         return download(spec, sha256, progress, sha256_origin)
     path = _local_or_package(spec, base_dir, progress)
     if sha256:
@@ -93,7 +104,7 @@ ORIGIN_LABELS = {"--sha256": "--sha256", "recipe": "recipe key 'source.sha256'"}
 
 
 def _published_text(request: SourceRequest) -> str:
-    name = (request.published_uri or "?").rsplit("/", 1)[-1]
+    name = _file_name(request.published_uri or "?")
     facts = []
     if request.published_size:
         facts.append(f"{request.published_size} bytes")
@@ -134,7 +145,7 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
     lock's pin (a file fetched from a URL or registry with none is pinned there now)."""
     pinned = lock.get(request.recipe_name, LOCK_SECTION)
     # A pin belongs to the file it was taken from; --source PATH standing in for that file counts.
-    pin_applies = pinned is not None and pinned.get("uri") in (request.uri, request.published_uri)
+    pin_applies = pin_names(pinned, request.uri, request.published_uri)
     if request.given_sha256:
         expected, origin = request.given_sha256, "--sha256"
     elif request.published_sha256:
@@ -145,7 +156,7 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         expected, origin = None, "unchecked"
     if is_url(request.uri):
         if expected is None and lock.path is None:
-            raise PackError(f"source {request.uri}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256), or a lock file to pin it in (--lock FILE)")
+            raise PackError(f"source {mask_url(request.uri)}: an https source needs its sha256 (recipe key 'source.sha256' or --sha256), or a lock file to pin it in (--lock FILE)")
         try:
             path = download(request.uri, expected, progress, ORIGIN_LABELS.get(origin, origin))
         except SourceUnreachable as error:
@@ -153,11 +164,11 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         except DownloadMismatch as error:
             if origin == "lock":
                 raise PackError(
-                    f"source {request.uri}: the upstream file changed: sha256 is now {error.actual}, {lock.path} pins {error.expected}; "
+                    f"source {mask_url(request.uri)}: the upstream file changed: sha256 is now {error.actual}, {lock.path} pins {error.expected}; "
                     f"check the new file, then re-pin by deleting the '{LOCK_SECTION}' entry of '{request.recipe_name}' in {lock.path} (or pass --sha256 {error.actual})"
                 ) from None
             if origin == "recipe":
-                raise PackError(f"source {request.uri}: sha256 is {error.actual}, the recipe expects {error.expected}; a changed or different file: pass --sha256 {error.actual} if this is the file you mean") from None
+                raise PackError(f"source {mask_url(request.uri)}: sha256 is {error.actual}, the recipe expects {error.expected}; a changed or different file: pass --sha256 {error.actual} if this is the file you mean") from None
             raise
         actual = path.name if expected is None else expected  # the cache names a download by its hash
     else:
@@ -173,7 +184,7 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
             raise _not_the_expected_file(request, path, actual, expected, origin, lock)
     if expected is None and actual is not None and lock.path is not None:
         pinned_uri = request.published_uri if request.overridden and not is_url(request.uri) and request.published_uri else request.uri
-        lock.put(request.recipe_name, LOCK_SECTION, {"uri": pinned_uri, "sha256": actual, "size": path.stat().st_size})
-        progress.note(f"pinned {pinned_uri.rsplit('/', 1)[-1]} (sha256 {actual[:12]}…) in {lock.path}")
+        lock.put(request.recipe_name, LOCK_SECTION, {"uri": mask_url(pinned_uri), "sha256": actual, "size": path.stat().st_size})
+        progress.note(f"pinned {_file_name(pinned_uri)} (sha256 {actual[:12]}…) in {lock.path}")
         origin = "pinned now"
     return ResolvedSource(path=path, sha256=actual, checked_against=origin)

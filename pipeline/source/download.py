@@ -1,5 +1,9 @@
 """https downloads: streamed with a progress bar, resumable, cached by sha256 and checked.
 
+Credentials in the URL (`https://user:token@host/...`) are sent as HTTP Basic auth, to that host
+only (never on to a redirect's), and never recorded: messages, the lock file and the report show
+the URL masked (pipeline/urls.py), as they do a signed URL's query (`X-Amz-Signature=***`).
+
 TLS is always verified, against the system's CAs plus, when `PACK_CA_BUNDLE` names a PEM file,
 that file's CAs (a company proxy that re-signs TLS, or a test server); `SSL_CERT_FILE` replaces
 the system's CAs as OpenSSL defines it.
@@ -7,16 +11,20 @@ the system's CAs as OpenSSL defines it.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.client
 import os
 import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipeline.cache import cache_dir, file_sha256
 from pipeline.errors import PackError
 from pipeline.progress import Progress
+from pipeline.urls import mask_url, scrub
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
@@ -27,8 +35,8 @@ class SourceUnreachable(PackError):
     """The server could not be reached or refused the file: the caller adds how to get it otherwise."""
 
     def __init__(self, url: str, reason: str):
-        super().__init__(f"source {url}: {reason}")
-        self.url = url
+        super().__init__(f"source {mask_url(url)}: {reason}")
+        self.url = mask_url(url)
         self.reason = reason
 
 
@@ -56,9 +64,12 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
         target = None
         partial = cache_dir("downloads") / f"unpinned-{hashlib.sha256(url.encode()).hexdigest()[:24]}.part"
     offset = partial.stat().st_size if partial.exists() else 0
-    request = urllib.request.Request(url, headers={"User-Agent": "pack", **({"Range": f"bytes={offset}-"} if offset else {})})
+    shown = mask_url(url)
+    request = _request(url, {"User-Agent": "pack", **({"Range": f"bytes={offset}-"} if offset else {})})
     try:
         response = urllib.request.urlopen(request, timeout=TIMEOUT_S, context=tls_context() if url.startswith("https://") else None)
+    except (http.client.InvalidURL, ValueError) as error:
+        raise PackError(f"source {shown}: not a URL pack can fetch ({scrub(str(error), url)}); check it") from None
     except urllib.error.HTTPError as error:
         if error.code == 416 and offset:  # the partial file is already complete
             response = None
@@ -68,7 +79,7 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
         reason = getattr(error, "reason", error)
         if isinstance(reason, ssl.SSLCertVerificationError):
             raise SourceUnreachable(url, f"the server's TLS certificate is not trusted ({reason.verify_message}); if a proxy re-signs TLS, give its CA certificate with {CA_BUNDLE_ENV}=FILE.pem") from None
-        raise SourceUnreachable(url, f"cannot connect ({reason})") from None
+        raise SourceUnreachable(url, f"cannot connect ({scrub(str(reason), url)})") from None
     if response is not None:
         with response:
             resumed = offset and response.status == 206
@@ -77,15 +88,15 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
             length = response.headers.get("Content-Length")
             total = offset + int(length) if length else None
             try:
-                with partial.open("ab" if resumed else "wb") as handle, progress.task(f"download {url.rsplit('/', 1)[-1]}", total, "bytes") as task:
+                with partial.open("ab" if resumed else "wb") as handle, progress.task(f"download {Path(urlsplit(url).path).name}", total, "bytes") as task:
                     task.advance(offset)
                     for block in iter(lambda: response.read(CHUNK), b""):
                         handle.write(block)
                         task.advance(len(block))
             except (OSError, TimeoutError) as error:
-                raise PackError(f"source {url}: download cut off after {partial.stat().st_size} bytes ({error}); run again to resume") from None
+                raise PackError(f"source {shown}: download cut off after {partial.stat().st_size} bytes ({error}); run again to resume") from None
             if total is not None and partial.stat().st_size < total:
-                raise PackError(f"source {url}: download cut off at {partial.stat().st_size} of {total} bytes; run again to resume")
+                raise PackError(f"source {shown}: download cut off at {partial.stat().st_size} of {total} bytes; run again to resume")
     actual = file_sha256(partial)
     if sha256 and actual != sha256:
         partial.unlink()
@@ -99,5 +110,19 @@ class DownloadMismatch(PackError):
     """The downloaded bytes are not the expected ones; the caller says which pin they broke."""
 
     def __init__(self, url: str, actual: str, expected: str, origin: str):
-        super().__init__(f"source {url}: sha256 is {actual}, {origin} expects {expected}; fix {origin} or the URL")
-        self.url, self.actual, self.expected = url, actual, expected
+        super().__init__(f"source {mask_url(url)}: sha256 is {actual}, {origin} expects {expected}; fix {origin} or the URL")
+        self.url, self.actual, self.expected = mask_url(url), actual, expected
+
+
+def _request(url: str, headers: dict[str, str]) -> urllib.request.Request:
+    """A GET of `url`; its user info, if any, taken out of the URL (http.client would read
+    `user:pass@host` as a host and port) and sent as Basic auth to this host only."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return urllib.request.Request(url, headers=headers)
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    request = urllib.request.Request(urlunsplit(parts._replace(netloc=host)), headers=headers)
+    credentials = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    request.add_unredirected_header("Authorization", f"Basic {credentials}")
+    return request

@@ -31,7 +31,7 @@ from pipeline.verify.browser.chromium import launch_browser
 from pipeline.verify.browser.devices import adapter_class, device_key, device_label
 from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_in_browser
 from pipeline.verify.browser.run_plan import load_manifest, plan_runs
-from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser, scrub
+from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser
 from pipeline.verify.browser.pages import BrowserLost, connection_lost
 from pipeline.verify.checks import Check, any_failed, check, tagged
 
@@ -132,7 +132,7 @@ def verify_on_endpoints(
                     why = str(error)
                 else:
                     why = f"{type(error).__name__}: {first_line(error)}"
-                outcome.errors.append(scrub(why, endpoint))
+                outcome.errors.append(endpoint.scrub(why))
                 if time.monotonic() >= deadline:
                     break
         outcome.seconds = round(time.monotonic() - start, 1)

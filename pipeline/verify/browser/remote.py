@@ -11,25 +11,24 @@ The remote browser fetches the package from pack's local server *through the con
 So nothing has to be published before a package is verified on a device.
 
 Endpoint URLs often carry credentials (`?token=`, `user:pass@`, a key as a path segment); they are
-used as given and only ever printed as `label` (`redact`), errors included (`scrub`).
+used as given and only ever printed as `label` (pipeline/urls.py's rule, key-like path segments
+masked too), errors included (`Endpoint.scrub`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pipeline.errors import PackError
+from pipeline.urls import mask_url, scrub
 from pipeline.verify.browser.chromium import launch_browser, launch_flags
 
 LOCAL = "local"
 CONNECT = "connect"
 CDP = "cdp"
-# a path segment this long with letters and digits is a key, not a route name
-_SECRET_SEGMENT = re.compile(r"^(?=.*[0-9])(?=.*[A-Za-z])[A-Za-z0-9_\-.~+=]{16,}$")
 CONNECT_TIMEOUT_MS = 30_000
 DEFAULT_BUDGET_S = 1800  # per browser, connecting and the retry included
 
@@ -42,33 +41,11 @@ class Endpoint:
     @property
     def label(self) -> str:
         """What reports and progress lines name this endpoint by: no credentials."""
-        return "local" if self.kind == LOCAL else (redact(self.url or "") + (" (cdp)" if self.kind == CDP else ""))
+        return "local" if self.kind == LOCAL else (mask_url(self.url or "", path_keys=True) + (" (cdp)" if self.kind == CDP else ""))
 
-
-def redact(url: str) -> str:
-    """`ws://host:port/path` without user info, query, fragment and key-like path segments."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    path = "/".join("***" if _SECRET_SEGMENT.match(segment) else segment for segment in parts.path.split("/"))
-    return f"{parts.scheme}://{netloc}{path}" + ("?***" if parts.query else "")
-
-
-def scrub(text: str, endpoint: Endpoint) -> str:
-    """`text` (an error message, a log line) with every secret part of the endpoint's URL masked."""
-    if not endpoint.url:
-        return text
-    text = text.replace(endpoint.url, endpoint.label)
-    parts = urlsplit(endpoint.url)
-    secrets = [parts.query, parts.password or "", parts.username or ""]
-    secrets += [segment for segment in parts.path.split("/") if _SECRET_SEGMENT.match(segment)]
-    for value in parts.query.split("&"):
-        secrets.append(value.partition("=")[2])
-    for secret in sorted((s for s in secrets if s and len(s) >= 4), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    def scrub(self, text: str) -> str:
+        """`text` (an error message, a log line) with every secret part of the endpoint's URL masked."""
+        return scrub(text, self.url, path_keys=True)
 
 
 def parse_endpoints(browsers: list[str] | None, cdps: list[str] | None) -> list[Endpoint]:
@@ -85,7 +62,7 @@ def parse_endpoints(browsers: list[str] | None, cdps: list[str] | None) -> list[
                 else:
                     parts = urlsplit(item)
                     if parts.scheme not in schemes or not parts.hostname:
-                        shown = redact(item) if "://" in item else item[:40]
+                        shown = mask_url(item, path_keys=True) if "://" in item else item[:40]
                         raise PackError(f"{option} {shown}: not a {' or '.join(s + '://' for s in schemes)} URL"
                                         + (" (or `local`)" if option == "--browser" else "")
                                         + " (a Playwright browser server: `npx playwright run-server --port 3000`, docs/remote.md)")
@@ -127,7 +104,7 @@ def open_browser(endpoint: Endpoint, *, gpu: bool = False, remote_executable: st
                 browser = playwright.chromium.connect_over_cdp(endpoint.url, timeout=timeout_ms)
                 browser = RoutedBrowser(browser)
         except PlaywrightError as error:
-            raise PackError(f"{endpoint.label}: cannot connect ({scrub(first_line(error), endpoint)}); "
+            raise PackError(f"{endpoint.label}: cannot connect ({endpoint.scrub(first_line(error))}); "
                             "check that the browser server runs and the URL and its token are right") from None
         try:
             yield browser
