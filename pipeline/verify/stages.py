@@ -214,7 +214,8 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
     the fp32 `model` (audit_evaluator.py: its failed nodes are the failures, each trial re-runs only
     the nodes whose precision changed); without `model` such a candidate blocks nothing."""
     host = _fp16_judge(run_model, "cpu", reference, feeds, recipe)
-    evaluators = [Evaluator("host cpu", host, host.failures, run_outputs=lambda path, run_feeds: run_model(path, run_feeds).outputs)]
+    # The host's failures are ranked from the host's own fp32 run (ranking.rank_nodes): no divergence run
+    evaluators = [Evaluator("host cpu", host, host.failures)]
     try:
         from pipeline.verify import webgpu_kernels
     except ImportError:
