@@ -452,8 +452,10 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
     refuses and that some run passed, and no variant in `verification.require` is refused.
     Returns (passed, the problems that fail it)."""
     runs = manifest["verification"]["runs"]
+    unverifiable = [run for run in runs if run["status"] == "not-verifiable"]
     if not any(run["status"] == "passed" for run in runs):
-        return False, ["no check passed (every one failed, was skipped or was not verifiable)"]
+        first = f": {describe_run(unverifiable[0])}" if unverifiable else ""
+        return False, [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
     problems = []
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
@@ -464,7 +466,9 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
                 and any(r["status"] == "passed" and _matches(r["bundle"], bundle) and _matches(r["ep"], ep) and r["variant"] == v for r in runs)
             ]
             if not usable:
-                why = "; ".join(describe_run(r) for r in failed_runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep))
+                # what stopped it: the failures, else the first run that could not verify (a degenerate sample)
+                why = "; ".join(describe_run(r) for r in failed_runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep)) \
+                    or next((describe_run(r) for r in unverifiable if _matches(r["bundle"], bundle) and _matches(r["ep"], ep)), "")
                 problems.append(f"platform {platform}: no verified variant left on {ep}" + (f" ({why})" if why else ""))
     for variant in manifest["verification"].get("require", []):
         for run in failed_runs(manifest):
