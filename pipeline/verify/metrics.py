@@ -29,7 +29,6 @@ LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db")  # higher is better; every ot
 SEGMENT = 256  # samples per segment of the segmental SNR (16 ms at 16 kHz)
 SEG_SNR_RANGE = (-10.0, 35.0)  # the usual per-segment clamp: silence cannot dominate the mean
 BLOCK = 8  # pixels per side of the blocks of block_mae_of_range
-DB_FIGURES = ("psnr_db", "snr_db", "seg_snr_db")
 # A reference whose values spread over at most this many fp32 rounding steps of its magnitude is as
 # good as constant: any output near that constant passes, right or wrong.
 DEGENERATE_SPREAD_STEPS = 16
@@ -188,7 +187,7 @@ def verdict(reference: np.ndarray, actual: np.ndarray, kind: str, threshold: dic
     broken = not metrics.get("shape_ok", False) or metrics.get("nan", 0) or metrics.get("inf", 0)
     degenerate = None if broken else degenerate_reference(reference, kind)
     if degenerate:
-        return metrics, "not-verifiable", f"degenerate fp32 reference: {degenerate}; no comparison with it can fail a wrong output, give a sample that exercises the model (--inputs)"
+        return metrics, "not-verifiable", f"degenerate fp32 reference: {degenerate}; a comparison with it cannot tell a right output from a wrong one: give a sample that exercises the model (--inputs)"
     return metrics, "passed" if passed else "failed", reason
 
 
