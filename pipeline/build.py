@@ -75,10 +75,21 @@ class BuildResult:
     package_dir: Path
     report: Record
     reused: str | None = None  # the build key, when a stored package with the same inputs was linked into place
+    lock: Path | None = None  # the lock file the build read or wrote, when there is one (the summary names it)
 
     @property
     def exit_code(self) -> int:
+        """The one verdict (report.json `passed` = manifest `verification.passed` = report.html's badge)."""
         return 0 if self.report["passed"] else 1
+
+
+def lock_path(recipe: Recipe, override: Path | None) -> Path | None:
+    """The lock file of this build that exists: the recipe's (source pins, kept nodes) or, for a
+    bare model, the kept nodes' in the cache (lockfile.py says where each goes)."""
+    for lock in (lock_for(recipe, override), fp16_lock_for(recipe, override)):
+        if lock.path is not None and lock.path.is_file():
+            return lock.path
+    return None
 
 
 class Timer:
@@ -117,7 +128,7 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
     for option in options.input_shapes:
         name, shape = parse_input_option(option)
         spec = recipe.inputs.setdefault(name, InputSpec(name=name))
-        spec.shape = shape
+        spec.shape, spec.option = shape, option
     return recipe
 
 
@@ -168,6 +179,12 @@ def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant]
         run = run_model(model_file, feeds)
     if run.outputs is None:
         raise PackError(f"{source_path.name}: onnxruntime cannot run the model on the sample inputs: {run.error}; check the inputs (--input/--inputs) and the model")
+    for name, values in run.outputs.items():
+        bad = ~np.isfinite(values) if values.dtype.kind == "f" else None
+        if bad is not None and bad.any():
+            index = [int(i) for i in np.argwhere(bad)[0]] if values.ndim else []
+            raise PackError(f"{source_path.name}: the fp32 reference output '{name}' has {int(bad.sum())} NaN or Inf values of {values.size} (first at index {index}) "
+                            "on finite sample inputs: the model yields NaN on this sample; give another (--inputs, or the recipe's inputs tables)")
     return run.outputs
 
 
@@ -316,7 +333,7 @@ def _reuse_stored(key: str, options: BuildOptions, recipe: Recipe) -> BuildResul
         link_tree(stored, staging)
         report = read_record(staging)
         _finish(staging, destination)
-    return BuildResult(destination, report, reused=key)
+    return BuildResult(destination, report, reused=key, lock=lock_path(recipe, options.lock))
 
 
 def _make_out_dir(out_dir: Path) -> None:
@@ -430,4 +447,4 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         if inputs_key is not None and report["passed"]:
             store_package(inputs_key, staging)
         _finish(staging, destination)
-    return BuildResult(destination, report)
+    return BuildResult(destination, report, lock=lock_path(recipe, options.lock))

@@ -2,7 +2,9 @@
 in fp32), as JSON `{"schema": 1, "<recipe name>": {"<section>": {...}}}`.
 
 Where: `--lock PATH` when given; else for a recipe file `x.toml` → `x.lock.json` beside it; for a
-built-in recipe → `pack.lock.json` in the current directory; for a bare `.onnx` model → no lock.
+built-in recipe → `pack.lock.json` in the current directory; for a bare `.onnx` model → no source
+pins, and its fp16 kept nodes in the pack cache (`locks/<name>.lock.json`, nothing written outside
+`--out` and the cache unless `--lock` asks; the build summary prints the path).
 Written atomically (temporary file and rename) with sorted keys and indent 2.
 """
 
@@ -75,8 +77,11 @@ def lock_for(recipe: Recipe, override: Path | None) -> LockFile:
 
 
 def fp16_lock_for(recipe: Recipe, override: Path | None) -> LockFile:
-    """Where the fp16 kept nodes are recorded: as lock_for, and for a bare model (no recipe)
-    `pack.lock.json` in the current folder, so its next build applies them instead of searching."""
+    """Where the fp16 kept nodes are recorded: as lock_for, and for a bare model (no recipe) the
+    pack cache's `locks/<name>.lock.json`, so its next build applies them instead of searching
+    (the entry names the model's sha256: another model of the same name searches again)."""
     if override is None and recipe.path is None:
-        return LockFile(Path.cwd() / "pack.lock.json")
+        from pipeline.cache import cache_root
+
+        return LockFile(cache_root() / "locks" / f"{recipe.name}.lock.json")
     return lock_for(recipe, override)

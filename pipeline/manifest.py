@@ -464,7 +464,9 @@ def usable_variants(manifest: Manifest, bundle: str, ep: str) -> list[str]:
 
 
 def _why_refused(manifest: Manifest, bundle: str, ep: str) -> str:
-    return "; ".join(describe_run(r) for r in failed_runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep))
+    """What stopped `ep` in `bundle`: its failed runs, else the first run that could not verify (a degenerate sample)."""
+    here = [r for r in manifest["verification"]["runs"] if _matches(r["bundle"], bundle) and _matches(r["ep"], ep)]
+    return "; ".join(describe_run(r) for r in here if r["status"] == "failed") or next((describe_run(r) for r in here if r["status"] == "not-verifiable"), "")
 
 
 def refused_eps(manifest: Manifest) -> list[RefusedEp]:
@@ -501,8 +503,10 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
     its EPs (the loader falls back past a refused EP), and no variant or EP in
     `verification.require` is refused. Returns (passed, the problems that fail it)."""
     runs = manifest["verification"]["runs"]
+    unverifiable = [run for run in runs if run["status"] == "not-verifiable"]
     if not any(run["status"] == "passed" for run in runs):
-        return False, ["no check passed (every one failed, was skipped or was not verifiable)"]
+        first = f": {describe_run(unverifiable[0])}" if unverifiable else ""
+        return False, [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
     problems = []
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)

@@ -58,6 +58,7 @@ class InputSpec:
     file: Path | None = None  # .npy with this input's sample
     pattern: str | None = None  # one of PATTERN_KEYS
     pattern_options: dict[str, Any] = field(default_factory=dict)  # that pattern's keys as given
+    option: str | None = None  # the `--input NAME=SHAPE` that gave the shape, for errors that name it
 
 
 @dataclass

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".cache" / "report-screenshots"
-STATUS_ORDER = ["failed", "not-verifiable", "skipped", "passed"]
+STATUS_ORDER = ["failed", "refused", "not-verifiable", "skipped", "passed"]
 
 # Per <img>: loaded size and how many distinct colours its pixels have (1 = blank).
 PICTURE_FACTS = """

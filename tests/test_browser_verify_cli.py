@@ -100,3 +100,27 @@ def test_verify_checks_against_the_bounds_in_the_manifest(slice_package: Path, t
     wasm = next(c for c in json.loads(result.stdout)["checks"] if c["ep"] == "wasm")
     assert wasm["threshold"] == impossible and wasm["status"] == "failed" and "max_abs" in wasm["detail"]
 
+
+
+@pytest.mark.browser
+def test_verify_marks_a_failure_the_build_refused_and_exits_0(slice_package: Path, tmp_path: Path) -> None:
+    """A (bundle, EP, variant) that the build's runs refuse fails nothing in `pack verify`: the
+    loader never runs it. Its failure is marked `refused`, naming the build's run (issue 28)."""
+    import shutil
+
+    package = shutil.copytree(slice_package, tmp_path / "refused")
+    manifest = json.loads((package / "manifest.json").read_text())
+    # both browser runs (they share the recorded bound) fail again here, as they failed in the build
+    manifest["thresholds"] = {"wasm": {"fp32": {"y": {"max_abs": -1.0}}}}
+    bundle = "webgpu"  # the desktop chain's bundle, which both runs load
+    manifest["verification"]["runs"] += [{"stage": "browser", "bundle": bundle, "ep": ep, "variant": "fp32", "status": "failed", "detail": "y: max_abs 0 > -1"}
+                                         for ep in ("webgpu", "wasm")]
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    # the build's record said FAILED: the badge must show this verify's verdict, not the build's
+    (package / "report.json").write_text(json.dumps({"name": manifest["name"], "passed": False, "checks": [], "source": {"uri": "slice.onnx", "sha256": None}}))
+    result = runner.invoke(app, ["verify", str(package)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if "wasm/fp32" in line and line.lstrip().startswith("refd"))
+    assert f"refused by the build (browser fp32 ({bundle} bundle, wasm): failed: y: max_abs 0 > -1)" in line and "here: max_abs" in line
+    assert result.stdout.splitlines()[-1].startswith("PASSED") and ", 0 failed," in result.stdout and "2 refused by the build" in result.stdout
+    assert 'id="verdict">PASSED<' in (package / "report.html").read_text()  # the badge follows the exit code

@@ -8,6 +8,7 @@ import shutil
 import hashlib
 import http.server
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -240,3 +241,50 @@ def test_a_build_stopped_mid_way_leaves_no_staging_folder(tmp_path, stop, code):
     assert child.returncode == code, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(f"interrupted ({stop.name})"), stderr
     assert list(out.iterdir()) == [], (stderr, sorted(str(p) for p in out.rglob("*")))
+
+
+def test_non_finite_sample_inputs_name_the_input_and_the_first_bad_index(tmp_path):
+    """A NaN in a sample makes every comparison vacuous (issue 28: it gave a PASSED package)."""
+    model = save(model_from_text(TWO_INPUTS), tmp_path / "two.onnx")
+    out = tmp_path / "dist"
+    npz = tmp_path / "nan.npz"
+    x = np.ones((2, 4), np.float32)
+    x[1, 2] = np.nan
+    np.savez(npz, x=x, s=np.ones((2, 4), np.float32))
+    refused(["build", str(model), "--inputs", str(npz), "--no-browser", "--out", str(out)],
+            f"--inputs {npz}: input 'x' is nan at index [1, 2] (1 of its 8 values are NaN or Inf); give finite sample values", out=out)
+    recipe = tmp_path / "inf.toml"
+    recipe.write_text('source.uri = "two.onnx"\n[inputs.s]\nvalue = inf\n')
+    refused(["build", str(recipe), "--no-browser", "--out", str(out)], f"{recipe}: key 'inputs.s': input 's' is inf at index [0, 0] (8 of its 8", out=out)
+
+
+def test_a_model_that_yields_nan_on_the_sample_names_the_output(tmp_path):
+    model = save(model_from_text("""
+<ir_version: 8, opset_import: ["" : 17]>
+root (float[2, 4] x) => (float[2, 4] y) { y = Sqrt (x) }
+"""), tmp_path / "root.onnx")  # the default sample spans [-1, 1]: a square root of a negative is NaN
+    out = tmp_path / "dist"
+    line = refused(["build", str(model), "--no-browser", "--out", str(out)],
+                   "root.onnx: the fp32 reference output 'y' has", "on finite sample inputs: the model yields NaN on this sample; give another (--inputs", out=out)
+    assert re.search(r"has \d NaN or Inf values of 8 \(first at index \[\d, \d\]\)", line), line
+
+
+def test_a_wrong_input_name_names_the_option_and_the_models_inputs(conv_file, tmp_path):
+    out = tmp_path / "dist"
+    line = refused(["build", str(conv_file), "--input", "mixx=1x3x16x16", "--no-browser", "--out", str(out)],
+                   "error: --input 'mixx=1x3x16x16': the model has no input 'mixx'; its inputs are: x", out=out)
+    assert "recipe" not in line
+
+
+@pytest.mark.parametrize(("content", "said", "fix"), [
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 535190\n",
+     "a Git LFS pointer of a 535190-byte file, not the model", "`git lfs pull`"),
+    (b"\n<!DOCTYPE html>\n<html><head><title>Sign in &amp; continue</title></head><body>...</body></html>",
+     "an HTML page titled 'Sign in & continue', not an ONNX model", "download the model file itself"),
+])
+def test_a_stand_in_saved_as_onnx_is_named_with_the_fix(tmp_path, content, said, fix):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(content)
+    out = tmp_path / "dist"
+    line = refused(["build", str(model), "--no-browser", "--out", str(out)], f"{model}: {said}", fix, out=out)
+    assert "truncated" not in line and "re-download" not in line

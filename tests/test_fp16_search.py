@@ -3,6 +3,7 @@ apply them without searching."""
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -217,15 +218,19 @@ def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_pat
     assert not (tmp_path / "strict.lock.json").exists()
 
 
-def test_bare_model_has_no_lock_unless_lock_is_given(tmp_path, monkeypatch, host_only_search):
+def test_a_bare_models_lock_goes_to_the_cache_and_the_summary_names_it(tmp_path, monkeypatch, host_only_search):
     monkeypatch.chdir(tmp_path)
     model_file = save(overflow_model(), tmp_path / "energy.onnx")
-    args = ["build", str(model_file), "--no-browser", "--json", "--input", "x=1x64"]
-    assert runner.invoke(app, [*args, "--out", str(tmp_path / "a")]).exit_code == 0
-    # a bare model's kept nodes go to pack.lock.json in the current folder (issue 22)
-    assert [k["node"] for k in json.loads((tmp_path / "pack.lock.json").read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
+    args = ["build", str(model_file), "--no-browser", "--input", "x=1x64"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    # nothing written outside --out and the cache (issue 28): the kept nodes go to the cache's locks/
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a", "energy.onnx"]
+    cached = Path(os.environ["PACK_CACHE_DIR"]) / "locks" / "energy.lock.json"
+    assert f"  lock {cached}" in result.output.splitlines()
+    assert [k["node"] for k in json.loads(cached.read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
     lock = tmp_path / "locks" / "energy.json"
-    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--lock", str(lock), "--no-reuse"])  # a reused build writes no lock
+    result = runner.invoke(app, [*args, "--json", "--out", str(tmp_path / "b"), "--lock", str(lock), "--no-reuse"])  # a reused build writes no lock
     assert result.exit_code == 0, result.output
     assert [k["node"] for k in json.loads(lock.read_text())["energy"]["fp16"]["kept"]] == OVERFLOW_KEPT
 

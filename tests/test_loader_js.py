@@ -71,3 +71,41 @@ def test_compare_js_matches_the_python_metrics():
                 assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-3 if key.endswith("_db") else 1e-12), (kind, key)
             else:
                 assert got[key] == value, (kind, key)
+
+
+def test_compare_js_finds_the_same_degenerate_references_as_the_python_metrics():
+    """degenerateReference (compare.js) and degenerate_reference (metrics.py) agree on which
+    references cannot tell a right output from a wrong one, and an exact match reads "identical"
+    in both, without infinite dB figures."""
+    from pipeline.verify.metrics import degenerate_reference, format_metrics
+
+    rng = np.random.default_rng(1)
+    references = {
+        "all zero": np.zeros(300, np.float32),
+        "constant": np.full(300, 0.25, np.float32),
+        "spread of two rounding steps": np.float32(1000) + np.float32(1000) * np.float32(2 ** -23) * rng.integers(0, 3, 300).astype(np.float32),
+        "one zero value": np.zeros(1, np.float32),
+        "one value": np.full(1, 3.5, np.float32),
+        "signal": rng.standard_normal(300).astype(np.float32),
+        "with NaN": np.where(np.arange(300) == 7, np.nan, 1.0).astype(np.float32),
+    }
+    encode = lambda a: {"type": str(a.dtype), "dims": list(a.shape), "data": [None if np.isnan(v) else float(v) for v in a.ravel()]}  # noqa: E731
+    script = (
+        f"import {{ compareTensor, degenerateReference, formatMetrics }} from {json.dumps(COMPARE_JS.as_uri())};\n"
+        "import { readFileSync } from 'node:fs';\n"
+        "const cases = JSON.parse(readFileSync(0, 'utf8'));\n"
+        "const tensor = (t) => ({ type: t.type, dims: t.dims, data: Float32Array.from(t.data.map((v) => v === null ? NaN : v)) });\n"
+        "console.log(JSON.stringify(cases.map((c) => ({ degenerate: degenerateReference(tensor(c), 'audio'),\n"
+        "  same: formatMetrics(compareTensor(tensor(c), tensor(c), 'audio'), { snr_db: 25 }) }))));\n"
+    )
+    result = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps([encode(r) for r in references.values()]),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for (name, reference), got in zip(references.items(), json.loads(result.stdout)):
+        expected = degenerate_reference(reference, "audio")
+        assert (got["degenerate"] is None) == (expected is None), (name, got, expected)
+        assert (expected is None) == (name in ("one value", "signal")), (name, expected)
+        if name != "with NaN":
+            metrics = compare(reference, reference, "audio")
+            assert metrics["identical"] and "snr_db" not in metrics
+            assert got["same"] == format_metrics(metrics, {"snr_db": 25}) == "identical to the reference"

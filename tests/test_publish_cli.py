@@ -121,6 +121,7 @@ def test_bucket_that_does_not_exist(proxy, tmp_path):
     result = run_cli(str(package.root), "--bucket", "no-such-bucket-here", "--endpoint-url", proxy.url)
     _assert_refused(result, "s3://no-such-bucket-here/ at", proxy)
     assert "bucket not found" in result.stderr and "create it or fix --bucket" in result.stderr
+    assert "server answered 404" in result.stderr and "404 404" not in result.stderr  # the status once (issue 28)
     assert proxy.uploads() == []
 
 

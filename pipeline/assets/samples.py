@@ -53,9 +53,10 @@ def _resolve_shape(info: onnx.ValueInfoProto, spec: InputSpec | None, where: str
 def check_recipe_io(model: onnx.ModelProto, recipe: Recipe) -> None:
     """Every `inputs.<name>` and `outputs.<name>` table of the recipe names a real input/output."""
     names = {i.name for i in graph_inputs(model)}
-    for name in recipe.inputs:
+    for name, spec in recipe.inputs.items():
         if name not in names:
-            raise PackError(f"{_recipe_where(recipe)}key 'inputs.{name}': the model has no input '{name}'; its inputs are: {', '.join(sorted(names))}")
+            where = f"--input '{spec.option}'" if spec.option else f"{_recipe_where(recipe)}key 'inputs.{name}'"
+            raise PackError(f"{where}: the model has no input '{name}'; its inputs are: {', '.join(sorted(names))}")
     outputs = [o.name for o in model.graph.output]
     for name in recipe.outputs:
         if name not in outputs:
@@ -124,7 +125,7 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
                 raise PackError(f"recipe key 'inputs.{info.name}.file': cannot read {spec.file} ({error}); give a .npy file") from None
             where = f"inputs.{info.name}.file"
         else:
-            shape = _resolve_shape(info, spec, "recipe input")
+            shape = _resolve_shape(info, spec, "--input" if spec and spec.option else "recipe input")
             if spec and spec.pattern:
                 # Seeded by the recipe alone, so inputs that describe one signal stay consistent.
                 feeds[info.name] = generate(spec, shape, dtype, recipe.seed)
@@ -146,4 +147,20 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
             array = np.full(_resolve_shape(info, spec, where), array, dtype=dtype)
         _resolve_shape(info, InputSpec(info.name, shape=list(array.shape)), where)
         feeds[info.name] = array
+        check_finite(array, info.name, where)
+    for name, array in feeds.items():  # what the recipe made: a value = nan in a recipe table
+        check_finite(array, name, f"{_recipe_where(recipe)}key 'inputs.{name}'")
     return feeds
+
+
+def check_finite(array: np.ndarray, name: str, where: str) -> None:
+    """Every value of a float sample input is finite: the checks compare the variants' outputs on
+    these inputs, and NaN or Inf in them makes every comparison vacuous."""
+    if array.dtype.kind not in "fc":
+        return
+    bad = ~np.isfinite(array)
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = array[index] if index else array.item()
+        raise PackError(f"{where}: input '{name}' is {value} at index {list(index)} ({int(bad.sum())} of its {array.size} values are NaN or Inf); "
+                        "give finite sample values: a non-finite input makes every check vacuous")

@@ -34,7 +34,7 @@ def build(
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
     no_reuse: Annotated[bool, typer.Option("--no-reuse", help="Build from scratch even when a passed build with the same inputs is stored (also PACK_BUILD_REUSE=off).")] = False,
-    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe, none for a bare model.", envvar="PACK_LOCK")] = None,
+    lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe; a bare model's fp16 kept nodes go to the pack cache (locks/<name>.lock.json).", envvar="PACK_LOCK")] = None,
     browsers: BrowserOption = None,
     cdps: CdpOption = None,
     require_all: RequireAllOption = False,
@@ -70,7 +70,7 @@ def build(
     else:
         if result.reused:
             typer.echo(f"unchanged: the inputs match the stored build {result.reused[:12]}; its package is in place (--no-reuse builds again)")
-        print_summary(result.report, result.package_dir)
+        print_summary(result.report, result.package_dir, result.lock)
     raise typer.Exit(result.exit_code)
 
 

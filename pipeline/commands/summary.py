@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from pipeline.verify.browser.harness import BrowserResult
     from pipeline.verify.package import PackageVerification
 
-MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR "}
+MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR ", "refused": "refd"}
 
 
 def check_line(check: dict) -> str:
@@ -226,9 +226,11 @@ def variant_lines(report: dict, manifest: dict) -> list[str]:
     return lines
 
 
-def print_summary(report: dict, package_dir: Path) -> None:
+def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> None:
     echo = lambda line="": typer.echo(line, err=False)  # noqa: E731
     echo(f"package {report['name']} -> {package_dir}")
+    if lock is not None:
+        echo(f"  lock {lock}")
     source = report.get("source", {})
     if source:
         echo(f"  source {source.get('uri')} ({source.get('precision', '?')}: {source.get('precision_reason', '')})")
@@ -359,5 +361,6 @@ def summary_lines(result: BrowserResult, kernel_facts: dict | None = None, polic
     counts = {status: sum(c["status"] == status for c in result.checks) for status in MARKS}
     verdict = "FAILED" if (result.failed if failed is None else failed) else "PASSED"
     errors = f", {counts['error']} error" if counts.get("error") else ""
-    lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable{errors}")
+    refused = f", {counts['refused']} refused by the build" if counts.get("refused") else ""
+    lines.append(f"{verdict}: {counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable{refused}{errors}")
     return lines

@@ -71,7 +71,8 @@ def _write_report(package: Path, by: str, verification: PackageVerification, pro
     from pipeline.report.data import ReportData
     from pipeline.report.render import write_report
 
-    facts = {"by": by, "checks": verification.checks(), "browser": verification.browser(), "webgpu_kernels": verification.kernel_facts}
+    facts = {"by": by, "passed": not verification.failed,  # the badge follows the exit code
+             "checks": verification.checks(), "browser": verification.browser(), "webgpu_kernels": verification.kernel_facts}
     try:
         path = write_report(package, ReportData(verification.outputs(), facts), progress)
     except PackError as error:

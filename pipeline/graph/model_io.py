@@ -8,6 +8,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from pipeline.errors import PackError
+from pipeline.source.identify import stand_in
 
 # Protobuf cannot hold more than 2 GiB; larger models must keep weights as external data.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -19,6 +20,9 @@ def load_model(path: Path) -> onnx.ModelProto:
         raise PackError(f"{path}: no such file; check the path or the recipe's source")
     if not path.is_file():
         raise PackError(f"{path}: not a file; point at the .onnx model itself")
+    found = stand_in(path)
+    if found:
+        raise PackError(f"{path}: {found[0]}; {found[1]}")
     try:
         model = onnx.load(str(path), load_external_data=True)
     except PermissionError:

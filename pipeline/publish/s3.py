@@ -250,7 +250,10 @@ def describe_error(error: BaseException, what: str) -> str:
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         attempts = response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
         message = info.get("Message") or ""
-        said = f"server answered {status} {code}" + (f" ({message})" if message and message != code else "")
+        # a HEAD's error has no body: botocore then gives the status as the code ("404") and its
+        # reason as the message ("Not Found"), which must not read "404 404"
+        answer = " ".join(dict.fromkeys(str(part) for part in (status, code) if part))
+        said = f"server answered {answer}" + (f" ({message})" if message and message != code else "")
         if attempts:
             said += f" after {attempts + 1} attempts"
         if code in ("404", "NoSuchBucket"):

@@ -28,7 +28,7 @@ from pipeline.sample_file import read_sample
 from pipeline.verify.browser.harness import run_label
 from pipeline.verify.metrics import LOWER_BOUNDS, compare, format_metrics
 
-STATUS_ORDER = {"failed": 0, "not-verifiable": 1, "skipped": 2, "passed": 3}
+STATUS_ORDER = {"failed": 0, "refused": 1, "not-verifiable": 2, "skipped": 3, "passed": 4}
 DEFAULT_SAMPLE_RATE = 16000
 HOST_LABEL = "cpu/{variant} (host)"
 SMALL_FILE = 32_000  # files under this size share one bar in the sizes chart
@@ -106,7 +106,9 @@ def render_html(manifest: dict, report: dict, inputs: dict, reference: dict, dat
         checks = [c for c in checks if c["stage"] == "host"] + verification["checks"]
     browser = verification.get("browser") if verification else report.get("browser")
     kernels = verification.get("webgpu_kernels") if verification else report.get("webgpu_kernels")
-    passed = not any(c["status"] == "failed" for c in checks) and any(c["status"] == "passed" for c in checks)
+    # the one verdict: the package rule the build's exit code follows (report.json `passed`, the
+    # manifest's verification.passed), or the exit code of the `pack verify` shown here
+    passed = verification["passed"] if "passed" in verification else report["passed"]
     counts = {status: sum(c["status"] == status for c in checks) for status in STATUS_ORDER}
     context = {
         "name": manifest["name"],
@@ -168,7 +170,7 @@ def _check_rows(checks: list[dict]) -> list[dict]:
         metrics, threshold = check.get("metrics") or {}, check.get("threshold") or {}
         figures_ = [
             {"key": key, "value": metrics[key], "bound": bound, "op": "≥" if key in LOWER_BOUNDS else "≤", "ok": _within(key, metrics[key], bound)}
-            for key, bound in threshold.items() if key in metrics
+            for key, bound in threshold.items() if key in metrics and not metrics.get("identical")
         ]
         rows.append({
             "order": (STATUS_ORDER.get(check["status"], 9), index),
@@ -320,7 +322,9 @@ def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> li
         if array.shape == expected.shape:
             metrics = compare(expected, array, kind)
             key = {"image": "psnr_db", "audio": "snr_db"}.get(kind)
-            if key in metrics:
+            if metrics.get("identical"):
+                caption = "identical to the reference"
+            elif key in metrics:
                 caption = f"{'PSNR' if key == 'psnr_db' else 'SNR'} {metrics[key]:.1f} dB"
             else:
                 caption = f"rel_l2 {metrics.get('rel_l2', 0):.2g}"

@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
 from pipeline.errors import PackError
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+SNIFF_BYTES = 4096  # an LFS pointer is ~130 bytes; an HTML page says so in its first line
+
+
+def stand_in(path: Path) -> tuple[str, str] | None:
+    """(what the file is, how to get the model) when `path` holds something often saved in a
+    model's place: a Git LFS pointer (a clone without `git lfs`) or an HTML page (a login, error
+    or download page fetched instead of the file); None otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+    except OSError:
+        return None
+    if head.startswith(LFS_POINTER):
+        size = re.search(rb"^size (\d+)", head, re.MULTILINE)
+        of = f" of a {int(size.group(1))}-byte file" if size else ""
+        return (f"a Git LFS pointer{of}, not the model",
+                "fetch the real file with `git lfs pull` in its repository (after `git lfs install`), or download the model itself; downloading the pointer again gives the same pointer")
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if text.startswith((b"<!doctype html", b"<html", b"<head", b"<body")):
+        title = re.search(rb"<title[^>]*>([^<]{1,120})", head, re.IGNORECASE)
+        titled = f" titled '{html.unescape(title.group(1).decode('utf-8', 'replace')).strip()}'" if title else ""
+        return (f"an HTML page{titled}, not an ONNX model (an error, login or download page saved in its place)",
+                "download the model file itself (the direct link to the .onnx, e.g. a hub's /resolve/ URL rather than its /blob/ page)")
+    return None
 
 
 def describe_file(path: Path, sha256: str) -> str:
@@ -12,6 +40,9 @@ def describe_file(path: Path, sha256: str) -> str:
     import onnx
 
     size = path.stat().st_size
+    found = stand_in(path)
+    if found:
+        return f"{size} bytes, {found[0]}"
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 (any parse failure means the same thing here)

@@ -8,8 +8,11 @@ whole run when it has none), its status, the figures (pipeline/verify/metrics.py
 were judged against (pipeline/verify/thresholds.py) and, when it did not simply pass, why:
 
     {"stage": "host" | "webgpu-kernels" | "browser", "ep": "cpu" | "webgpu" | "wasm", "variant": "fp16",
-     "bundle": "webgpu", "output": "y", "status": "passed" | "failed" | "not-verifiable" | "skipped" | "error",
+     "bundle": "webgpu", "output": "y", "status": "passed" | "failed" | "not-verifiable" | "skipped" | "error" | "refused",
      "metrics": {...}, "threshold": {...}, "detail": "..."}
+
+`refused` is `pack verify`'s word for a failure on a (bundle, EP, variant) the build itself refused
+(the manifest's refusal rule): the loader never runs it, so it fails nothing (`refused_by_build`).
 
 plus stage facts (host crashes, the node a node audit blamed, a browser endpoint, a runtime).
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from pipeline.verify.metrics import compare, judge
+from pipeline.verify.metrics import verdict
 from pipeline.verify.thresholds import SELF_REFERENCE_BOUNDS
 
 if TYPE_CHECKING:
@@ -27,8 +30,8 @@ if TYPE_CHECKING:
     from pipeline.precision.variants import Variant
 
 Stage = Literal["host", "webgpu-kernels", "browser"]
-Status = Literal["passed", "failed", "not-verifiable", "skipped", "error"]
-STATUSES: tuple[Status, ...] = ("passed", "failed", "not-verifiable", "skipped", "error")
+Status = Literal["passed", "failed", "not-verifiable", "skipped", "error", "refused"]
+STATUSES: tuple[Status, ...] = ("passed", "failed", "not-verifiable", "skipped", "error", "refused")
 
 
 class Check(TypedDict, total=False):
@@ -65,11 +68,10 @@ def tagged(checks: list[Check], **facts) -> list[Check]:
     return [{**entry, **facts} for entry in checks]  # type: ignore[typeddict-item]
 
 
-def judged(expected: np.ndarray, actual: np.ndarray, kind: str, bounds: dict) -> tuple[dict, bool, str]:
-    """(figures, passed, why not) of one output against its fp32 reference and its bounds."""
-    metrics = compare(expected, actual, kind)
-    passed, reason = judge(metrics, bounds)
-    return metrics, passed, reason
+def judged(expected: np.ndarray, actual: np.ndarray, kind: str, bounds: dict) -> tuple[dict, str, str | None]:
+    """(figures, status, why not passed) of one output against its fp32 reference and its bounds:
+    passed, failed, or not-verifiable when the reference is degenerate (metrics.verdict)."""
+    return verdict(expected, actual, kind, bounds)
 
 
 def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str]) -> list[Check]:
@@ -77,17 +79,18 @@ def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[st
     record's stage, ep, variant (and facts)."""
     checks = []
     for name, expected in reference.items():
-        metrics, passed, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name])
-        checks.append(check(**base, output=name, status="passed" if passed else "failed", metrics=metrics, threshold=bounds[name], detail=reason))
+        metrics, status, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name])
+        checks.append(check(**base, output=name, status=status, metrics=metrics, threshold=bounds[name], detail=reason))
     return checks
 
 
 def output_failures(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str]) -> dict[str, str]:
-    """{output: why} for each output of `reference` that fails its bounds (the fp16 search's view)."""
+    """{output: why} for each output of `reference` that fails its bounds (the fp16 search's view;
+    an output with a degenerate reference blocks no candidate: the checks say not-verifiable)."""
     found = {}
     for name, expected in reference.items():
-        _, passed, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name])
-        if not passed:
+        _, status, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name])
+        if status == "failed":
             found[name] = reason
     return found
 
@@ -136,6 +139,21 @@ def contradicted_kernel_errors(kernel_checks: list[Check], browser_checks: list[
             entry = {**entry, "status": "not-verifiable", "detail": f"runtime error on the native WebGPU EP ({entry.get('detail', 'no outputs')}), contradicted by the browser, which ran {entry['variant']} on WebGPU and passed"}
         fixed.append(entry)
     return fixed
+
+
+def refused_by_build(checks: list[Check], manifest: dict) -> list[Check]:
+    """`checks` of a built package (`pack verify`), each failure on a (bundle, EP, variant) that the
+    build's runs refuse (pipeline.manifest.refused) marked `refused`, naming the build's run: the
+    loader never runs that triple, so it fails nothing. A failure on anything else stays failed."""
+    from pipeline.manifest import WILDCARD, describe_run, refused
+
+    marked = []
+    for entry in checks:
+        run = refused(manifest, entry.get("bundle") or WILDCARD, entry["ep"], entry["variant"]) if entry["status"] == "failed" else None
+        if run is not None:
+            entry = {**entry, "status": "refused", "detail": f"refused by the build ({describe_run(run)}), so the loader never runs it; here: {entry.get('detail') or 'failed'}"}  # type: ignore[assignment]
+        marked.append(entry)
+    return marked
 
 
 def any_failed(checks: list[Check]) -> bool:

@@ -8,10 +8,15 @@ worst mean |error| over any 8x8 window of the last two axes as a fraction of the
 wrong patch too small for the 99.9th percentile), `snr_db` and `seg_snr_db`
 (audio: SNR over the whole signal, and the mean SNR of 256-sample segments, each clamped to
 [-10, 35] dB, so a quiet passage that breaks is not hidden by loud ones), `nan`/`inf` (non-finite
-values the reference does not have), `shape_ok`. Integer images (uint8 pixels) also get `one_level_share` (the share of elements exactly one level off: float rounding
+values the reference does not have), `shape_ok`, and `identical` (true when the output equals the
+reference exactly: its dB figures would be infinite, which JSON cannot hold, so they are left out). Integer images (uint8 pixels) also get `one_level_share` (the share of elements exactly one level off: float rounding
 inside the model flips a rounding step on some of them) and their `p999_abs_of_range` and
 `block_mae_of_range` count only errors beyond one level. Threshold keys are the same names: upper bounds for
 errors, lower bounds for dB figures. docs/precision.md has the measurements behind the defaults.
+
+A degenerate reference (constant, all zero, non-finite, or a spread within a few fp32 rounding
+steps of its magnitude) cannot tell a right output from a wrong one: `verdict` makes such a check
+`not-verifiable` with the reason, never `passed` (`degenerate_reference` says why).
 """
 
 from __future__ import annotations
@@ -24,11 +29,42 @@ LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db")  # higher is better; every ot
 SEGMENT = 256  # samples per segment of the segmental SNR (16 ms at 16 kHz)
 SEG_SNR_RANGE = (-10.0, 35.0)  # the usual per-segment clamp: silence cannot dominate the mean
 BLOCK = 8  # pixels per side of the blocks of block_mae_of_range
+# A reference whose values spread over at most this many fp32 rounding steps of its magnitude is as
+# good as constant: any output near that constant passes, right or wrong.
+DEGENERATE_SPREAD_STEPS = 16
+FP32_EPS = float(np.finfo(np.float32).eps)
+FP32_TINY = float(np.finfo(np.float32).tiny)
 
 
-def _finite_db(value: float) -> float:
-    # JSON has no infinity: an exact match is reported as a large finite figure.
-    return 999.0 if math.isinf(value) else round(value, 3)
+def _exact_compare(reference: np.ndarray, kind: str) -> bool:
+    """Integer tensors (ids, indices, flags) must match exactly; an integer image or waveform is a
+    quantized measurement, judged like floats."""
+    return (reference.dtype.kind in "biu" or reference.dtype == np.bool_) and kind == "tensor"
+
+
+def degenerate_reference(reference: np.ndarray, kind: str = "tensor") -> str | None:
+    """Why `reference` cannot tell a right output from a wrong one, or None when it can. Exactly
+    compared integer tensors are never degenerate; a one-element output is judged against its
+    magnitude, so only a zero one is."""
+    reference = np.asarray(reference)
+    if reference.size == 0 or _exact_compare(reference, kind):
+        return None
+    values = reference.astype(np.float64)
+    finite = np.isfinite(values)
+    if not finite.all():
+        return f"{values.size - int(np.count_nonzero(finite))} of its {values.size} values are NaN or Inf"
+    low, high = float(values.min()), float(values.max())
+    magnitude = max(abs(low), abs(high))
+    if magnitude < FP32_TINY:
+        return f"all {values.size} of its values are 0" if magnitude == 0 else f"all {values.size} of its values are below fp32's normal range (under {FP32_TINY:.3g})"
+    if values.size == 1:
+        return None
+    if low == high:
+        return f"all {values.size} of its values are {low:.6g} (constant)"
+    spread = high - low
+    if spread <= DEGENERATE_SPREAD_STEPS * FP32_EPS * magnitude:
+        return f"its {values.size} values span only {spread:.3g} around {magnitude:.6g}, within {DEGENERATE_SPREAD_STEPS} fp32 rounding steps (as good as constant)"
+    return None
 
 
 def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> dict:
@@ -40,11 +76,10 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
         metrics["shape"] = list(actual.shape)
         metrics["expected_shape"] = list(reference.shape)
         return metrics
-    # Integer tensors (ids, indices, flags) must match exactly; an integer image or waveform is a
-    # quantized measurement, where a rounding step of difference is error, judged like floats.
-    if (reference.dtype.kind in "biu" or reference.dtype == np.bool_) and kind == "tensor":
+    if _exact_compare(reference, kind):
         mismatches = int(np.count_nonzero(reference != actual))
-        metrics.update(mismatches=mismatches, max_abs=float(np.max(np.abs(reference.astype(np.float64) - actual.astype(np.float64)), initial=0.0)))
+        metrics.update(mismatches=mismatches, max_abs=float(np.max(np.abs(reference.astype(np.float64) - actual.astype(np.float64)), initial=0.0)),
+                       identical=mismatches == 0)
         return metrics
     ref = reference.astype(np.float64)
     act = actual.astype(np.float64)
@@ -64,6 +99,7 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
     ref_norm = math.sqrt(float(np.sum(np.square(ref_f))))
     err_norm = math.sqrt(float(np.sum(np.square(diff))))
     metrics["max_abs"] = max_abs
+    metrics["identical"] = err_norm == 0 and not metrics["nan"] and not metrics["inf"]
     metrics["max_abs_of_range"] = max_abs / value_range if value_range > 0 else (0.0 if max_abs == 0 else math.inf)
     metrics["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
     if reference.dtype.kind in "iu" and kind == "image":
@@ -75,13 +111,15 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
     if kind == "image":
         mse = err_norm**2 / max(diff.size, 1)
         peak = value_range if value_range > 0 else 1.0
-        metrics["psnr_db"] = _finite_db(math.inf if mse == 0 else 10 * math.log10(peak**2 / mse))
+        if mse > 0:  # no error: an infinite figure, left out (JSON has no infinity)
+            metrics["psnr_db"] = round(10 * math.log10(peak**2 / mse), 3)
         p999 = float(np.percentile(beyond, 99.9)) if diff.size else 0.0
         metrics["p999_abs_of_range"] = p999 / peak
         metrics["block_mae_of_range"] = _worst_block_mae(beyond) / peak
     elif kind == "audio":
-        metrics["snr_db"] = _finite_db(math.inf if err_norm == 0 else 20 * math.log10(max(ref_norm, 1e-30) / err_norm))
-        metrics["seg_snr_db"] = _segmental_snr(ref_f, diff)
+        if err_norm > 0:  # no error: infinite figures, left out (JSON has no infinity)
+            metrics["snr_db"] = round(20 * math.log10(max(ref_norm, 1e-30) / err_norm), 3)
+            metrics["seg_snr_db"] = _segmental_snr(ref_f, diff)
     for key in ("max_abs_of_range", "rel_l2"):
         if math.isinf(metrics[key]):
             metrics[key] = 1e9
@@ -140,8 +178,23 @@ def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:
     return True, None
 
 
+def verdict(reference: np.ndarray, actual: np.ndarray, kind: str, threshold: dict) -> tuple[dict, str, str | None]:
+    """(figures, status, why not passed) of one output: `failed` on a wrong shape, new NaN/Inf or a
+    figure past its bound; `not-verifiable` when the reference is degenerate (whatever the figures
+    say, unless the output is broken in a way no reference excuses); else `passed`."""
+    metrics = compare(reference, actual, kind)
+    passed, reason = judge(metrics, threshold)
+    broken = not metrics.get("shape_ok", False) or metrics.get("nan", 0) or metrics.get("inf", 0)
+    degenerate = None if broken else degenerate_reference(reference, kind)
+    if degenerate:
+        return metrics, "not-verifiable", f"degenerate fp32 reference: {degenerate}; a comparison with it cannot tell a right output from a wrong one: give a sample that exercises the model (--inputs)"
+    return metrics, "passed" if passed else "failed", reason
+
+
 def format_metrics(metrics: dict, threshold: dict) -> str:
-    """One human line: each thresholded figure next to its bound."""
+    """One human line: each thresholded figure next to its bound ("identical" for an exact match)."""
+    if metrics.get("identical") and metrics.get("shape_ok", True):
+        return "identical to the reference"
     parts = []
     for key, bound in threshold.items():
         if key in metrics:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.sample_file import read_sample
-from pipeline.verify.checks import Check, any_failed, tagged
+from pipeline.verify.checks import Check, any_failed, refused_by_build, tagged
 from pipeline.verify.thresholds import FLOAT_PRECISIONS, recorded_kernel_thresholds, recorded_thresholds
 
 if TYPE_CHECKING:
@@ -104,6 +104,10 @@ def verify_package(package: Path, manifest: dict, model_file: ModelFile, *, runt
                                                           watchdog_ms=watchdog_ms, browser=browser, runtime=chosen)
     # onnxruntime's own WebGPU kernels do not depend on the onnxruntime-web build: run once.
     kernel_checks, kernel_facts = package_kernel_checks(package, manifest, feeds, references, progress, model_file)
+    # a failure where the build already refused the triple fails nothing: the loader never runs it
+    kernel_checks = refused_by_build(kernel_checks, manifest)
+    for browser_result in ([result] if result is not None else []) + list(results.values()):
+        browser_result.checks[:] = refused_by_build(browser_result.checks, manifest)
     verification = PackageVerification(reference, kernel_checks, kernel_facts, result, results)
     if result is None:
         verification.failed = any_failed(kernel_checks) or any(r.failed for r in results.values())

@@ -6,11 +6,27 @@ import { manifest } from './helpers.mjs';
 
 const f32 = (values, dims = [values.length]) => ({ type: 'float32', data: Float32Array.from(values), dims });
 
-test('identical outputs: zero errors, dB figures at their finite ceiling', () => {
+test('identical outputs: zero errors, "identical", no infinite dB figure', () => {
   const ref = f32([0, 0.5, 1, -1]);
-  assert.deepEqual(compareTensor(ref, ref, 'image'), { shape_ok: true, nan: 0, inf: 0, max_abs: 0, max_abs_of_range: 0, rel_l2: 0, psnr_db: 999, p999_abs_of_range: 0, block_mae_of_range: 0 });
-  assert.equal(compareTensor(ref, ref, 'audio').snr_db, 999);
-  assert.equal(compareTensor(ref, ref, 'audio').seg_snr_db, 35);
+  assert.deepEqual(compareTensor(ref, ref, 'image'), { shape_ok: true, nan: 0, inf: 0, max_abs: 0, identical: true, max_abs_of_range: 0, rel_l2: 0, p999_abs_of_range: 0, block_mae_of_range: 0 });
+  const audio = compareTensor(ref, ref, 'audio');
+  assert.ok(!('snr_db' in audio) && !('seg_snr_db' in audio));
+  assert.equal(formatMetrics(audio, { snr_db: 50, max_abs_of_range: 1e-3 }), 'identical to the reference');
+  assert.deepEqual(judge(audio, { snr_db: 50 }), { passed: true, reason: null });
+});
+
+test('a degenerate reference is not verifiable, never passed; a broken output still fails', () => {
+  const m = manifest({ thresholds: { wasm: { fp32: { y: { max_abs_of_range: 1e-3 } } } } });
+  const bounds = thresholdsFor(m, 'wasm', 'fp32');
+  for (const [values, why] of [[[0, 0, 0, 0], /all 4 of its values are 0/], [[2, 2, 2, 2], /are 2 \(constant\)/], [[1, 1 + 2 ** -22, 1, 1], /as good as constant/]]) {
+    const result = compareOutputs(m, { y: f32(values, [1, 4]) }, { y: f32([0.1, 0.2, 0.3, 0.4], [1, 4]) }, bounds);
+    assert.equal(result.outputs.y.passed, null);
+    assert.equal(result.outputs.y.verifiable, false);
+    assert.match(result.text, why);
+    assert.match(result.text, /^y: not verifiable \(degenerate fp32 reference: /);
+  }
+  const broken = compareOutputs(m, { y: f32([0, 0, 0, 0], [1, 4]) }, { y: f32([0, NaN, 0, 0], [1, 4]) }, bounds);
+  assert.equal(broken.passed, false);
 });
 
 test('figures as pipeline/verify/metrics.py computes them', () => {
@@ -34,7 +50,7 @@ test('NaN/Inf the reference lacks, wrong shapes and integer mismatches fail what
   assert.deepEqual(shape, { shape_ok: false, shape: [1, 2], expected_shape: [2] });
   assert.equal(judge(shape, {}).passed, false);
   const ints = compareTensor({ type: 'int64', data: BigInt64Array.from([1n, 2n]), dims: [2] }, { type: 'int64', data: BigInt64Array.from([1n, 5n]), dims: [2] });
-  assert.deepEqual(ints, { shape_ok: true, mismatches: 1, max_abs: 3 });
+  assert.deepEqual(ints, { shape_ok: true, mismatches: 1, max_abs: 3, identical: false });
   assert.deepEqual(judge(ints, {}), { passed: false, reason: '1 elements differ' });
 });
 
@@ -62,7 +78,7 @@ test('compareOutputs judges every output by manifest.thresholds[ep][variant]', (
   const reference = { y: f32([1, 2, 3, 4], [1, 4]) };
   const same = compareOutputs(m, reference, { y: f32([1, 2, 3, 4], [1, 4]) }, thresholdsFor(m, 'wasm', 'fp32'));
   assert.equal(same.passed, true);
-  assert.equal(same.text, 'y: rel_l2 0 ≤ 0.001, max_abs_of_range 0 ≤ 0.001');
+  assert.equal(same.text, 'y: identical to the reference');
   const off = compareOutputs(m, reference, { y: f32([1, 2, 3, 5], [1, 4]) }, thresholdsFor(m, 'wasm', 'fp32'));
   assert.equal(off.passed, false);
   assert.match(off.text, /^y: rel_l2 0\.183 > 0\.001$/);

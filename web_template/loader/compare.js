@@ -2,8 +2,11 @@
 // max_abs, max_abs_of_range, rel_l2, psnr_db, p999_abs_of_range and block_mae_of_range (images:
 // the worst mean error over any 8x8 window;
 // integer images also one_level_share, their p99.9 and block figures counting errors beyond one
-// level only), snr_db and seg_snr_db (audio), nan/inf, shape_ok; thresholds are upper bounds except
-// the dB figures (lower bounds).
+// level only), snr_db and seg_snr_db (audio), nan/inf, shape_ok, identical (an exact match: its
+// dB figures would be infinite and are left out); thresholds are upper bounds except the dB
+// figures (lower bounds). A degenerate reference (constant, all zero, non-finite, or a spread within
+// a few fp32 rounding steps) cannot tell a right output from a wrong one: degenerateReference says
+// why, and compareOutputs calls such an output not verifiable, never passed.
 
 import { numbers } from './tensors.js';
 
@@ -12,9 +15,39 @@ const SEGMENT = 256; // samples per segment of the segmental SNR
 const SEG_SNR_RANGE = [-10, 35]; // per-segment clamp: silence cannot dominate the mean
 const BLOCK = 8; // pixels per side of the blocks of block_mae_of_range
 const INTEGER_TYPES = ['int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64', 'bool'];
+const DEGENERATE_SPREAD_STEPS = 16; // fp32 rounding steps of the magnitude: as good as constant
+const FP32_EPS = 2 ** -23;
+const FP32_TINY = 2 ** -126;
 
-// JSON has no infinity: an exact match is reported as a large finite figure.
-const finiteDb = (value) => (value === Infinity ? 999 : Math.round(value * 1000) / 1000);
+const roundDb = (value) => Math.round(value * 1000) / 1000;
+const exactCompare = (reference, kind) => INTEGER_TYPES.includes(reference.type) && kind === 'tensor';
+
+/** Why `reference` cannot tell a right output from a wrong one, or null (metrics.py degenerate_reference). */
+export function degenerateReference(reference, kind = 'tensor') {
+  const values = numbers(reference);
+  if (values.length === 0 || exactCompare(reference, kind)) return null;
+  let bad = 0;
+  let low = Infinity;
+  let high = -Infinity;
+  for (let i = 0; i < values.length; i++) {
+    const v = Number(values[i]);
+    if (!Number.isFinite(v)) bad++;
+    else {
+      if (v < low) low = v;
+      if (v > high) high = v;
+    }
+  }
+  if (bad) return `${bad} of its ${values.length} values are NaN or Inf`;
+  const magnitude = Math.max(Math.abs(low), Math.abs(high));
+  if (magnitude < FP32_TINY) return magnitude === 0 ? `all ${values.length} of its values are 0` : `all ${values.length} of its values are below fp32's normal range`;
+  if (values.length === 1) return null;
+  if (low === high) return `all ${values.length} of its values are ${g(low)} (constant)`;
+  const spread = high - low;
+  if (spread <= DEGENERATE_SPREAD_STEPS * FP32_EPS * magnitude) {
+    return `its ${values.length} values span only ${g(spread)} around ${g(magnitude)}, within ${DEGENERATE_SPREAD_STEPS} fp32 rounding steps (as good as constant)`;
+  }
+  return null;
+}
 
 const sameDims = (a, b) => a.length === b.length && a.every((d, i) => Number(d) === Number(b[i]));
 
@@ -29,7 +62,7 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   const ref = numbers(reference);
   const act = numbers(actual);
   // Integer tensors (ids, flags) must match exactly; an integer image or waveform is judged like floats.
-  if (INTEGER_TYPES.includes(reference.type) && kind === 'tensor') {
+  if (exactCompare(reference, kind)) {
     let mismatches = 0;
     let maxAbs = 0;
     for (let i = 0; i < ref.length; i++) {
@@ -37,7 +70,7 @@ export function compareTensor(reference, actual, kind = 'tensor') {
       if (d !== 0) mismatches++;
       if (d > maxAbs) maxAbs = d;
     }
-    return Object.assign(metrics, { mismatches, max_abs: maxAbs });
+    return Object.assign(metrics, { mismatches, max_abs: maxAbs, identical: mismatches === 0 });
   }
   let nan = 0;
   let inf = 0;
@@ -70,7 +103,7 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   const range = ref.length ? Math.max(max, 0) - Math.min(min, 0) : 0;
   const refNorm = Math.sqrt(refSquares);
   const errNorm = Math.sqrt(errSquares);
-  Object.assign(metrics, { nan, inf, max_abs: maxAbs });
+  Object.assign(metrics, { nan, inf, max_abs: maxAbs, identical: errNorm === 0 && nan === 0 && inf === 0 });
   metrics.max_abs_of_range = range > 0 ? maxAbs / range : maxAbs === 0 ? 0 : Infinity;
   metrics.rel_l2 = refNorm > 0 ? errNorm / refNorm : errNorm === 0 ? 0 : Infinity;
   if (kind === 'image') {
@@ -82,13 +115,15 @@ export function compareTensor(reference, actual, kind = 'tensor') {
       metrics.one_level_share = beyond.filter((d) => d === 1).length / Math.max(beyond.length, 1);
       beyond = beyond.map((d) => (d <= 1 ? 0 : d));
     }
-    metrics.psnr_db = finiteDb(mse === 0 ? Infinity : 10 * Math.log10(peak ** 2 / mse));
+    if (mse > 0) metrics.psnr_db = roundDb(10 * Math.log10(peak ** 2 / mse)); // no error: infinite, left out
     metrics.p999_abs_of_range = percentile(beyond, 99.9) / peak;
     metrics.block_mae_of_range = worstBlockMae(beyond, Array.from(reference.dims, Number)) / peak;
   } else if (kind === 'audio') {
-    metrics.snr_db = finiteDb(errNorm === 0 ? Infinity : 20 * Math.log10(Math.max(refNorm, 1e-30) / errNorm));
-    const dims = Array.from(reference.dims, Number);
-    metrics.seg_snr_db = segmentalSnr(refs, diffs, dims.length ? dims[dims.length - 1] : 1);
+    if (errNorm > 0) { // no error: infinite figures, left out
+      metrics.snr_db = roundDb(20 * Math.log10(Math.max(refNorm, 1e-30) / errNorm));
+      const dims = Array.from(reference.dims, Number);
+      metrics.seg_snr_db = segmentalSnr(refs, diffs, dims.length ? dims[dims.length - 1] : 1);
+    }
   }
   for (const key of ['max_abs_of_range', 'rel_l2']) if (metrics[key] === Infinity) metrics[key] = 1e9;
   return metrics;
@@ -173,8 +208,9 @@ export function judge(metrics, threshold = {}) {
   return { passed: true, reason: null };
 }
 
-/** "rel_l2 2e-07 ≤ 0.001, psnr_db 999 ≥ 60": each thresholded figure next to its bound. */
+/** "rel_l2 2e-07 ≤ 0.001, psnr_db 72.1 ≥ 60": each thresholded figure next to its bound ("identical" for an exact match). */
 export function formatMetrics(metrics, threshold = {}) {
+  if (metrics.identical && metrics.shape_ok !== false) return 'identical to the reference';
   const parts = [];
   for (const [key, bound] of Object.entries(threshold)) {
     if (key in metrics) parts.push(`${key} ${g(metrics[key])} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
@@ -195,7 +231,9 @@ export function thresholdsFor(manifest, ep, variant) {
 /**
  * Every output of a run against the reference: { passed, outputs: { name: { metrics, threshold,
  * passed, reason } }, text }. `thresholds` ({ output: bounds }) may be null: then figures only, and
- * `passed` is null (nothing to judge by). An output missing from the run fails.
+ * `passed` is null (nothing to judge by). An output missing from the run fails. An output whose
+ * reference is degenerate is not verifiable (its `passed` null, `verifiable` false, the reason
+ * given): it neither passes nor, unless it is broken (shape, NaN/Inf), fails the run.
  */
 export function compareOutputs(manifest, reference, actual, thresholds) {
   const kinds = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.kind || 'tensor']));
@@ -212,6 +250,14 @@ export function compareOutputs(manifest, reference, actual, thresholds) {
     }
     const metrics = compareTensor(expected, actual[name], kinds[name]);
     const verdict = judge(metrics, threshold);
+    const broken = !metrics.shape_ok || metrics.nan || metrics.inf;
+    const degenerate = broken ? null : degenerateReference(expected, kinds[name]);
+    if (degenerate) {
+      const reason = `degenerate fp32 reference: ${degenerate}`;
+      outputs[name] = { metrics, threshold, passed: null, verifiable: false, reason };
+      texts.push(`${name}: not verifiable (${reason})`);
+      continue;
+    }
     const judged = thresholds ? verdict.passed : verdict.passed ? null : false;
     if (judged === false) passed = false;
     outputs[name] = { metrics, threshold, passed: judged, reason: verdict.reason };

@@ -289,11 +289,11 @@ def _verify_run(
         if cut:
             run_report.setdefault("outputs_kept", {})[name] = cut
         threshold = dict(thresholds[planned.ep][planned.variant][name])
-        metrics, passed, reason = judged(references[name], actual, kind, threshold)
+        metrics, status, reason = judged(references[name], actual, kind, threshold)
         if signals:
             status, detail = "failed", f"{'; '.join(signals)[:500]}" + (f"; {reason}" if reason else "")
-        elif not passed:
-            status, detail = "failed", reason
+        elif status != "passed":
+            detail = reason
         elif missing:
             status, detail = "not-verifiable", (
                 f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}, "
