@@ -37,6 +37,7 @@ class FileEntry(TypedDict):
     mediaType: str
     encodings: dict[str, Encoding]  # {"br": ...} where a brotli copy pays, else {}
     cache: Literal["immutable", "short"]  # immutable: content-hashed name
+    stored: NotRequired[Literal["br"]]  # an export's folder holds only this encoding's body (pack export)
 
 
 class Chunk(TypedDict):
@@ -156,6 +157,21 @@ def chain_bundle(chain: Iterable[str]) -> str:
 def variant_files(variant: VariantEntry | dict) -> list[str]:
     """The package files a variant's session needs: its model file, then its weight chunks, if any."""
     return [variant["model"], *(chunk["file"] for chunk in (variant.get("externalData") or {}).get("chunks", []))]
+
+
+def stored_body(path: str, entry: FileEntry | dict) -> str:
+    """Where a listed file's own body lies: the file, or its encoded body where only that is `stored` (an export)."""
+    stored = entry.get("stored")
+    return entry["encodings"][stored]["path"] if stored else path
+
+
+def stored_paths(manifest: Manifest | dict) -> list[str]:
+    """Every package path the folder holds for the listed files: each one's body, then its other encodings."""
+    paths = []
+    for path, entry in manifest["files"].items():
+        paths.append(stored_body(path, entry))
+        paths += [encoding["path"] for name, encoding in entry["encodings"].items() if name != entry.get("stored")]
+    return paths
 
 
 def make_manifest(
@@ -296,9 +312,11 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
         raise PackError(f'{where}: key "{key_path(parts)}": {message}; rebuild the package with this version of pack')
 
     files = manifest["files"]
-    for path in files:
+    for path, entry in files.items():
         if path == "manifest.json":
             fail(["files", path], "the manifest does not list itself")
+        if "stored" in entry and entry["stored"] not in entry["encodings"]:
+            fail(["files", path, "stored"], f"{entry['stored']!r}, but 'encodings' has no such body")
     referenced: list[tuple[list[Any], str]] = [(["variants", name, "model"], v["model"]) for name, v in manifest["variants"].items()]
     referenced.append((["sample", "file"], manifest["sample"]["file"]))
     for key, bundle in manifest["runtime"]["bundles"].items():
