@@ -77,6 +77,13 @@ class SampleTensor(TypedDict):
     length: int
 
 
+class SplitFile(TypedDict):
+    sha256: str  # of the whole file: its parts' bytes joined in order
+    size: int
+    mediaType: str
+    parts: list[str]  # package files (listed in `files`), each at most [assets] max_file_mib
+
+
 class Sample(TypedDict):
     file: str
     tensors: dict[str, SampleTensor]  # the sample inputs
@@ -133,6 +140,7 @@ class Manifest(TypedDict):
     name: str
     description: NotRequired[str | None]
     files: dict[str, FileEntry]
+    split: NotRequired[dict[str, SplitFile]]  # files over [assets] max_file_mib, stored as parts
     variants: dict[str, VariantEntry]
     variantFor: dict[str, list[str]]
     inputs: list[dict[str, Any]]
@@ -157,6 +165,12 @@ def chain_bundle(chain: Iterable[str]) -> str:
 def variant_files(variant: VariantEntry | dict) -> list[str]:
     """The package files a variant's session needs: its model file, then its weight chunks, if any."""
     return [variant["model"], *(chunk["file"] for chunk in (variant.get("externalData") or {}).get("chunks", []))]
+
+
+def file_parts(manifest: Manifest | dict, path: str) -> list[str]:
+    """The package files that hold `path`: its parts when it is split, else itself."""
+    split = (manifest.get("split") or {}).get(path)
+    return list(split["parts"]) if split else [path]
 
 
 def stored_body(path: str, entry: FileEntry | dict) -> str:
@@ -193,6 +207,7 @@ def make_manifest(
     license: str | None = None,
     description: str | None = None,
     fp16: dict[str, Any] | None = None,
+    split: dict[str, SplitFile] | None = None,
     where: str = "manifest.json",
 ) -> Manifest:
     """The one way a manifest is made (the build, and test packages); validated before it is returned."""
@@ -201,6 +216,7 @@ def make_manifest(
         "name": name,
         "description": description,
         "files": dict(sorted(files.items())),
+        **({"split": dict(sorted(split.items()))} if split else {}),
         "variants": variants,
         "variantFor": variant_for,
         "inputs": inputs,
@@ -351,8 +367,19 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
                     fail(["variants", name, "externalData", "chunks", index], "fp16 values to widen, but not whole fp16 values in 1 or 2 byte planes")
                 if not inside and chunk["offset"] + chunk["size"] > start:
                     fail(["variants", name, "externalData", "chunks", index], f"spans externalData.widened.offset {start}")
+    split = manifest.get("split") or {}
+    for path, whole in split.items():
+        if path in files:
+            fail(["split", path], "is listed in 'files' too: a file is either whole or split")
+        sizes = []
+        for index, part in enumerate(whole["parts"]):
+            if part not in files:
+                fail(["split", path, "parts", index], f"{part!r} is not listed in 'files'")
+            sizes.append(files[part]["size"])
+        if sum(sizes) != whole["size"]:
+            fail(["split", path, "size"], f"{whole['size']}, but its parts hold {sum(sizes)} bytes")
     for parts, path in referenced:
-        if path not in files:
+        if path not in files and path not in split:
             fail(parts, f"{path!r} is not listed in 'files'")
     for ep, names in manifest["variantFor"].items():
         for index, name in enumerate(names):

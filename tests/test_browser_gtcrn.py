@@ -106,3 +106,15 @@ def test_the_default_export_is_lean_and_lists_only_what_it_holds(built, tmp_path
     held = sorted(path.relative_to(app_copy).as_posix() for path in app_copy.rglob("*") if path.is_file())
     assert json.loads((app_copy / "package.json").read_text())["files"] == held
     assert "index.html" not in held and "demo.js" not in held
+
+
+def test_no_listed_file_exceeds_jsdelivrs_cap(built) -> None:
+    """[assets] max_file_mib 20 by default: onnxruntime-web 1.30's webgpu .wasm (25.5 MiB) ships in
+    parts (manifest `split`) that the browser checks above loaded through the package's loader."""
+    package, _ = built
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert max(entry["size"] for entry in manifest["files"].values()) <= 20 * 2**20
+    wasm = manifest["runtime"]["bundles"]["webgpu"]["wasm"]
+    split = manifest["split"][wasm]
+    assert split["size"] > 20 * 2**20 and len(split["parts"]) == 2 and not (package / wasm).exists()
+    assert list(manifest["split"]) == [wasm]  # the wasm bundle's .wasm (13.6 MiB) and the sample stay whole

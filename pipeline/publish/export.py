@@ -29,7 +29,7 @@ from typing import Any
 from pipeline.assets.files import describe_file
 from pipeline.cache import staging_folder, swap_into_place
 from pipeline.errors import PackError
-from pipeline.manifest import Manifest, chain_bundle, stored_paths, validate, variant_files, write_manifest
+from pipeline.manifest import Manifest, chain_bundle, file_parts, stored_paths, validate, variant_files, write_manifest
 from pipeline.publish.upload_plan import DEMO_SCRIPT, PackagePlan, plan_package
 from pipeline.web.npm import PACKAGE_JSON, package_json
 
@@ -92,9 +92,13 @@ def export_manifest(plan: PackagePlan, variants: list[str] | None, bodies: str) 
         manifest.pop("fp16", None)
 
     needed = {path for entry in manifest["variants"].values() for path in variant_files(entry)}
-    needed |= {path for bundle in manifest["runtime"]["bundles"].values() for path in (bundle["module"], bundle["wasm"])}
+
+    def runtime_files(bundles: dict[str, Any]) -> set[str]:  # a split .wasm: its parts
+        return {part for bundle in bundles.values() for path in (bundle["module"], bundle["wasm"]) for part in file_parts(plan.manifest, path)}
+
+    needed |= runtime_files(manifest["runtime"]["bundles"])
     dropped_files = {path for name, entry in plan.manifest["variants"].items() if name in dropped for path in variant_files(entry)}
-    dropped_files |= {path for bundle in plan.manifest["runtime"]["bundles"].values() for path in (bundle["module"], bundle["wasm"])}
+    dropped_files |= runtime_files(plan.manifest["runtime"]["bundles"])
     files = {}
     for path, entry in manifest["files"].items():
         if path in NOT_EXPORTED or (path in dropped_files and path not in needed):
@@ -106,6 +110,10 @@ def export_manifest(plan: PackagePlan, variants: list[str] | None, bodies: str) 
             entry["stored"] = "br"
         files[path] = entry
     manifest["files"] = files
+    if "split" in manifest:  # the split files whose parts were kept
+        manifest["split"] = {path: whole for path, whole in manifest["split"].items() if whole["parts"][0] in files}
+        if not manifest["split"]:
+            del manifest["split"]
     return validate(manifest, f"{where} (exported)")
 
 
