@@ -6,7 +6,7 @@ import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throw
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
 import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
 import { Runner, lock, releaseQuietly, serial } from './runner.js';
-import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadCount } from './runtime.js';
+import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadPlan, warnSingleThread } from './runtime.js';
 import {
   DEFAULT_SELECT_BUDGET_MS, browserKey, bundleForChoice, decisionKey, defaultStorage, describeResults, packageHash, readDecision, runTrials,
   selectMode, startChoice, trialPlan, trialSlot, trustedWithoutCheck, writeDecision,
@@ -39,8 +39,10 @@ export async function load(options = {}) {
   const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
   const chain = normalizeChain(options.executionProviders || chainFor(manifest, platform));
   const isolated = globalThis.crossOriginIsolated === true;
-  const threads = threadCount({ numThreads: options.numThreads, isolated, platform, cores: nav.hardwareConcurrency }, emit);
-  emit({ type: 'platform', platform, chain: [...chain], threads, crossOriginIsolated: isolated });
+  const cores = nav.hardwareConcurrency;
+  const { threads, why: threadsWhy } = threadPlan({ numThreads: options.numThreads, isolated, platform, cores }, emit);
+  emit({ type: 'platform', platform, chain: [...chain], threads, threadsWhy, crossOriginIsolated: isolated });
+  warnSingleThread({ threads, isolated, platform, cores, chain });
 
   const fallbacks = [];
   const skip = (ep, variant, error) => {
@@ -185,7 +187,7 @@ export async function load(options = {}) {
   const ort = await runtime.ort();
   await firstModel.bytes;
 
-  const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection: null });
+  const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy, selection: null });
   await runner.openNext({ prewarm: runner.prewarm, signal, firstModel });
   if (mode === 'measured' && selection.fromCache) {
     const done = { type: 'select', phase: 'done', choice: selection.choice, fromCache: true, candidates: selection.candidates };
