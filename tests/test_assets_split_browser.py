@@ -95,8 +95,11 @@ def test_the_loader_fetches_the_parts_only_when_the_sample_is_asked_for(browser,
         try:
             page = context.new_page()
             page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+            # the measured choice too: one candidate here, so no trial and no sample (it used to be read up front)
+            measured = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"prewarm": False, "select": "measured"}, "run": False})
             loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url, "options": {"prewarm": False}, "run": False})
-            assert loaded["ok"], loaded
+            assert measured["ok"] and loaded["ok"], (measured, loaded)
+            assert measured["info"]["selection"]["mode"] == "measured" and measured["info"]["selection"]["note"] == "one candidate"
             fetched = [r.path.lstrip("/") for r in server.requests]
             assert not set(parts) & set(fetched), fetched  # the first result needs no sample
             ran = page.evaluate(SAMPLE_THEN_RUN)
