@@ -37,6 +37,7 @@ class FileEntry(TypedDict):
     mediaType: str
     encodings: dict[str, Encoding]  # {"br": ...} where a brotli copy pays, else {}
     cache: Literal["immutable", "short"]  # immutable: content-hashed name
+    stored: NotRequired[Literal["br"]]  # an export's folder holds only this encoding's body (pack export)
 
 
 class Chunk(TypedDict):
@@ -74,6 +75,13 @@ class SampleTensor(TypedDict):
     dims: list[int]
     offset: int
     length: int
+
+
+class SplitFile(TypedDict):
+    sha256: str  # of the whole file: its parts' bytes joined in order
+    size: int
+    mediaType: str
+    parts: list[str]  # package files (listed in `files`), each at most [assets] max_file_mib
 
 
 class Sample(TypedDict):
@@ -139,6 +147,7 @@ class Manifest(TypedDict):
     name: str
     description: NotRequired[str | None]
     files: dict[str, FileEntry]
+    split: NotRequired[dict[str, SplitFile]]  # files over [assets] max_file_mib, stored as parts
     variants: dict[str, VariantEntry]
     variantFor: dict[str, list[str]]
     inputs: list[dict[str, Any]]
@@ -165,6 +174,27 @@ def variant_files(variant: VariantEntry | dict) -> list[str]:
     return [variant["model"], *(chunk["file"] for chunk in (variant.get("externalData") or {}).get("chunks", []))]
 
 
+def file_parts(manifest: Manifest | dict, path: str) -> list[str]:
+    """The package files that hold `path`: its parts when it is split, else itself."""
+    split = (manifest.get("split") or {}).get(path)
+    return list(split["parts"]) if split else [path]
+
+
+def stored_body(path: str, entry: FileEntry | dict) -> str:
+    """Where a listed file's own body lies: the file, or its encoded body where only that is `stored` (an export)."""
+    stored = entry.get("stored")
+    return entry["encodings"][stored]["path"] if stored else path
+
+
+def stored_paths(manifest: Manifest | dict) -> list[str]:
+    """Every package path the folder holds for the listed files: each one's body, then its other encodings."""
+    paths = []
+    for path, entry in manifest["files"].items():
+        paths.append(stored_body(path, entry))
+        paths += [encoding["path"] for name, encoding in entry["encodings"].items() if name != entry.get("stored")]
+    return paths
+
+
 def make_manifest(
     *,
     name: str,
@@ -184,6 +214,7 @@ def make_manifest(
     license: str | None = None,
     description: str | None = None,
     fp16: dict[str, Any] | None = None,
+    split: dict[str, SplitFile] | None = None,
     where: str = "manifest.json",
 ) -> Manifest:
     """The one way a manifest is made (the build, and test packages); validated before it is returned."""
@@ -192,6 +223,7 @@ def make_manifest(
         "name": name,
         "description": description,
         "files": dict(sorted(files.items())),
+        **({"split": dict(sorted(split.items()))} if split else {}),
         "variants": variants,
         "variantFor": variant_for,
         "inputs": inputs,
@@ -303,9 +335,11 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
         raise PackError(f'{where}: key "{key_path(parts)}": {message}; rebuild the package with this version of pack')
 
     files = manifest["files"]
-    for path in files:
+    for path, entry in files.items():
         if path == "manifest.json":
             fail(["files", path], "the manifest does not list itself")
+        if "stored" in entry and entry["stored"] not in entry["encodings"]:
+            fail(["files", path, "stored"], f"{entry['stored']!r}, but 'encodings' has no such body")
     referenced: list[tuple[list[Any], str]] = [(["variants", name, "model"], v["model"]) for name, v in manifest["variants"].items()]
     referenced.append((["sample", "file"], manifest["sample"]["file"]))
     for key, bundle in manifest["runtime"]["bundles"].items():
@@ -340,8 +374,19 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
                     fail(["variants", name, "externalData", "chunks", index], "fp16 values to widen, but not whole fp16 values in 1 or 2 byte planes")
                 if not inside and chunk["offset"] + chunk["size"] > start:
                     fail(["variants", name, "externalData", "chunks", index], f"spans externalData.widened.offset {start}")
+    split = manifest.get("split") or {}
+    for path, whole in split.items():
+        if path in files:
+            fail(["split", path], "is listed in 'files' too: a file is either whole or split")
+        sizes = []
+        for index, part in enumerate(whole["parts"]):
+            if part not in files:
+                fail(["split", path, "parts", index], f"{part!r} is not listed in 'files'")
+            sizes.append(files[part]["size"])
+        if sum(sizes) != whole["size"]:
+            fail(["split", path, "size"], f"{whole['size']}, but its parts hold {sum(sizes)} bytes")
     for parts, path in referenced:
-        if path not in files:
+        if path not in files and path not in split:
             fail(parts, f"{path!r} is not listed in 'files'")
     for ep, names in manifest["variantFor"].items():
         for index, name in enumerate(names):

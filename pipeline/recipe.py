@@ -31,6 +31,9 @@ SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader p
 # 25 MiB): 16 MiB (16.8 MB) leaves room under it. Chunks below 1/16 MiB would be mostly requests.
 DEFAULT_CHUNK_MIB = 16.0
 MIN_CHUNK_MIB, MAX_CHUNK_MIB = 0.0625, 512
+# The largest file a package lists: larger ones (the sample, a runtime .wasm) ship in parts, a
+# model's weights in chunks of at most this (jsDelivr's 20 MB cap is the strictest of the common hosts).
+DEFAULT_MAX_FILE_MIB = 20.0
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db", "block_mae_of_range", "one_level_share")
@@ -99,6 +102,7 @@ class Recipe:
     wasm_variant: str = "fp32"
     loader_select: str | None = None  # None: the build decides (pipeline.web.select.default_select)
     chunk_mib: float = DEFAULT_CHUNK_MIB  # [assets] chunk_mib: largest weight chunk (pipeline/assets/chunks.py)
+    max_file_mib: float = DEFAULT_MAX_FILE_MIB  # [assets] max_file_mib: largest file the package lists
 
     def ships(self) -> str:
         """The variants a build of the published file makes: 'fp16+fp32', 'fp32', 'quantized as-is'."""
@@ -349,12 +353,13 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
             r.fail("loader.select", f"one of {', '.join(SELECT_MODES)}", select)
         recipe.loader_select = select
 
-    assets = r.table(data.get("assets", {}), "assets", ("chunk_mib",))
-    chunk_mib = r.typed(assets, "assets", "chunk_mib", (int, float), "a number of MiB")
-    if chunk_mib is not None:
-        if not MIN_CHUNK_MIB <= chunk_mib <= MAX_CHUNK_MIB:
-            r.fail("assets.chunk_mib", f"a number of MiB from {MIN_CHUNK_MIB} to {MAX_CHUNK_MIB}", chunk_mib)
-        recipe.chunk_mib = float(chunk_mib)
+    assets = r.table(data.get("assets", {}), "assets", ("chunk_mib", "max_file_mib"))
+    for key in ("chunk_mib", "max_file_mib"):
+        mib = r.typed(assets, "assets", key, (int, float), "a number of MiB")
+        if mib is not None:
+            if not MIN_CHUNK_MIB <= mib <= MAX_CHUNK_MIB:
+                r.fail(f"assets.{key}", f"a number of MiB from {MIN_CHUNK_MIB} to {MAX_CHUNK_MIB}", mib)
+            setattr(recipe, key, float(mib))
     return recipe
 
 

@@ -46,20 +46,25 @@ def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | 
 
 def read_sample(package: Path, manifest: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The sample inputs and the fp32 reference outputs of a built package, decoded from
-    `sample.<h>.bin` (or its .br copy) as manifest `sample` describes them."""
+    `sample.<h>.bin` (or its .br copy; or its parts) as manifest `sample` describes them."""
     import brotli
     import numpy as np
 
     from pipeline.dtypes import NUMPY_DTYPES
 
+    from pipeline.manifest import file_parts
+
     sample = manifest["sample"]
-    path = Path(package) / sample["file"]
-    if path.is_file():
-        raw = path.read_bytes()
-    elif path.with_name(path.name + ".br").is_file():
-        raw = brotli.decompress(path.with_name(path.name + ".br").read_bytes())
-    else:
+
+    def body(path: Path) -> bytes:
+        if path.is_file():
+            return path.read_bytes()
+        if path.with_name(path.name + ".br").is_file():
+            return brotli.decompress(path.with_name(path.name + ".br").read_bytes())
         raise PackError(f"{path}: sample file missing; rebuild the package")
+
+    # over [assets] max_file_mib: in parts (manifest `split`), joined in order
+    raw = b"".join(body(Path(package) / part) for part in file_parts(manifest, sample["file"]))
 
     def decode(key: str) -> dict[str, np.ndarray]:
         arrays = {}

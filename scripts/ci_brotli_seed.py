@@ -4,7 +4,8 @@ Every build ships the runtime's .wasm and .mjs files with q11 brotli copies; on 
 compression costs minutes of CPU per release (each .wasm up to a minute), and a clean clone starts
 cold. The encodings are a pure function of third-party bytes (cached by their sha256 and quality),
 so .ci/run restores them from a folder outside the clone before the suite and saves new ones
-after it. Nothing else is kept: downloads, conversions, runs and builds stay in the clone's cache,
+after it; so are the parts a runtime file over `[assets] max_file_mib` ships in (the webgpu
+bundle's .wasm: two parts of ~13 MB, ~26 s of q11 CPU each here), found through the stored builds' manifests. Nothing else is kept: downloads, conversions, runs and builds stay in the clone's cache,
 and the compression path itself still runs for every model file and in test_assets_brotli.py.
 
 Usage: python3 scripts/ci_brotli_seed.py restore|save SEED CACHE   (stdlib only: runs before set-up)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -28,6 +30,21 @@ def runtime_hashes(cache: Path) -> set[str]:
                 for block in iter(lambda: stream.read(1 << 20), b""):
                     digest.update(block)
             found.add(digest.hexdigest())
+    return found
+
+
+def runtime_part_hashes(cache: Path, runtime: set[str]) -> set[str]:
+    """sha256 of the parts of onnxruntime-web files over a package's [assets] max_file_mib, as the
+    manifests of the cache's stored builds name them (`split` entries whose whole is a runtime file)."""
+    found = set()
+    for path in (cache / "builds").glob("*/package/manifest.json"):
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+            for whole in (manifest.get("split") or {}).values():
+                if whole["sha256"] in runtime:
+                    found.update(manifest["files"][part]["sha256"] for part in whole["parts"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a manifest this script reads: its encodings are simply not kept
     return found
 
 
@@ -53,6 +70,7 @@ def main(mode: str, seed: Path, cache: Path) -> None:
             print(f"brotli seed: {copy_new(seed / 'brotli', cache / 'brotli', names)} runtime encodings restored from {seed.name}")
     else:
         hashes = runtime_hashes(cache)
+        hashes |= runtime_part_hashes(cache, hashes)
         names = [p.name for p in (cache / "brotli").glob("*.br") if p.name.split(".")[0] in hashes]
         print(f"brotli seed: {copy_new(cache / 'brotli', seed / 'brotli', names)} new runtime encodings kept")
 

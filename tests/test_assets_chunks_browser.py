@@ -192,3 +192,21 @@ def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, page
     assert result["name"] == "PackIntegrityError", result
     assert f"{bad}: sha256 mismatch" in result["message"] and "re-publish" in result["message"]
     assert Counter(result["requested"])[bad] == 1  # an integrity failure is not retried
+
+
+def test_an_export_with_br_bodies_alone_loads_to_the_same_outputs(browser, server, chunked_packages, pages, tmp_path):
+    """`pack export`'s default copy keeps each .br body alone (served under the decoded name with
+    Content-Encoding: br, as pack serve and a configured host do): the loader runs it unchanged."""
+    from pipeline.publish.export import export_package
+
+    exported = export_package(chunked_packages["chunked"], tmp_path / "app", None)
+    app = exported.destination
+    assert all((app / path).is_file() != (app / f"{path}.br").is_file() for path in manifest_of(app)["files"])  # one body each
+    options = {"executionProviders": ["wasm"], "variant": "fp32", "prewarm": False}
+    with running_server(tmp_path / "app", {TEST_PREFIX: pages}) as app_server:
+        ours = load(browser, app_server, options)
+        served = {r.path.lstrip("/"): r.encoding for r in app_server.requests}
+    theirs = load(browser, server, options)
+    assert ours["ok"] and theirs["ok"], (ours, theirs)
+    assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
+    assert {served[part] for part in chunk_files(tmp_path / "app")} == {"br"}

@@ -91,3 +91,30 @@ def test_report_draws_the_spectrum_frame_and_shows_the_last_verification(built) 
     assert facts["audio"] == []
     # the repairs and conversion steps, the CPU-fallback GRU nodes, the licence
     assert "GRU (" in facts["text"] and "MIT" in facts["text"] and "fp16_convert" in facts["text"]
+
+
+def test_the_default_export_is_lean_and_lists_only_what_it_holds(built, tmp_path) -> None:
+    """`pack export`: one body per file (the .br body where the build made one), at most 0.6 of
+    the package folder; its package.json lists exactly the files it holds."""
+    package, _ = built
+    app_copy = tmp_path / "app"
+    result = runner.invoke(app, ["export", str(package), str(app_copy), "--json"])
+    assert result.exit_code == 0, result.output
+    exported = sum(f["bytes"] for f in json.loads(result.stdout)["files"])
+    folder = sum(path.stat().st_size for path in package.rglob("*") if path.is_file())
+    assert exported <= 0.6 * folder, (exported, folder)
+    held = sorted(path.relative_to(app_copy).as_posix() for path in app_copy.rglob("*") if path.is_file())
+    assert json.loads((app_copy / "package.json").read_text())["files"] == held
+    assert "index.html" not in held and "demo.js" not in held
+
+
+def test_no_listed_file_exceeds_jsdelivrs_cap(built) -> None:
+    """[assets] max_file_mib 20 by default: onnxruntime-web 1.30's webgpu .wasm (25.5 MiB) ships in
+    parts (manifest `split`) that the browser checks above loaded through the package's loader."""
+    package, _ = built
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert max(entry["size"] for entry in manifest["files"].values()) <= 20 * 2**20
+    wasm = manifest["runtime"]["bundles"]["webgpu"]["wasm"]
+    split = manifest["split"][wasm]
+    assert split["size"] > 20 * 2**20 and len(split["parts"]) == 2 and not (package / wasm).exists()
+    assert list(manifest["split"]) == [wasm]  # the wasm bundle's .wasm (13.6 MiB) and the sample stay whole

@@ -68,6 +68,25 @@ def test_serve_a_package_as_production_and_stop_on_ctrl_c(tmp_path):
     assert "Traceback" not in stderr and stdout.strip().endswith("stopped")
 
 
+def test_serve_an_export_prints_its_manifest_url_and_serves_br_bodies_alone(tmp_path):
+    """`pack export` leaves out the demo page and keeps a .br body alone: no URL that answers 404."""
+    package = write_package(tmp_path / "web", "demo")
+    (package / "index.html").unlink()
+    (package / "demo.js").unlink()
+    child, _ = start(package)
+    try:
+        line = child.stdout.readline().strip()
+        assert line.startswith("demo: http://127.0.0.1:") and line.endswith("/demo/manifest.json"), line
+        headers, body = fetch(line.split(": ", 1)[1], accept_br=True)
+        assert json.loads(body)["name"] == "demo"
+        headers, body = fetch(line.split(": ", 1)[1].replace("manifest.json", "demo.js"), accept_br=True)
+        assert headers["Content-Encoding"] == "br" and brotli.decompress(body) == DEMO_JS
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=30)
+    assert child.returncode == 0
+
+
 def test_serve_a_folder_of_packages_lists_each(tmp_path):
     dist = tmp_path / "dist"
     write_package(dist, "alpha")

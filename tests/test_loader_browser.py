@@ -274,7 +274,7 @@ def test_ipados_desktop_mode_page_loads_the_wasm_bundle_without_threads(browser,
         assert result["ok"], result
         info = result["infoAfterRun"]
         assert (info["platform"], info["chain"], info["bundle"], info["ep"]) == ("apple-mobile", ["wasm"], "wasm", "wasm")
-        assert result["crossOriginIsolated"] and info["threads"] == 1
+        assert result["crossOriginIsolated"] and info["threads"] == 1 and info["threadsWhy"].startswith("Apple mobile: one thread")
         bundles = read_manifest(Path(server.root))["runtime"]["bundles"]
         served = served_since(server, mark)
         assert "/" + bundles["wasm"]["module"] in served and "/" + bundles["webgpu"]["wasm"] not in served

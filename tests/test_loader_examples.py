@@ -86,6 +86,7 @@ def _open(browser, url: str) -> dict:
             raise AssertionError(f"{url}: {page.inner_text('body')}; console: {console[-10:]}") from error
         result = page.evaluate("window.example")
         result["text"] = page.inner_text("#status")
+        result["console"] = console
     finally:
         page.context.close()
     assert not errors, errors
@@ -113,6 +114,10 @@ def test_plain_html_page_imports_the_loader_from_the_cdn(browser, published, tmp
         server.shutdown()
     _assert_ran(result)
     assert "first result in" in result["text"]
+    # a static server without COOP/COEP: one thread, said in info and once in the console
+    assert result["threads"] == 1 and result["threadsWhy"].startswith("the page is not cross-origin isolated"), result
+    single = [line for line in result["console"] if line.startswith("warning: [pack] wasm runs on 1 thread")]
+    assert len(single) == 1, result["console"]
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -225,3 +230,7 @@ def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(
         dev_result = _open(browser, dev.url)
     _assert_ran(built)
     _assert_ran(dev_result)
+    # vite.config.ts sends COOP/COEP in dev and preview: cross-origin isolated, wasm on every core (up to 4), no warning
+    for result in (built, dev_result):
+        assert result["info"]["threads"] > 1 and result["info"]["threadsWhy"].startswith("cross-origin isolated: "), result["info"]
+        assert not [line for line in result["console"] if "wasm runs on 1 thread" in line], result["console"]

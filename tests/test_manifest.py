@@ -83,6 +83,8 @@ def test_runs_from_checks_one_per_triple_with_the_first_failure():
         (lambda m: m["executionProviders"].update(apple=["wasm"]), 'key "executionProviders.apple": needs the \'wasm\' runtime bundle'),
         (lambda m: m["files"].pop("sample.0123456789abcdef.bin"), 'key "sample.file": \'sample.0123456789abcdef.bin\' is not listed in \'files\''),
         (lambda m: m["sample"]["outputs"].update(z=m["sample"]["outputs"]["y"]), 'key "sample.outputs.z": not a model output'),
+        (lambda m: m["files"]["loader.js"].update(stored="br"), 'key "files["loader.js"].stored": \'br\', but \'encodings\' has no such body'),
+        (lambda m: m["files"]["loader.js"].update(stored="gzip"), 'key "files["loader.js"].stored": \'gzip\' is not one of'),
         (lambda m: m["files"].update({"manifest.json": m["files"]["loader.js"]}), 'key "files["manifest.json"]": the manifest does not list itself'),
         (lambda m: m.update(extra=1), 'key "extra": not a key of schema 2'),
         (lambda m: m["loader"].update(watchdog=1), 'key "loader.watchdog": not a key of schema 2'),

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.manifest import file_parts
 from pipeline.verify.browser.chromium import launch_browser, new_watched_page
 from build_helpers import conv_model, save
 from publish_helpers import new_bucket, run_json
@@ -54,4 +55,6 @@ def test_published_demo_page_loads_every_file_from_the_bucket_and_runs(s3_server
     # the page compared its run with the build's fp32 reference shipped in the sample file
     assert demo["comparison"]["passed"] is True and demo["comparison"]["text"].startswith("matches the build's fp32 reference: y: "), demo["comparison"]
     assert fetched <= set(manifest["files"]) | {"manifest.json"}
-    assert any(path.endswith(".onnx") for path in fetched) and any(path.endswith(".wasm") for path in fetched)
+    # the runtime's .wasm whole, or its parts where it is over [assets] max_file_mib (the webgpu bundle's)
+    wasm = {part for bundle in manifest["runtime"]["bundles"].values() for part in file_parts(manifest, bundle["wasm"])}
+    assert any(path.endswith(".onnx") for path in fetched) and fetched & wasm

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 
+import brotli
+import pytest
 from typer.testing import CliRunner
 
+from pipeline.assets.files import describe_file
 from pipeline.cli import app
-from pipeline.manifest import read_manifest
+from pipeline.errors import PackError
+from pipeline.manifest import read_manifest, write_manifest
 from pipeline.publish.upload_plan import plan_package
+from pipeline.web.npm import PACKAGE_JSON, package_json
 from publish_helpers import write_package
 
 runner = CliRunner()
@@ -23,42 +28,72 @@ def on_disk(folder):
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
-def test_export_keeps_what_the_loader_fetches_with_br_copies(tmp_path):
-    package = write_package(tmp_path / "dist")
+def with_package_json(package):
+    """The test package plus the npm package.json the build writes (it lists the demo page and every decoded file)."""
+    (package.root / PACKAGE_JSON).write_bytes(package_json(package.manifest, ["index.html", "demo.js", "loader.js", "loader.d.ts"]))
+    package.manifest["files"][PACKAGE_JSON] = describe_file(package.root, PACKAGE_JSON).manifest_entry()
+    write_manifest(package.root, package.manifest)
+    return package
+
+
+def test_export_keeps_one_body_per_file_the_br_body_where_there_is_one(tmp_path):
+    package = with_package_json(write_package(tmp_path / "dist"))
     app_copy = tmp_path / "web" / "public" / "demo"
     result = export(str(package.root), str(app_copy), "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
+    assert summary["bodies"] == "br"
     source = package.manifest["files"]
     kept = [path for path in source if path not in ("report.json", "index.html", "demo.js")]
-    copies = [source[path]["encodings"]["br"]["path"] for path in kept if source[path]["encodings"]]
-    assert on_disk(app_copy) == sorted([*kept, *copies, "manifest.json"])
+    bodies = [source[path]["encodings"]["br"]["path"] if source[path]["encodings"] else path for path in kept]
+    assert any(body.endswith(".br") for body in bodies) and any(not body.endswith(".br") for body in bodies)
+    assert on_disk(app_copy) == sorted([*bodies, "manifest.json"])
     assert sorted(f["path"] for f in summary["files"]) == on_disk(app_copy) and summary["bytes"] == sum((app_copy / f["path"]).stat().st_size for f in summary["files"])
     manifest = read_manifest(app_copy)  # validated
-    assert manifest["files"] == {path: source[path] for path in kept}
-    plan_package(app_copy)  # every file matches its sha256, every .br decodes to its file: publishable as is
     for path in kept:
-        assert (app_copy / path).read_bytes() == (package.root / path).read_bytes()
+        expected = dict(source[path], stored="br") if source[path]["encodings"] else source[path]
+        assert path == PACKAGE_JSON or manifest["files"][path] == expected, path
+    # package.json lists exactly what the copy holds (no demo page, the .br bodies by their names)
+    assert json.loads((app_copy / PACKAGE_JSON).read_text())["files"] == on_disk(app_copy)
+    plan = plan_package(app_copy)  # every .br body decodes to its listed sha256: publishable as is
+    assert {obj.path for obj in plan.objects if obj.content_encoding == "br"} == {path for path in kept if source[path]["encodings"]}
+    for path, body in zip(kept, bodies):
+        if body == path and path != PACKAGE_JSON:
+            assert (app_copy / path).read_bytes() == (package.root / path).read_bytes()
+
+    # a .br body that no longer decodes to its file is caught like a changed file
+    broken = next(body for body in bodies if body.endswith(".br"))
+    size = (app_copy / broken).stat().st_size
+    (app_copy / broken).write_bytes(brotli.compress(bytes(range(256)) * 64, quality=0)[:size].ljust(size, b"\0"))
+    with pytest.raises(PackError, match=f"{broken}: does not decode to"):
+        plan_package(app_copy)
 
 
-def test_export_one_variant_without_br(tmp_path):
-    package = write_package(tmp_path / "dist")
+def test_export_raw_bodies_for_a_host_without_content_encoding(tmp_path):
+    package = with_package_json(write_package(tmp_path / "dist"))
     app_copy = tmp_path / "app"
-    result = export(str(package.root), str(app_copy), "--variants", "fp32", "--no-br")
+    result = export(str(package.root), str(app_copy), "--variants", "fp32", "--bodies", "raw")
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"exported demo to {app_copy}: ") and "(variants fp32; no .br copies)" in result.output
+    assert result.output.startswith(f"exported demo to {app_copy}: ") and "(variants fp32; decoded bodies: any static host serves them)" in result.output
     manifest = read_manifest(app_copy)
     assert list(manifest["variants"]) == ["fp32"] and manifest["variantFor"] == {"webgpu": ["fp32"], "wasm": ["fp32"]}
-    assert all(entry["encodings"] == {} for entry in manifest["files"].values())
+    assert all(entry["encodings"] == {} and "stored" not in entry for entry in manifest["files"].values())
     files = on_disk(app_copy)
     assert not [path for path in files if path.endswith(".br")]
     assert package.manifest["variants"]["fp16"]["model"] not in files and manifest["variants"]["fp32"]["model"] in files
+    assert json.loads((app_copy / PACKAGE_JSON).read_text())["files"] == files
     plan_package(app_copy)
 
     # an earlier export is replaced whole
     again = export(str(package.root), str(app_copy))
     assert again.exit_code == 0, again.output
-    assert package.manifest["variants"]["fp16"]["model"] in on_disk(app_copy) and any(path.endswith(".br") for path in on_disk(app_copy))
+    encoded = sum(bool(entry["encodings"]) for path, entry in package.manifest["files"].items())
+    assert f"{encoded} .br bodies: the host must serve X.br under X with Content-Encoding: br (else use --bodies raw)" in again.output
+    assert package.manifest["variants"]["fp16"]["model"] + ".br" in on_disk(app_copy)
+    assert manifest["variants"]["fp32"]["model"] not in on_disk(app_copy)
+
+    wrong = export(str(package.root), str(tmp_path / "other"), "--bodies", "gzip")
+    assert wrong.exit_code == 2 and "--bodies" in wrong.output and not (tmp_path / "other").exists()
 
 
 def test_export_errors_exit_2_naming_the_variant_and_write_nothing(tmp_path):

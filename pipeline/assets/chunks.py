@@ -18,6 +18,10 @@ initializers in a group of their own at the end of the external data (the manife
 and the loader widens each one to float32 straight into place as it arrives, while nothing before
 that offset moves.
 
+Any other file over `[assets] max_file_mib` (the sample, a runtime .wasm) ships in parts, cut by the
+same planner without coding (`write_split`): the manifest's `split` names the whole file and its
+parts, and the loader joins them (web_template/loader/files.js) wherever a reference names it.
+
 The build checks the round trip on the files it ships: every chunk file (and its .br copy) is read
 back, decoded and reassembled, and must hash to the external data the graph was cut from. The host
 checks then run onnxruntime on that reassembled copy (for fp16w: widened, as the loader widens
@@ -36,11 +40,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, external_data_helper, numpy_helper
 
-from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, brotli_encode
+from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, brotli_encode, hashed_name
 from pipeline.cache import atomic_write, cache_dir
 from pipeline.errors import PackError
 from pipeline.graph.model_io import model_bytes
-from pipeline.manifest import ExternalData
+from pipeline.manifest import ExternalData, SplitFile
+from pipeline.media_types import media_type
 from pipeline.precision.fp16w import FLOAT16, WidenedLayout, WidenError, widen_external_data, widen_model_bytes, widened_model_file
 from pipeline.progress import Progress
 
@@ -263,6 +268,23 @@ def write_chunked(staging: Path, stem: str, model: onnx.ModelProto, limit: int, 
         external["widened"] = {"offset": start, "size": len(wide), "sha256": hashlib.sha256(wide).hexdigest()}
         graph_bytes, data = widen_model_bytes(graph_bytes, WidenedLayout(location, start, len(blob)))[0], wide
     return ChunkedModel(graph, files, external, _runnable_copy(graph_bytes, location, data))
+
+
+def write_split(staging: Path, stem: str, suffix: str, data: bytes, limit: int, progress: Progress, kind: str | None = None) -> tuple[str, list[PackageFile], SplitFile]:
+    """A file over `limit` bytes as parts of at most `limit` (each a content-hashed `.bin` package
+    file, brotli copies compressed in parallel as `kind`): (the whole file's path, the parts, its
+    manifest `split` entry). The parts are read back and must join to `data`."""
+    sha256 = hashlib.sha256(data).hexdigest()
+    path = hashed_name(stem, sha256, suffix)
+    cuts = plan_chunks([(0, len(data), 1)], limit)
+    items = [(f"{stem}.part{index}", ".bin", data[cut.offset : cut.offset + cut.size]) for index, cut in enumerate(cuts)]
+    parts = add_hashed_files(staging, items, kind, f"brotli {Path(path).name} in {len(items)} parts", progress)
+    joined = hashlib.sha256()
+    for part in parts:
+        joined.update((staging / part.path).read_bytes())
+    if joined.hexdigest() != sha256:
+        raise PackError(f"{path}: its parts join to other bytes; this is a bug in pack, please report it")
+    return path, parts, {"sha256": sha256, "size": len(data), "mediaType": media_type(path), "parts": [part.path for part in parts]}
 
 
 def _runnable_copy(graph_bytes: bytes, location: str, data: bytes) -> Path:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.manifest import Manifest, chain_bundle, variant_files
+from pipeline.manifest import Manifest, chain_bundle, file_parts, variant_files
 
 def _is_loader_file(path: str) -> bool:
     return path == "loader.js" or (path.startswith("loader/") and path.endswith(".js"))
@@ -52,7 +52,7 @@ def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
         bundle = manifest["runtime"]["bundles"][bundle_key]
         variant = _first_variant(manifest, chain)
         model = variant_files(manifest["variants"][variant]) if variant else []  # graph and weight chunks
-        paths = [*loader, bundle["module"], bundle["wasm"], *model]
+        paths = [*loader, *file_parts(manifest, bundle["module"]), *file_parts(manifest, bundle["wasm"]), *model]
         visit = {
             "chain": list(chain),
             "bundle": bundle_key,
@@ -64,7 +64,7 @@ def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
         if manifest["loader"].get("select") == "measured":
             runnable = [ep for ep in chain if bundle_key != "wasm" or ep == "wasm"]
             models = {path for ep in runnable for v in manifest["variantFor"].get(ep) or [] for path in variant_files(manifest["variants"][v])} - set(model)
-            trial_paths = sorted(models) + ([manifest["sample"]["file"]] if manifest.get("sample") else [])
+            trial_paths = sorted(models) + (file_parts(manifest, manifest["sample"]["file"]) if manifest.get("sample") else [])
             visit["trials"] = {
                 "files": len(trial_paths),
                 "bytes": sum(int(files[path]["size"]) for path in trial_paths),

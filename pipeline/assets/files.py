@@ -36,7 +36,9 @@ def _brotli_quality(size: int, suffix: str, kind: str | None = None) -> int:
     # Measured here: q11 runs at ~0.1-0.5 MB/s, q5 at ~16 MB/s. Code (the runtime's .wasm/.mjs,
     # same bytes for every package, so compressed once per machine) and small files get q11
     # (the wasm shrinks to 15 %); model weights gain under 1 % from q11, so large ones get q5.
-    return 11 if size <= 4 << 20 or (suffix in (".wasm", ".mjs", ".js") and size <= 64 << 20) else 5
+    # kind "code": the parts of a runtime file split for a host's cap (pipeline/assets/chunks.py `write_split`).
+    code = kind == "code" or suffix in (".wasm", ".mjs", ".js")
+    return 11 if size <= 4 << 20 or (code and size <= 64 << 20) else 5
 
 
 def _compress(data: bytes, quality: int, label: str, progress: Progress) -> bytes:

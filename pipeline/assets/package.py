@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from pipeline.assets.chunks import chunk_bytes, write_chunked
+from pipeline.assets.chunks import MIB, chunk_bytes, write_chunked, write_split
 from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, describe_file
-from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
+from pipeline.errors import PackError
+from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, SplitFile, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
 from pipeline.assets.samples import declared_shape, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
@@ -82,19 +83,43 @@ class ModelFiles:
 
 @dataclass(frozen=True)
 class SampleFile:
-    """The sample file (write_sample): inputs then their fp32 reference outputs."""
+    """The sample file (write_sample): inputs then their fp32 reference outputs; in parts when over
+    `[assets] max_file_mib` (`split`: the manifest's entry for the whole)."""
 
-    file: PackageFile
+    files: tuple[PackageFile, ...]
     sample: Sample
     outputs: list[dict]  # the manifest's outputs, with their sample shapes
+    split: dict[str, SplitFile] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class RuntimeFiles:
-    """The onnxruntime-web bundle files (write_runtime) and the manifest's `runtime`."""
+    """The onnxruntime-web bundle files (write_runtime) and the manifest's `runtime`; a file over
+    `[assets] max_file_mib` in parts (`split`)."""
 
     files: tuple[PackageFile, ...]
     runtime: dict[str, Any]
+    split: dict[str, SplitFile] = field(default_factory=dict)
+
+
+def max_file_bytes(recipe: Recipe) -> int:
+    """`[assets] max_file_mib` in bytes, a multiple of the chunk alignment (chunk_bytes)."""
+    return chunk_bytes(recipe.max_file_mib)
+
+
+def check_file_sizes(files: dict[str, PackageFile], limit: int, max_file_mib: float) -> None:
+    """PackError naming the first listed file over `limit` bytes and why it cannot be larger."""
+    for path, file in files.items():
+        if file.size > limit:
+            how = (
+                "a model's graph without its weights cannot be split; raise [assets] max_file_mib if every host you publish to takes it"
+                if path.startswith("model.") and path.endswith(".onnx")
+                else "raise [assets] max_file_mib if every host you publish to takes it"
+            )
+            raise PackError(
+                f"{path}: {file.size / MIB:.2f} MiB, over [assets] max_file_mib {max_file_mib:g} "
+                f"(the largest file a host serves: jsDelivr 20 MB, Cloudflare Pages 25 MiB); {how}"
+            )
 
 
 @dataclass(frozen=True)
@@ -111,10 +136,11 @@ class PackageContents:
     runtime: RuntimeFiles | None = None
     plain: tuple[PackageFile, ...] = ()  # loader files and demo page (no hash in their names)
     ep_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_file_mib: float = 20.0  # [assets] max_file_mib: no listed file is larger
 
     @property
     def files(self) -> dict[str, PackageFile]:
-        listed = [*(self.models.files if self.models else ()), *([self.sample.file] if self.sample else []), *(self.runtime.files if self.runtime else ()), *self.plain]
+        listed = [*(self.models.files if self.models else ()), *(self.sample.files if self.sample else ()), *(self.runtime.files if self.runtime else ()), *self.plain]
         return {file.path: file for file in listed}
 
     def manifest(
@@ -128,6 +154,7 @@ class PackageContents:
     ) -> Manifest:
         if self.models is None or self.sample is None or self.runtime is None:
             raise ValueError("a manifest needs the models, the sample and the runtime written first")
+        check_file_sizes(self.files, chunk_bytes(self.max_file_mib), self.max_file_mib)
         return make_manifest(
             name=self.name,
             description=self.description,
@@ -146,6 +173,7 @@ class PackageContents:
             measurements=measurements,
             license=license,
             fp16=fp16,
+            split={**self.sample.split, **self.runtime.split},
         )
 
 
@@ -156,13 +184,15 @@ def start_package(recipe: Recipe) -> PackageContents:
         chains=recipe.chains,
         # "chain": the recipe's EP order; the loader helper's measured choice can switch it to "measured".
         loader={"watchdogMs": recipe.watchdog_ms, "prewarm": recipe.prewarm, "select": "chain"},
+        max_file_mib=recipe.max_file_mib,
     )
 
 
 def write_models(staging: Path, recipe: Recipe, variants: list[Variant], reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], progress: Progress) -> ModelFiles:
     """One content-hashed model file per variant (the repair passes capped its IR version for the
-    runtime); a model over `[assets] chunk_mib` as its graph plus chunked weights (assets/chunks.py)."""
-    limit = chunk_bytes(recipe.chunk_mib)
+    runtime); a model over `[assets] chunk_mib` (or max_file_mib, when smaller) as its graph plus
+    chunked weights (assets/chunks.py)."""
+    limit = chunk_bytes(min(recipe.chunk_mib, recipe.max_file_mib))
     files: list[PackageFile] = []
     entries: dict[str, VariantEntry] = {}
     model_paths: dict[str, Path] = {}
@@ -184,6 +214,7 @@ def write_models(staging: Path, recipe: Recipe, variants: list[Variant], referen
         entries[variant.name] = {"precision": variant.precision, "model": entry.path, "requires": variant.requires}
         if variant.widen:
             entries[variant.name]["widen"] = variant.widen
+    check_file_sizes({file.path: file for file in files}, chunk_bytes(recipe.max_file_mib), recipe.max_file_mib)  # before any later stage runs
     layout = preferred_layout(reference_model)
     return ModelFiles(
         files=tuple(files),
@@ -200,8 +231,12 @@ def write_models(staging: Path, recipe: Recipe, variants: list[Variant], referen
 def write_sample(staging: Path, recipe: Recipe, reference_model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarray], progress: Progress) -> SampleFile:
     """The sample file: inputs, then their fp32 reference outputs; and the outputs' sample shapes."""
     data, tensors, outputs = sample_bytes(feeds, reference)
+    shapes = io_entries(reference_model, reference, recipe, outputs=True)
+    if len(data) > max_file_bytes(recipe):
+        path, parts, split = write_split(staging, "sample", ".bin", data, max_file_bytes(recipe), progress)
+        return SampleFile(tuple(parts), {"file": path, "tensors": tensors, "outputs": outputs}, shapes, {path: split})
     sample = add_hashed_file(staging, "sample", ".bin", data, progress)
-    return SampleFile(sample, {"file": sample.path, "tensors": tensors, "outputs": outputs}, io_entries(reference_model, reference, recipe, outputs=True))
+    return SampleFile((sample,), {"file": sample.path, "tensors": tensors, "outputs": outputs}, shapes)
 
 
 def write_runtime(staging: Path, recipe: Recipe, progress: Progress) -> RuntimeFiles:
@@ -215,11 +250,21 @@ def write_runtime(staging: Path, recipe: Recipe, progress: Progress) -> RuntimeF
         parts += [(key, role, path) for role, path in (("module", bundle.module), ("wasm", bundle.wasm), ("glue", bundle.glue)) if path is not None]
     # compressed together, across cores: each .wasm takes up to a minute at q11 on a cold cache
     items = [(f"ort/{path.name.removesuffix(path.suffix)}", path.suffix, path.read_bytes()) for _, _, path in parts]
-    files = add_hashed_files(staging, items, None, "brotli onnxruntime-web", progress)
+    limit = max_file_bytes(recipe)
+    whole = [item for item in items if len(item[2]) <= limit]
+    files = add_hashed_files(staging, whole, None, "brotli onnxruntime-web", progress)
+    paths = iter(file.path for file in files)
+    split: dict[str, SplitFile] = {}
     bundles: dict[str, dict[str, str]] = {key: {"entry": runtime.bundles[key].entry} for key in keys}
-    for (key, role, _), written in zip(parts, files):
-        bundles[key][role] = written.path
-    return RuntimeFiles(tuple(files), {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles})
+    for (key, role, _), (stem, suffix, data) in zip(parts, items):
+        if len(data) <= limit:
+            bundles[key][role] = next(paths)
+            continue
+        # over a host's cap (the webgpu bundle's .wasm: 25.5 MiB in 1.30): in parts the loader joins
+        path, pieces, split[path] = write_split(staging, stem, suffix, data, limit, progress, "code")
+        files += pieces
+        bundles[key][role] = path
+    return RuntimeFiles(tuple(files), {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles}, split)
 
 
 def plain_files(staging: Path, paths: list[str]) -> tuple[PackageFile, ...]:

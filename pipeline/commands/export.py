@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,34 +11,48 @@ import typer
 from pipeline.commands.common import cli_errors, print_json, require_package_folder
 
 
+class Bodies(str, enum.Enum):
+    br = "br"
+    raw = "raw"
+
+
 def export(
     package: Annotated[Path, typer.Argument(help="A package folder made by `pack build` (dist/<name>).")],
     destination: Annotated[Path, typer.Argument(help="The folder to write (new, empty, or an earlier export, which is replaced).")],
     variants: Annotated[
         Optional[str], typer.Option("--variants", help="Keep only these variants, comma-separated (e.g. fp16,fp32); default: all.")
     ] = None,
-    no_br: Annotated[
-        bool, typer.Option("--no-br", help="Leave out the .br copies (for hosts that cannot serve them with Content-Encoding: br).")
-    ] = False,
+    bodies: Annotated[
+        Bodies,
+        typer.Option(
+            "--bodies", envvar="PACK_EXPORT_BODIES", show_envvar=True,
+            help="One body per file: br = the .br body alone where there is one, for a host that serves X.br under X with "
+            "Content-Encoding: br (pack serve, S3/R2, nginx brotli_static); raw = decoded files only, for any static host (GitHub Pages).",
+        ),
+    ] = Bodies.br,
     json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
-    """Write the app copy of a package: manifest, loader, runtime and models; no report, no demo page."""
+    """Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page."""
     from pipeline.publish.export import export_package, parse_variants
 
     with cli_errors():
         require_package_folder(package, "export")
-        exported = export_package(package, destination, parse_variants(variants), brotli=not no_br)
+        exported = export_package(package, destination, parse_variants(variants), bodies=bodies.value)
     if json_output:
         print_json({
             "destination": str(exported.destination),
             "variants": exported.variants,
-            "brotli": exported.brotli,
+            "bodies": exported.bodies,
             "bytes": exported.bytes,
             "files": [{"path": path, "bytes": size} for path, size in exported.files],
         })
         return
-    copies = "with .br copies" if exported.brotli and any(path.endswith(".br") for path, _ in exported.files) else "no .br copies"
+    encoded = sum(path.endswith(".br") for path, _ in exported.files)
+    served = (
+        f"{encoded} .br bodies: the host must serve X.br under X with Content-Encoding: br (else use --bodies raw)"
+        if encoded else "decoded bodies: any static host serves them"
+    )
     typer.echo(
         f"exported {exported.manifest['name']} to {exported.destination}: {len(exported.files)} files, {exported.bytes / 1e6:.1f} MB "
-        f"(variants {', '.join(exported.variants)}; {copies})"
+        f"(variants {', '.join(exported.variants)}; {served})"
     )

@@ -62,7 +62,9 @@ def serve(
             if origins:
                 typer.echo(f"  CORS: pages on {', '.join(origins)} may fetch these files")
             for package in packages:
-                typer.echo(f"  {package.name}: {base}{package.name}/index.html")
+                # An export (`pack export`) has no demo page: its manifest is what the loader opens.
+                page = "index.html" if (package / "index.html").is_file() else "manifest.json"
+                typer.echo(f"  {package.name}: {base}{package.name}/{page}")
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (raised as Terminated): how a server stops

@@ -1,11 +1,20 @@
-"""`pack export`: the app copy of a package, only what a static host serves to the loader.
+"""`pack export`: the app copy of a package, only what a static host serves to the loader, one body per file.
 
 Left out: the build's reports (report.json, report.html: never in manifest.files; a package of an
 earlier pack listed report.json, which is dropped too), the demo page (index.html, demo.js), the models of
-variants not asked for, the runtime bundle no platform chain loads any more, and with `no_br`
-every `.br` copy (for hosts that cannot serve a precompressed body with Content-Encoding: br).
-The manifest is rewritten for what was kept and validated (pipeline/manifest.py) before anything
-is written; the copy appears at its destination complete or not at all.
+variants not asked for, and the runtime bundle no platform chain loads any more.
+
+One body per file, for the host the copy targets (BODIES):
+- "br" (the default): the `.br` body alone wherever the build made one (the manifest entry says
+  `stored: "br"`), the decoded file elsewhere. For a host that serves `X.br` under `X` with
+  `Content-Encoding: br` (pack serve, S3/R2 through `pack publish`, nginx `brotli_static`,
+  a configured Apache): GTCRN's copy is 0.14 of its package folder.
+- "raw": decoded files only, no encodings, for a host that cannot (GitHub Pages, a plain
+  "upload a folder" host): what every static server serves as it is, at the decoded size.
+
+The manifest is rewritten for what was kept, package.json (npm) lists exactly the bodies kept,
+and both are validated (pipeline/manifest.py) before anything is written; the copy appears at its
+destination complete or not at all.
 """
 
 from __future__ import annotations
@@ -17,13 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.assets.files import describe_file
 from pipeline.cache import staging_folder, swap_into_place
 from pipeline.errors import PackError
-from pipeline.manifest import Manifest, chain_bundle, validate, variant_files, write_manifest
+from pipeline.manifest import Manifest, chain_bundle, file_parts, stored_paths, validate, variant_files, write_manifest
 from pipeline.publish.upload_plan import DEMO_SCRIPT, PackagePlan, plan_package
+from pipeline.web.npm import PACKAGE_JSON, package_json
 
 # Files no static host serves to the loader (report.json: listed by packages of earlier pack versions).
 NOT_EXPORTED = frozenset({"report.json", "index.html", DEMO_SCRIPT})
+# --bodies: what the target host does with a `.br` file (see the module's docstring).
+BODIES = ("br", "raw")
 
 
 @dataclass(frozen=True)
@@ -32,7 +45,7 @@ class Exported:
     manifest: Manifest
     files: list[tuple[str, int]]  # package path (".br" copies included), bytes
     variants: list[str]
-    brotli: bool
+    bodies: str
 
     @property
     def bytes(self) -> int:
@@ -48,7 +61,7 @@ def parse_variants(text: str | None) -> list[str] | None:
     return list(dict.fromkeys(names))
 
 
-def export_manifest(plan: PackagePlan, variants: list[str] | None, brotli: bool) -> Manifest:
+def export_manifest(plan: PackagePlan, variants: list[str] | None, bodies: str) -> Manifest:
     """The package's manifest for the kept variants (all when None), validated."""
     manifest: dict[str, Any] = copy.deepcopy(dict(plan.manifest))
     where = plan.root / "manifest.json"
@@ -79,18 +92,28 @@ def export_manifest(plan: PackagePlan, variants: list[str] | None, brotli: bool)
         manifest.pop("fp16", None)
 
     needed = {path for entry in manifest["variants"].values() for path in variant_files(entry)}
-    needed |= {path for bundle in manifest["runtime"]["bundles"].values() for path in (bundle["module"], bundle["wasm"])}
+
+    def runtime_files(bundles: dict[str, Any]) -> set[str]:  # a split .wasm: its parts
+        return {part for bundle in bundles.values() for path in (bundle["module"], bundle["wasm"]) for part in file_parts(plan.manifest, path)}
+
+    needed |= runtime_files(manifest["runtime"]["bundles"])
     dropped_files = {path for name, entry in plan.manifest["variants"].items() if name in dropped for path in variant_files(entry)}
-    dropped_files |= {path for bundle in plan.manifest["runtime"]["bundles"].values() for path in (bundle["module"], bundle["wasm"])}
+    dropped_files |= runtime_files(plan.manifest["runtime"]["bundles"])
     files = {}
     for path, entry in manifest["files"].items():
         if path in NOT_EXPORTED or (path in dropped_files and path not in needed):
             continue
         entry = dict(entry)
-        if not brotli:
+        if bodies == "raw":
             entry["encodings"] = {}
+        elif entry["encodings"]:
+            entry["stored"] = "br"
         files[path] = entry
     manifest["files"] = files
+    if "split" in manifest:  # the split files whose parts were kept
+        manifest["split"] = {path: whole for path, whole in manifest["split"].items() if whole["parts"][0] in files}
+        if not manifest["split"]:
+            del manifest["split"]
     return validate(manifest, f"{where} (exported)")
 
 
@@ -98,10 +121,12 @@ def variant_for_of(manifest: Manifest, ep: str) -> list[str]:
     return list(manifest["variantFor"].get(ep) or [])
 
 
-def export_package(source: Path, destination: Path, variants: list[str] | None, brotli: bool) -> Exported:
+def export_package(source: Path, destination: Path, variants: list[str] | None, bodies: str = "br") -> Exported:
     """Validate the package at `source`, then write its app copy to `destination`."""
+    if bodies not in BODIES:
+        raise PackError(f"--bodies {bodies!r}: not one of {', '.join(BODIES)}")
     plan = plan_package(source)  # every file checked against its sha256, every .br against its file
-    manifest = export_manifest(plan, variants, brotli)
+    manifest = export_manifest(plan, variants, bodies)
     _check_destination(destination, source)
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -109,17 +134,22 @@ def export_package(source: Path, destination: Path, variants: list[str] | None, 
         raise PackError(f"{destination.parent}: cannot create it ({error.strerror or error}); give a writable folder") from None
     written: list[tuple[str, int]] = []
     with staging_folder(destination.parent, prefix=f".{destination.name}.export-") as staging:
-        for path, entry in manifest["files"].items():
-            names = [path] + [encoding["path"] for encoding in entry["encodings"].values()]
-            for name in names:
-                target = staging / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source / name, target)
-                written.append((name, target.stat().st_size))
+        for name in stored_paths(manifest):
+            if name == PACKAGE_JSON:
+                continue
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, target)
+            written.append((name, target.stat().st_size))
+        if PACKAGE_JSON in manifest["files"]:
+            # The build's package.json lists the demo page and every decoded file: list what was kept.
+            (staging / PACKAGE_JSON).write_bytes(package_json(manifest, []))
+            manifest["files"][PACKAGE_JSON] = describe_file(staging, PACKAGE_JSON).manifest_entry()
+            written.append((PACKAGE_JSON, (staging / PACKAGE_JSON).stat().st_size))
         manifest_path = write_manifest(staging, manifest)
         written.append(("manifest.json", manifest_path.stat().st_size))
         swap_into_place(staging, destination)
-    return Exported(destination, manifest, written, list(manifest["variants"]), brotli)
+    return Exported(destination, manifest, written, list(manifest["variants"]), bodies)
 
 
 def _check_destination(destination: Path, source: Path) -> None:

@@ -175,9 +175,13 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
     if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
         raise PackError(f"{where} has no sha256; rebuild the package")
     decoded = _safe_path(root, path)
-    if not decoded.is_file():
+    if entry.get("stored"):
+        # An export that holds only the encoded body: the decoded bytes are checked below, from it.
+        sha256, size = entry["sha256"], entry["size"]
+    elif not decoded.is_file():
         raise PackError(f"{decoded}: listed in manifest.json but missing; rebuild the package")
-    sha256, size = _sha256_file(decoded)
+    else:
+        sha256, size = _sha256_file(decoded)
     if sha256 != entry["sha256"] or size != entry.get("size", size):
         raise PackError(
             f"{decoded}: content differs from manifest.json (sha256 {sha256[:16]}…, expected "

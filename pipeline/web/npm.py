@@ -3,7 +3,8 @@ a registry publish) gives `import { load } from '<name>'` with its types in any 
 
 The fields follow the manifest: the name is the package name (recipe names are already valid npm
 names), `exports` maps the package root to loader.js with loader.d.ts as its types, and `files`
-lists exactly the package's files (nothing globbed), so `npm pack` ships what `pack publish` uploads.
+lists exactly the package's files (nothing globbed), one body each (the decoded file, or the `.br`
+body alone in an export for a brotli-serving host), so `npm pack` ships what `pack publish` uploads.
 The version is `0.0.0-<12 hex>` of the content-hashed files (models, sample, runtime): it changes
 when they do and a rebuild of unchanged inputs gives the same bytes.
 """
@@ -15,6 +16,7 @@ import json
 import re
 
 from pipeline.errors import PackError
+from pipeline.manifest import stored_body
 
 PACKAGE_JSON = "package.json"
 NPM_NAME_MAX = 214  # npm's limit
@@ -39,7 +41,7 @@ def content_version(manifest: dict) -> str:
 
 def package_json(manifest: dict, rendered: list[str]) -> bytes:
     """package.json for `manifest` whose loader files are `rendered` (package paths)."""
-    files = sorted(set(manifest["files"]) | set(rendered) | {PACKAGE_JSON, *LATER_FILES})
+    files = sorted({stored_body(path, entry) for path, entry in manifest["files"].items()} | set(rendered) | {PACKAGE_JSON, *LATER_FILES})
     data: dict = {
         "name": npm_name(manifest["name"]),
         "version": content_version(manifest),

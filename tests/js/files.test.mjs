@@ -85,6 +85,30 @@ test('changed bytes, a longer file and a missing file are clear errors', async (
   assert.throws(() => missing.store.entry('other.onnx'), /"files" has no sha256\/size entry for "other.onnx"/);
 });
 
+test('a split file is fetched as its parts, each checked and cached, joined and checked whole', async () => {
+  const whole = Uint8Array.from({ length: 10 }, (_, i) => i + 1);
+  const parts = { 'sample.part0.bin': whole.slice(0, 4), 'sample.part1.bin': whole.slice(4, 8), 'sample.part2.bin': whole.slice(8) };
+  const cache = fakeCache();
+  const { store, events, progress, requests } = setup(Object.fromEntries(Object.entries(parts).map(([p, b]) => [`pkg/${p}`, b])), parts, cache);
+  store.manifest.split = { 'sample.bin': { sha256: digest(whole), size: 10, mediaType: 'application/octet-stream', parts: Object.keys(parts) } };
+  store.plan('sample.bin');
+  assert.deepEqual(Array.from(await store.get('sample.bin')), Array.from(whole));
+  assert.deepEqual(requests.map((u) => new URL(u).pathname).sort(), ['/pkg/sample.part0.bin', '/pkg/sample.part1.bin', '/pkg/sample.part2.bin']);
+  assert.deepEqual(events.filter((e) => e.type === 'download').map((e) => e.file).sort(), Object.keys(parts));
+  assert.deepEqual([progress.at(-1).loaded, progress.at(-1).total], [10, 10]); // the parts, planned once each
+  assert.equal(cache.entries.size, 3);
+  assert.equal(store.entry('sample.bin').size, 10);
+
+  // parts that join to other bytes than the whole's sha256: an integrity error naming the whole
+  store.manifest.split['sample.bin'].sha256 = digest(new Uint8Array(10));
+  await assert.rejects(store.get('sample.bin'), (e) => e instanceof PackIntegrityError && /^sample\.bin: its parts join to sha256 .*re-publish/.test(e.message));
+  // sizes that disagree, and a split entry without parts, are refused before any download
+  store.manifest.split['sample.bin'].size = 11;
+  await assert.rejects(store.get('sample.bin'), (e) => e instanceof PackLoadError && /split\["sample\.bin"\]: its parts hold 10 bytes, not 11/.test(e.message));
+  store.manifest.split['sample.bin'].parts = [];
+  assert.throws(() => store.plan('sample.bin'), (e) => e instanceof PackLoadError && /needs sha256, size and a non-empty parts list/.test(e.message));
+});
+
 test('progress sums every planned file once; a throwing listener is logged, not thrown', (t) => {
   const logged = t.mock.method(console, 'error', () => {});
   const seen = [];

@@ -3,7 +3,7 @@ import { test } from 'node:test';
 
 import { PackIntegrityError, WatchdogError } from '../../web_template/loader/errors.js';
 import { Runner, epSpec, lock, withWatchdog } from '../../web_template/loader/runner.js';
-import { threadCount } from '../../web_template/loader/runtime.js';
+import { threadPlan, warnSingleThread } from '../../web_template/loader/runtime.js';
 import { fakeOrt, manifest } from './helpers.mjs';
 
 test('withWatchdog: the promise when it settles in time, a WatchdogError naming the step otherwise', async () => {
@@ -84,16 +84,37 @@ test('Runner.adopt makes a trial session current, with the rest as fallbacks', (
   assert.equal(r.current.session, session);
 });
 
-test('threadCount: explicit, isolated (up to 4), never on Apple mobile, 1 without isolation', () => {
+test('threadPlan: explicit, isolated (up to 4), never on Apple mobile, 1 without isolation, and why', () => {
   const warnings = [];
-  assert.equal(threadCount({ isolated: true, platform: 'desktop', cores: 16 }), 4);
-  assert.equal(threadCount({ isolated: true, platform: 'desktop', cores: 2 }), 2);
-  assert.equal(threadCount({ isolated: true, platform: 'apple-mobile', cores: 8 }), 1);
-  assert.equal(threadCount({ isolated: false, platform: 'desktop', cores: 8 }), 1);
-  assert.equal(threadCount({ numThreads: 3, isolated: false }, (e) => warnings.push(e)), 1);
+  const count = (facts, emit) => threadPlan(facts, emit).threads;
+  assert.equal(count({ isolated: true, platform: 'desktop', cores: 16 }), 4);
+  assert.equal(count({ isolated: true, platform: 'desktop', cores: 2 }), 2);
+  assert.equal(count({ isolated: true, platform: 'apple-mobile', cores: 8 }), 1);
+  assert.equal(count({ isolated: false, platform: 'desktop', cores: 8 }), 1);
+  assert.equal(count({ numThreads: 3, isolated: false }, (e) => warnings.push(e)), 1);
   assert.match(warnings[0].message, /needs a cross-origin isolated page/);
-  assert.equal(threadCount({ numThreads: 2.7, isolated: true }), 2);
-  assert.throws(() => threadCount({ numThreads: 0 }), /numThreads must be a number >= 1/);
+  assert.equal(count({ numThreads: 2.7, isolated: true }), 2);
+  assert.throws(() => count({ numThreads: 0 }), /numThreads must be a number >= 1/);
+  assert.equal(threadPlan({ isolated: true, platform: 'desktop', cores: 16 }).why, 'cross-origin isolated: 4 of 16 cores (at most 4)');
+  assert.match(threadPlan({ isolated: false, platform: 'desktop', cores: 8 }).why, /^the page is not cross-origin isolated \(crossOriginIsolated false: serve it with Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp\)$/);
+  assert.match(threadPlan({ isolated: true, platform: 'apple-mobile', cores: 8 }).why, /^Apple mobile: one thread/);
+  assert.equal(threadPlan({ numThreads: 2, isolated: true }).why, 'the numThreads option');
+  assert.match(threadPlan({ numThreads: 3, isolated: false }).why, /^numThreads 3 asked, but the page is not cross-origin isolated/);
+});
+
+test('warnSingleThread: once per page, only when isolation would give this device more threads', () => {
+  const said = [];
+  const warn = (text) => said.push(text);
+  const base = { threads: 1, isolated: false, platform: 'desktop', cores: 8, chain: ['webgpu', 'wasm'] };
+  assert.equal(warnSingleThread({ ...base, platform: 'apple-mobile' }, warn), false); // one thread by choice
+  assert.equal(warnSingleThread({ ...base, cores: 1 }, warn), false); // nothing to gain
+  assert.equal(warnSingleThread({ ...base, chain: ['webgpu'] }, warn), false); // no wasm
+  assert.equal(warnSingleThread({ ...base, threads: 4, isolated: true }, warn), false);
+  assert.deepEqual(said, []);
+  assert.equal(warnSingleThread(base, warn), true);
+  assert.equal(warnSingleThread(base, warn), false); // once
+  assert.equal(said.length, 1);
+  assert.match(said[0], /^\[pack\] wasm runs on 1 thread: the page is not cross-origin isolated .* it would use up to 4 of this device's 8 cores/);
 });
 
 test('withFirst: the chosen pair, then the fallbacks in order, each once', async () => {

@@ -1,6 +1,9 @@
 // Package files: download with progress (totals from the manifest's decoded sizes), sha256 before
-// use, Cache Storage keyed by hash.
+// use, Cache Storage keyed by hash. A file over the build's [assets] max_file_mib (manifest.json
+// "split": the sample, a runtime .wasm) is fetched as its parts, each checked and cached on its
+// own, and joined; the whole is checked against its own sha256.
 
+import { CHUNK_CONCURRENCY, mapLimit } from './chunks.js';
 import { PackIntegrityError, PackLoadError, isAbort, messageOf, throwIfAborted } from './errors.js';
 import { REQUIRED_KEYS } from './manifest_keys.js';
 
@@ -129,14 +132,25 @@ export function fileEntry(manifest, path) {
   return entry;
 }
 
+/** The manifest.json "split" entry of a file stored in parts ({ sha256, size, mediaType, parts }), else null. */
+export function splitEntry(manifest, path) {
+  const split = manifest.split && Object.prototype.hasOwnProperty.call(manifest.split, path) ? manifest.split[path] : null;
+  if (!split) return null;
+  if (!Array.isArray(split.parts) || split.parts.length === 0 || typeof split.sha256 !== 'string' || typeof split.size !== 'number') {
+    throw new PackLoadError(`manifest.json split["${path}"] needs sha256, size and a non-empty parts list; rebuild the package`);
+  }
+  return split;
+}
+
 export class Files {
   constructor({ baseUrl, manifest, cache, progress, emit, signal }) {
     Object.assign(this, { baseUrl, manifest, cache, progress, emit, signal });
     this.pending = new Map();
   }
 
+  /** The files entry of a package path, or the split entry of a file stored in parts. */
   entry(path) {
-    return fileEntry(this.manifest, path);
+    return splitEntry(this.manifest, path) || fileEntry(this.manifest, path);
   }
 
   url(path) {
@@ -144,7 +158,8 @@ export class Files {
   }
 
   plan(path) {
-    this.progress.plan(path, this.entry(path).size);
+    const split = splitEntry(this.manifest, path);
+    for (const part of split ? split.parts : [path]) this.progress.plan(part, fileEntry(this.manifest, part).size);
   }
 
   /** The verified bytes of a package file (Uint8Array). */
@@ -162,6 +177,8 @@ export class Files {
   }
 
   async fetchVerified(path, signal) {
+    const split = splitEntry(this.manifest, path);
+    if (split) return this.join(path, split, signal);
     const entry = this.entry(path);
     this.progress.plan(path, entry.size);
     const key = CACHE_KEY_PREFIX + entry.sha256;
@@ -196,6 +213,27 @@ export class Files {
       await this.cache.put(key, response).catch((error) => {
         this.emit({ type: 'warning', message: `could not cache ${path} (${messageOf(error)}); the next visit downloads it again` });
       });
+    }
+    return bytes;
+  }
+
+  /** The bytes of a split file: its parts fetched in parallel (each verified), joined, the whole verified. */
+  async join(path, split, signal) {
+    const offsets = [];
+    let size = 0;
+    for (const part of split.parts) {
+      offsets.push(size);
+      size += fileEntry(this.manifest, part).size;
+    }
+    if (size !== split.size) throw new PackLoadError(`manifest.json split["${path}"]: its parts hold ${size} bytes, not ${split.size}; rebuild the package`);
+    const bytes = new Uint8Array(size);
+    await mapLimit(split.parts, CHUNK_CONCURRENCY, async (part, index) => bytes.set(await this.get(part, signal), offsets[index]));
+    const actual = await sha256Hex(bytes);
+    if (actual !== split.sha256) {
+      throw new PackIntegrityError(
+        `${path}: its parts join to sha256 ${actual.slice(0, 16)}…, manifest.json says ${split.sha256.slice(0, 16)}…; re-publish the package`,
+        { file: path, expected: split.sha256, actual },
+      );
     }
     return bytes;
   }

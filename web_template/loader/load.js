@@ -6,12 +6,12 @@ import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throw
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
 import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
 import { Runner, lock, releaseQuietly, serial } from './runner.js';
-import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadCount } from './runtime.js';
+import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadPlan, warnSingleThread } from './runtime.js';
 import {
   DEFAULT_SELECT_BUDGET_MS, browserKey, bundleForChoice, decisionKey, defaultStorage, describeResults, packageHash, readDecision, runTrials,
   selectMode, startChoice, trialPlan, trialSlot, trustedWithoutCheck, writeDecision,
 } from './select.js';
-import { prepareFeeds, readSample } from './tensors.js';
+import { hasReference, prepareFeeds, readSample } from './tensors.js';
 
 const samePair = (a, b) => a.ep === b.ep && a.variant === b.variant;
 
@@ -39,8 +39,10 @@ export async function load(options = {}) {
   const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
   const chain = normalizeChain(options.executionProviders || chainFor(manifest, platform));
   const isolated = globalThis.crossOriginIsolated === true;
-  const threads = threadCount({ numThreads: options.numThreads, isolated, platform, cores: nav.hardwareConcurrency }, emit);
-  emit({ type: 'platform', platform, chain: [...chain], threads, crossOriginIsolated: isolated });
+  const cores = nav.hardwareConcurrency;
+  const { threads, why: threadsWhy } = threadPlan({ numThreads: options.numThreads, isolated, platform, cores }, emit);
+  emit({ type: 'platform', platform, chain: [...chain], threads, threadsWhy, crossOriginIsolated: isolated });
+  warnSingleThread({ threads, isolated, platform, cores, chain });
 
   const fallbacks = [];
   const skip = (ep, variant, error) => {
@@ -119,10 +121,9 @@ export async function load(options = {}) {
   let trial = null;
   if (mode === 'measured') {
     const runnable = usable.filter((ep) => bundle !== 'wasm' || ep === 'wasm');
-    const sample = await readSample(files, manifest, signal).catch((error) => {
-      if (error instanceof PackLoadError && !manifest.sample) return { feeds: null, reference: null };
-      throw error;
-    });
+    // What the sample holds, from the manifest alone: its file (large on image models, in parts
+    // over the build's max_file_mib) is fetched only when trials run (measureLater).
+    const sample = { feeds: Boolean(manifest.sample && manifest.sample.file), reference: hasReference(manifest) };
     let trusted = sample.feeds ? trustedWithoutCheck(manifest, sample.reference, candidatesFor(manifest, { chain: runnable, features, bundle, adapter: adapterFacts })) : [];
     const storage = options.storage === undefined ? defaultStorage() : options.storage;
     const key = trusted.length > 1 ? decisionKey({ packageHash: await packageHash(manifest), adapter: adapterFacts, browser: browserKey(nav) }) : null;
@@ -170,7 +171,7 @@ export async function load(options = {}) {
         selection = { mode, fromCache: false, choice, bundle, candidates, key, decidedAt, budgetMs: 0, trialMs: 0, startedFrom: start.from, note: `the build's measurements on this adapter class decide: nothing else to try on the ${bundle} bundle` };
       } else {
         selection = { mode, fromCache: false, choice: { ...start.choice }, bundle, candidates: trusted.map(({ ep, variant }) => ({ ep, variant, priorMs: priors.get(`${ep}/${variant}`) ?? null })), key, startedFrom: start.from, pending: true };
-        trial = { trusted, sample, key, storage };
+        trial = { trusted, key, storage };
       }
     }
   }
@@ -186,7 +187,7 @@ export async function load(options = {}) {
   const ort = await runtime.ort();
   await firstModel.bytes;
 
-  const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection: null });
+  const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy, selection: null });
   await runner.openNext({ prewarm: runner.prewarm, signal, firstModel });
   if (mode === 'measured' && selection.fromCache) {
     const done = { type: 'select', phase: 'done', choice: selection.choice, fromCache: true, candidates: selection.candidates };
@@ -260,9 +261,10 @@ async function measureLater({ trial, runner, exclusive, isReleased, ort, manifes
     const budgetMs = options.selectBudgetMs ?? DEFAULT_SELECT_BUDGET_MS;
     announce({ type: 'select', phase: 'start', candidates: trial.trusted.map(({ ep, variant }) => ({ ep, variant })), budgetMs });
     const current = runner.current;
+    const sample = await readSample(files, manifest, signal);
     let { results, winner, trialMs } = await runTrials({
       ort, manifest, candidates: trial.trusted, priors, first: null, last: current, modelBytes: (variant, sig) => variantModel(files, manifest, variant, sig),
-      feeds: prepareFeeds(ort, manifest, trial.sample.feeds), reference: trial.sample.reference, watchdogMs: runner.watchdogMs, budgetMs,
+      feeds: prepareFeeds(ort, manifest, sample.feeds), reference: sample.reference, watchdogMs: runner.watchdogMs, budgetMs,
       sessionOptions: options.sessionOptions, emit: announce, signal, pause: () => trialSlot(signal).then(() => {}),
     });
     const candidates = describeResults(results);

@@ -2,6 +2,7 @@
 // (tests/test_manifest.py checks it is current): the keys a manifest must have, by where they sit.
 export const REQUIRED_KEYS = Object.freeze({
   "": ["schema", "name", "files", "variants", "variantFor", "inputs", "outputs", "sample", "runtime", "executionProviders", "epOptions", "loader", "thresholds", "verification", "measurements", "license"],
+  "split.*": ["sha256", "size", "mediaType", "parts"],
   "variants.*": ["precision", "model", "requires"],
   "sample": ["file", "tensors", "outputs"],
   "runtime": ["package", "version", "bundles"],

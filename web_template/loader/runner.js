@@ -65,8 +65,8 @@ export function runSession(session, tensors, watchdogMs, what) {
 }
 
 export class Runner {
-  constructor({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection }) {
-    Object.assign(this, { ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, selection });
+  constructor({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy = null, selection }) {
+    Object.assign(this, { ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy, selection });
     this.next = 0;
     this.current = null; // { ep, variant, session }
     this.watchdogMs = options.watchdogMs ?? (manifest.loader && manifest.loader.watchdogMs) ?? DEFAULT_WATCHDOG_MS;
@@ -165,6 +165,7 @@ export class Runner {
       platform: this.platform,
       chain: [...this.chain],
       threads: this.threads,
+      threadsWhy: this.threadsWhy,
       verified: this.current ? verificationStatus(this.manifest, this.bundle, ep, variant) : null,
       fallbacks: this.fallbacks.map((f) => ({ ...f })),
       skipped: this.skipped.map((s) => ({ ...s, run: s.run ? { ...s.run } : s.run })),

@@ -120,18 +120,42 @@ export async function probeWebGpu(signal) {
   return { adapter: null, attempts: ADAPTER_ATTEMPTS, reason: `WebGPU is unavailable: requestAdapter() ${why} ${ADAPTER_ATTEMPTS} times` };
 }
 
-/** Threads for the wasm EP; `emit` hears why a requested count was lowered. */
-export function threadCount({ numThreads, isolated, platform, cores }, emit = () => {}) {
+const NOT_ISOLATED =
+  'the page is not cross-origin isolated (crossOriginIsolated false: serve it with Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)';
+
+/**
+ * { threads, why } for the wasm EP: the thread count and, in words, why it is that. `emit` hears
+ * why a requested count was lowered.
+ */
+export function threadPlan({ numThreads, isolated, platform, cores }, emit = () => {}) {
   if (numThreads !== undefined) {
     if (!(Number(numThreads) >= 1)) throw new PackLoadError(`numThreads must be a number >= 1, got ${numThreads}`);
     if (numThreads > 1 && !isolated) {
       emit({ type: 'warning', message: 'numThreads > 1 needs a cross-origin isolated page (COOP/COEP); using 1' });
-      return 1;
+      return { threads: 1, why: `numThreads ${numThreads} asked, but ${NOT_ISOLATED}` };
     }
-    return Math.max(1, Math.floor(numThreads));
+    return { threads: Math.max(1, Math.floor(numThreads)), why: 'the numThreads option' };
   }
   // iOS has hung with threads under cross-origin isolation. Elsewhere set it explicitly:
   // onnxruntime-web's own default is 1 thread on 2 cores even when isolated.
-  if (!isolated || platform === 'apple-mobile') return 1;
-  return Math.max(1, Math.min(cores || 1, MAX_THREADS));
+  if (platform === 'apple-mobile') return { threads: 1, why: 'Apple mobile: one thread (iOS has hung with wasm threads under cross-origin isolation)' };
+  if (!isolated) return { threads: 1, why: NOT_ISOLATED };
+  const threads = Math.max(1, Math.min(cores || 1, MAX_THREADS));
+  return { threads, why: `cross-origin isolated: ${threads} of ${cores || 1} cores (at most ${MAX_THREADS})` };
+}
+
+let warnedSingleThread = false;
+
+/**
+ * Once per page, a console warning when wasm runs on one thread only because the page is not
+ * cross-origin isolated, on a device with cores to spare (not Apple mobile, where one is chosen).
+ * Returns whether it warned.
+ */
+export function warnSingleThread({ threads, isolated, platform, cores, chain }, warn = (text) => console.warn(text)) {
+  if (warnedSingleThread || threads > 1 || isolated || platform === 'apple-mobile' || !(cores > 1) || !chain.includes('wasm')) return false;
+  warnedSingleThread = true;
+  warn(
+    `[pack] wasm runs on 1 thread: ${NOT_ISOLATED}. With those headers it would use up to ${Math.min(cores, MAX_THREADS)} of this device's ${cores} cores.`,
+  );
+  return true;
 }

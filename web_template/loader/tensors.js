@@ -103,14 +103,22 @@ export function decodeTensors(bytes, specs, file = 'sample') {
   return tensors;
 }
 
-/** The sample's input feeds and, when the manifest lists them, the build's fp32 reference outputs (else null). */
+/** Whether the manifest lists the build's fp32 reference outputs for the sample. */
+export function hasReference(manifest) {
+  const outputs = manifest.sample && manifest.sample.outputs;
+  return Boolean(outputs && Object.keys(outputs).length > 0);
+}
+
+/**
+ * The sample's input feeds and, when the manifest lists them, the build's fp32 reference outputs
+ * (else null). The file may be stored in parts (manifest "split"): `files` joins them.
+ */
 export async function readSample(files, manifest, signal) {
   const sample = manifest.sample;
   if (!sample || !sample.file) throw new PackLoadError('manifest.json has no "sample"; rebuild the package with a sample input');
   const bytes = await files.get(sample.file, signal);
   const feeds = decodeTensors(bytes, sample.tensors, sample.file);
-  const hasReference = sample.outputs && Object.keys(sample.outputs).length > 0;
-  return { feeds, reference: hasReference ? decodeTensors(bytes, sample.outputs, sample.file) : null };
+  return { feeds, reference: hasReference(manifest) ? decodeTensors(bytes, sample.outputs, sample.file) : null };
 }
 
 export function halfToFloat(h) {

@@ -7,7 +7,7 @@ const params = new URLSearchParams(location.search);
 const packageUrl = params.get('package') ?? 'https://cdn.example.com/models/gtcrn/';
 const statusLine = /** @type {HTMLParagraphElement} */ (document.querySelector('#status'));
 
-/** @type {{ ok: boolean, ep?: string | null, variant?: string | null, outputs?: Record<string, number[]>, firstResultMs?: number, error?: string }} */
+/** @type {{ ok: boolean, ep?: string | null, variant?: string | null, threads?: number, threadsWhy?: string | null, outputs?: Record<string, number[]>, firstResultMs?: number, error?: string }} */
 let result;
 try {
   const started = performance.now();
@@ -19,7 +19,8 @@ try {
   const firstResultMs = Math.round(performance.now() - started);
   const dims = Object.fromEntries(Object.entries(outputs).map(([name, tensor]) => [name, [...tensor.dims]]));
   statusLine.textContent = `${model.info.ep}/${model.info.variant}: first result in ${firstResultMs} ms, outputs ${JSON.stringify(dims)}`;
-  result = { ok: true, ep: model.info.ep, variant: model.info.variant, outputs: dims, firstResultMs };
+  // wasm threads and why: one unless the server sends COOP/COEP (the loader also warns once in the console)
+  result = { ok: true, ep: model.info.ep, variant: model.info.variant, threads: model.info.threads, threadsWhy: model.info.threadsWhy, outputs: dims, firstResultMs };
 } catch (error) {
   const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
   statusLine.textContent = message;

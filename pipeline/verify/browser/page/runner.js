@@ -13,10 +13,11 @@
 // that blocks the main thread still ends at the Python-side watchdog. Tensors cross as base64 of
 // their little-endian bytes.
 //
-// Tensors (dtype -> typed array, the sample file's inputs) are the loader's own code
-// (web_template/loader/tensors.js), served at /__pack__/loader/ beside this page for every run,
+// Tensors (dtype -> typed array, the sample file's inputs) and the sample's download are the loader's own code
+// (web_template/loader/tensors.js, files.js), served at /__pack__/loader/ beside this page for every run,
 // a package's or a scratch folder's.
 
+import { Files, ProgressTracker } from '../loader/files.js';
 import { readSample, typedArrayFor } from '../loader/tensors.js';
 
 const packageRoot = new URL('/', location.href);
@@ -27,10 +28,11 @@ async function fetchOk(path) {
   return response;
 }
 
-// The package's files as the loader's readSample() reads them (files.js `get`), without a cache.
-const packageFiles = {
-  get: async (path) => new Uint8Array(await (await fetchOk(path)).arrayBuffer()),
-};
+// The package's files as the loader's readSample() reads them: pack's own files.js (not the
+// package's copy), each checked against its sha256, a file in parts (manifest "split") joined; no cache.
+function packageFiles(manifest) {
+  return new Files({baseUrl: packageRoot, manifest, cache: null, progress: new ProgressTracker(null), emit: () => {}, signal: null});
+}
 
 function toBase64(view) {
   const bytes = new Uint8Array(view.buffer, view.byteOffset, view.byteLength);
@@ -84,7 +86,7 @@ async function runPackage(options) {
     const manifest = await (await fetchOk('manifest.json')).json();
     stage = 'sample';
     // read here rather than through the package's loader so a loader fault cannot alter the inputs
-    const {feeds} = await readSample(packageFiles, manifest);
+    const {feeds} = await readSample(packageFiles(manifest), manifest);
     stage = 'session-create';
     const loadOptions = {
       executionProviders: [options.ep],
