@@ -93,12 +93,12 @@ def test_report_draws_the_spectrum_frame_and_shows_the_last_verification(built) 
     assert "GRU (" in facts["text"] and "MIT" in facts["text"] and "fp16_convert" in facts["text"]
 
 
-def test_the_default_export_is_lean_and_lists_only_what_it_holds(built, tmp_path) -> None:
-    """`pack export`: one body per file (the .br body where the build made one), at most 0.6 of
-    the package folder; its package.json lists exactly the files it holds."""
+def test_the_br_export_is_lean_and_lists_only_what_it_holds(built, tmp_path) -> None:
+    """`pack export --bodies br`: one body per file (the .br body where the build made one), at most
+    0.6 of the package folder; its package.json lists exactly the files it holds."""
     package, _ = built
     app_copy = tmp_path / "app"
-    result = runner.invoke(app, ["export", str(package), str(app_copy), "--json"])
+    result = runner.invoke(app, ["export", str(package), str(app_copy), "--json", "--bodies", "br"])
     assert result.exit_code == 0, result.output
     exported = sum(f["bytes"] for f in json.loads(result.stdout)["files"])
     folder = sum(path.stat().st_size for path in package.rglob("*") if path.is_file())

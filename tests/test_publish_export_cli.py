@@ -39,7 +39,7 @@ def with_package_json(package):
 def test_export_keeps_one_body_per_file_the_br_body_where_there_is_one(tmp_path):
     package = with_package_json(write_package(tmp_path / "dist"))
     app_copy = tmp_path / "web" / "public" / "demo"
-    result = export(str(package.root), str(app_copy), "--json")
+    result = export(str(package.root), str(app_copy), "--json", "--bodies", "br")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["bodies"] == "br"
@@ -69,10 +69,10 @@ def test_export_keeps_one_body_per_file_the_br_body_where_there_is_one(tmp_path)
         plan_package(app_copy)
 
 
-def test_export_raw_bodies_for_a_host_without_content_encoding(tmp_path):
+def test_export_raw_bodies_for_a_host_without_content_encoding_by_default(tmp_path):
     package = with_package_json(write_package(tmp_path / "dist"))
     app_copy = tmp_path / "app"
-    result = export(str(package.root), str(app_copy), "--variants", "fp32", "--bodies", "raw")
+    result = export(str(package.root), str(app_copy), "--variants", "fp32")
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"exported demo to {app_copy}: ") and "(variants fp32; decoded bodies: any static host serves them)" in result.output
     manifest = read_manifest(app_copy)
@@ -85,7 +85,7 @@ def test_export_raw_bodies_for_a_host_without_content_encoding(tmp_path):
     plan_package(app_copy)
 
     # an earlier export is replaced whole
-    again = export(str(package.root), str(app_copy))
+    again = export(str(package.root), str(app_copy), "--bodies", "br")
     assert again.exit_code == 0, again.output
     encoded = sum(bool(entry["encodings"]) for path, entry in package.manifest["files"].items())
     assert f"{encoded} .br bodies: the host must serve X.br under X with Content-Encoding: br (else use --bodies raw)" in again.output

@@ -5,12 +5,14 @@ earlier pack listed report.json, which is dropped too), the demo page (index.htm
 variants not asked for, and the runtime bundle no platform chain loads any more.
 
 One body per file, for the host the copy targets (BODIES):
-- "br" (the default): the `.br` body alone wherever the build made one (the manifest entry says
+- "raw" (the default): decoded files only, no encodings, for a host that cannot map `.br` bodies
+  (GitHub Pages, a plain "upload a folder" host): what every static server serves as it is, at the
+  decoded size (GTCRN: 0.86 of its package folder). The default, because a loader on such a host
+  cannot read a `.br` body it is given in place of a file yet.
+- "br": the `.br` body alone wherever the build made one (the manifest entry says
   `stored: "br"`), the decoded file elsewhere. For a host that serves `X.br` under `X` with
   `Content-Encoding: br` (pack serve, S3/R2 through `pack publish`, nginx `brotli_static`,
   a configured Apache): GTCRN's copy is 0.14 of its package folder.
-- "raw": decoded files only, no encodings, for a host that cannot (GitHub Pages, a plain
-  "upload a folder" host): what every static server serves as it is, at the decoded size.
 
 The manifest is rewritten for what was kept, package.json (npm) lists exactly the bodies kept,
 and both are validated (pipeline/manifest.py) before anything is written; the copy appears at its
@@ -121,7 +123,7 @@ def variant_for_of(manifest: Manifest, ep: str) -> list[str]:
     return list(manifest["variantFor"].get(ep) or [])
 
 
-def export_package(source: Path, destination: Path, variants: list[str] | None, bodies: str = "br") -> Exported:
+def export_package(source: Path, destination: Path, variants: list[str] | None, bodies: str = "raw") -> Exported:
     """Validate the package at `source`, then write its app copy to `destination`."""
     if bodies not in BODIES:
         raise PackError(f"--bodies {bodies!r}: not one of {', '.join(BODIES)}")
