@@ -13,6 +13,8 @@ exit 2) leaves nothing half-written.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -44,7 +46,7 @@ from pipeline.report.record import Record, Refusal, make_record, read_record, wr
 from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
-from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
+from pipeline.reuse import KILL_AT_ENV, BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.verify.browser.run_plan import plan_runs
@@ -80,6 +82,14 @@ class BuildResult:
         return 0 if self.report["passed"] else 1
 
 
+def stage_boundary(name: str) -> None:
+    """The fault tests' one hook: SIGKILL this process as it enters the stage named by KILL_AT_ENV
+    (a `timings` stage, or `store`/`finish`), to prove a build killed anywhere leaves nothing a
+    rebuild trips on."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Timer:
     """Wall time per stage, in report.json `timings` as `<stage>_s`."""
 
@@ -88,6 +98,7 @@ class Timer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        stage_boundary(name)
         start = time.perf_counter()
         try:
             yield
@@ -420,6 +431,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         write_record(staging, report)  # after the manifest, once: not in manifest.files (pipeline/report)
         write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files either
         if inputs_key is not None and report["passed"]:
+            stage_boundary("store")
             store_package(inputs_key, staging)
+        stage_boundary("finish")
         _finish(staging, destination)
     return BuildResult(destination, report)

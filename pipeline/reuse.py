@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_mode, remembered_digest
+from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_commit, folder_mode, remembered_digest, seal_folder, sealed_folder
 from pipeline.errors import PackError
 
 REUSE_ENV = "PACK_BUILD_REUSE"
-# Settings that do not change a build's result: where caches live, and reuse itself.
-_NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV}
+# The fault tests' stage at which a build kills itself (pipeline/build.py stage_boundary)
+KILL_AT_ENV = "PACK_TEST_KILL_AT_STAGE"
+# Settings that do not change a build's result: where caches live, reuse itself, the fault hook.
+_NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV, KILL_AT_ENV}
 # What computes or checks a result besides pack's own code.
 _LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy", "brotli", "playwright", "jinja2")
-_COMPLETE = "complete"
 _HASHED_NAME = re.compile(r"\.[0-9a-f]{16}\.")
 
 
@@ -165,25 +166,33 @@ def as_data(value: Any) -> Any:
 
 
 def stored_package(key: str) -> Path | None:
-    """The stored package of a passed build with this key, if there is one."""
+    """The stored package of a passed build with this key, if there is one whose files all have
+    their recorded hashes (a damaged one is removed with a warning: never linked into place)."""
     folder = cache_dir("builds") / key
-    return folder / "package" if (folder / _COMPLETE).is_file() else None
+    return folder / "package" if sealed_folder(folder) else None
 
 
 def store_package(key: str, package_dir: Path) -> None:
-    """Keep a passed package under its key (hard links where the file system allows: no copy)."""
+    """Keep a passed package under its key (hard links where the file system allows: no copy),
+    sealed with its files' hashes, and renamed into place whole."""
     folder = cache_dir("builds") / key
-    if (folder / _COMPLETE).is_file():
+    if sealed_folder(folder):
         return
     scratch = folder.with_name(f".{key}.{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
-    link_tree(package_dir, scratch / "package")
-    (scratch / _COMPLETE).write_text(key + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
     try:
-        os.rename(scratch, folder)
-    except OSError:  # another build stored the same key first
+        link_tree(package_dir, scratch / "package")
+        seal_folder(scratch)
+        with folder_commit(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            os.rename(scratch, folder)
+    except OSError as error:
         shutil.rmtree(scratch, ignore_errors=True)
+        if not folder.is_dir():  # else another build stored the same key first
+            raise error from None
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
 
 
 def link_tree(source: Path, destination: Path) -> None:

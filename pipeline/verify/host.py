@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.cache import cache_dir
+from pipeline.cache import atomic_output, cache_dir, cached_entry
 from pipeline.errors import PackError
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
@@ -59,16 +59,15 @@ def run_model(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
     """Outputs of `model_path` on `feeds`; successful runs are cached by model bytes, inputs and
     onnxruntime version, so a rebuild of unchanged inputs runs nothing."""
     cached = cache_dir("host-runs") / f"{_run_key(model_path, feeds)}.npz"
-    if cached.exists():
+    if cached_entry(cached):
         with np.load(cached, allow_pickle=False) as result:
             level = str(result["__level__"])
             crashes = [str(c) for c in result["__crashes__"]]
             return HostRun({n: result[n] for n in result.files if not n.startswith("__")}, None, level, crashes)
     run = _run_uncached(model_path, feeds)
     if run.outputs is not None:
-        tmp = cached.with_suffix(".tmp.npz")
-        np.savez(tmp, __level__=np.array(run.level), __crashes__=np.array(run.crashes, dtype=str), **run.outputs)
-        tmp.replace(cached)
+        with atomic_output(cached, entry=True) as handle:
+            np.savez(handle, __level__=np.array(run.level), __crashes__=np.array(run.crashes, dtype=str), **run.outputs)
     return run
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.cache import cache_dir
+from pipeline.cache import atomic_output, cache_dir, cached_entry
 from pipeline.verify.host import HostRun, _signal_name
 from pipeline.verify.host import _run_key as host_run_key
 
@@ -275,7 +275,7 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         return WebGpuRun(None, why, not_verifiable=why)
     ep_options = dict(ep_options or {})
     cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds, ep_options)}.npz"
-    if cached.exists():
+    if cached_entry(cached):
         with np.load(cached, allow_pickle=False) as result:
             facts = json.loads(str(result["__facts__"]))
             outputs = {n: result[n] for n in result.files if not n.startswith("__")}
@@ -286,9 +286,8 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         return WebGpuRun(None, why, run.level, webgpu_nodes=0, cpu_fallback_nodes=run.cpu_fallback_nodes, not_verifiable=why)
     if run.outputs is not None:
         facts = {"webgpu_nodes": run.webgpu_nodes, "cpu_fallback_nodes": run.cpu_fallback_nodes, "timings_ms": run.timings_ms}
-        tmp = cached.with_name(f".{cached.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, __facts__=np.array(json.dumps(facts)), **run.outputs)
-        tmp.replace(cached)
+        with atomic_output(cached, entry=True) as handle:
+            np.savez(handle, __facts__=np.array(json.dumps(facts)), **run.outputs)
     return run
 
 
