@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -30,7 +29,7 @@ from pipeline.manifest import Manifest, Thresholds, Verification, adapter_runs, 
 from pipeline.assets.package import ModelFiles, PackageContents, io_entries, plain_files, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
-from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish
+from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish, temporary_folder
 from pipeline.errors import PackError
 from pipeline.graph import repairs
 from pipeline.graph.model_io import load_model, model_bytes
@@ -171,7 +170,7 @@ def _repair(model: onnx.ModelProto, recipe: Recipe, settings: PassSettings | Non
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
     """fp32 outputs on onnxruntime CPU: the reference every check compares against."""
     shipped = next((model_paths[v.name] for v in variants if v.model is reference_model), None)
-    with tempfile.TemporaryDirectory(prefix="pack-ref-") as tmp:
+    with temporary_folder("pack-ref-") as tmp:
         model_file = shipped or Path(tmp) / "reference.onnx"
         if shipped is None:
             model_file.write_bytes(model_bytes(reference_model))

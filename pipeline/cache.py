@@ -95,6 +95,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@contextmanager
+def temporary_folder(prefix: str) -> Iterator[str]:
+    """`tempfile.TemporaryDirectory` for pack's scratch files: a write in it that fails for want of
+    room or rights names this folder (a write to an open file names none), so the one-line error
+    says the temporary folder filled (pipeline/errors.py)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        try:
+            yield folder
+        except BaseException as error:
+            note_written(error, Path(folder))
+            raise
+
+
 def swap_into_place(staging: Path, destination: Path) -> None:
     """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
     stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and

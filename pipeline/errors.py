@@ -46,26 +46,26 @@ def is_environment_error(error: BaseException) -> bool:
 
 def environment_error(error: OSError, folders: dict[str, tuple[Path, str]]) -> PackError:
     """One line for an environment OSError. `folders`: how the user names each folder pack writes
-    to (`--out dist`, `PACK_CACHE_DIR=...`) -> (the folder, the fix); the error is told by the
+    to (`--out dist`, `PACK_CACHE_DIR=...`) -> (the folder, how to point pack elsewhere); the error is told by the
     innermost one holding the file it names (for a copy, the destination). A full disk says how much
     was free and how much this build had written there (`written_bytes`, set by pipeline/cache.py)."""
     named = error.filename2 if error.filename2 is not None else error.filename
     path = Path(os.path.abspath(os.fsdecode(named))) if named is not None else None
-    role, folder, fix = None, path.parent if path else None, "free space or make it writable"
+    role, folder, fix = None, path.parent if path else None, "write elsewhere"
     if path is not None:
         holders = [(name, Path(os.path.abspath(where)), how) for name, (where, how) in folders.items()]
         holders = [h for h in holders if path == h[1] or h[1] in path.parents]
         if holders:
             role, folder, fix = max(holders, key=lambda h: len(h[1].parts))
     what = _ENVIRONMENT_ERRNOS[error.errno]
-    where = f"{role} ({path})" if role else str(path or "a file")
+    where = role or str(path or "a file")  # the folder as the user named it, not a staging file in it
     if error.errno in _FULL:
         detail = _room(folder)
         written = getattr(error, "written_bytes", None)
         if written:
             detail += f"; this build had written {_size(written)} there when it filled and needs more"
-        return PackError(f"{where}: {what} ({detail}); {fix}")
-    return PackError(f"{where}: {what}; {fix}")
+        return PackError(f"{where}: {what} ({detail}); free space there or {fix}")
+    return PackError(f"{where}: {what}; make it writable or {fix}")
 
 
 def _room(folder: Path | None) -> str:
@@ -76,7 +76,7 @@ def _room(folder: Path | None) -> str:
         usage = shutil.disk_usage(probe) if probe is not None else None
     except OSError:
         usage = None
-    return f"{_size(usage.free)} free of {_size(usage.total)}" if usage else "free space unknown"
+    return f"{_size(usage.free)} free of {_size(usage.total)} once its partial files were removed" if usage else "free space unknown"
 
 
 def _size(count: int) -> str:

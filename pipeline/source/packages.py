@@ -10,11 +10,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
-from pipeline.cache import atomic_copy, atomic_output, cache_dir, cached_entry, is_entry_record
+from pipeline.cache import atomic_copy, atomic_output, cache_dir, cached_entry, is_entry_record, temporary_folder
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 
@@ -43,7 +42,7 @@ def _fetch_archive(kind: str, name: str, version: str, progress: Progress) -> Pa
         return archives[0]
     spec = f"{kind}:{name}{'==' if kind == 'pypi' else '@'}{version}"
     progress.note(f"fetching {spec}")
-    with tempfile.TemporaryDirectory(prefix="pack-pkg-") as tmp:
+    with temporary_folder("pack-pkg-") as tmp:
         if kind == "pypi":
             _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"], spec, Path(tmp))
         else:

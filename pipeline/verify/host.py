@@ -12,13 +12,12 @@ from importlib import metadata
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.cache import atomic_output, cache_dir, cached_entry
+from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
 from pipeline.errors import PackError
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
@@ -73,7 +72,7 @@ def run_model(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
 
 def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
     crashes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="pack-host-") as tmp:
+    with temporary_folder("pack-host-") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         out_path = Path(tmp) / "out.npz"
         np.savez(feeds_path, **feeds)

@@ -21,14 +21,13 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.cache import atomic_output, cache_dir, cached_entry
+from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
 from pipeline.verify.host import HostRun, _signal_name
 from pipeline.verify.host import _run_key as host_run_key
 
@@ -132,7 +131,7 @@ def _probe() -> str | None:
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
     model.ir_version = 8
-    with tempfile.TemporaryDirectory(prefix="pack-webgpu-probe-") as tmp:
+    with temporary_folder("pack-webgpu-probe-") as tmp:
         path = Path(tmp) / "probe.onnx"
         onnx.save(model, path)
         x = np.arange(4, dtype=np.float32)
@@ -299,7 +298,7 @@ def _with_facts(run: WebGpuRun, facts: dict) -> WebGpuRun:
 
 
 def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:
-    with tempfile.TemporaryDirectory(prefix="pack-webgpu-") as tmp:
+    with temporary_folder("pack-webgpu-") as tmp:
         feeds_path, out_path, facts_path = (Path(tmp) / name for name in ("feeds.npz", "out.npz", "placement.json"))
         np.savez(feeds_path, **feeds)
         command = [sys.executable, "-m", WORKER_MODULE, str(model_path), str(feeds_path), str(out_path), str(facts_path), json.dumps(ep_options or {})]
