@@ -52,7 +52,7 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
     removed again if the block raises, Ctrl-C and SIGTERM included. What the block moves out of it
     (a finished package renamed into place) stays."""
     path: Path | None = None
-    _remove_orphans(parent, prefix)
+    remove_orphans(parent, prefix)
     # Made with Ctrl-C/SIGTERM held and the path bound before they are let through, so a stop
     # cannot fall between making the folder and owning its clean-up.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -72,9 +72,9 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
         raise
 
 
-def _remove_orphans(parent: Path, prefix: str) -> None:
-    """Remove the staging folders a killed process left (SIGKILL, power loss: no clean-up ran):
-    their names carry the process id, and that process is gone."""
+def remove_orphans(parent: Path, prefix: str) -> None:
+    """Remove the scratch folders `<prefix><pid>...` a killed process left in `parent` (SIGKILL,
+    power loss: no clean-up ran): that process is gone."""
     try:
         siblings = [p for p in parent.iterdir() if p.name.startswith(prefix)]
     except OSError:

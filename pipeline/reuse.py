@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_commit, folder_mode, remembered_digest, seal_folder, sealed_folder
+from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_commit, folder_mode, remembered_digest, remove_orphans, seal_folder, sealed_folder
 from pipeline.errors import PackError
 
 REUSE_ENV = "PACK_BUILD_REUSE"
@@ -178,6 +178,7 @@ def store_package(key: str, package_dir: Path) -> None:
     folder = cache_dir("builds") / key
     if sealed_folder(folder):
         return
+    remove_orphans(folder.parent, f".{key}.")
     scratch = folder.with_name(f".{key}.{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
