@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from pipeline.errors import PackError, is_environment_error, warn
+from pipeline.errors import PackError, error_path, is_environment_error, warn
 
 CACHE_ENV = "PACK_CACHE_DIR"
 
@@ -275,9 +275,12 @@ def note_written(error: BaseException, path: Path) -> None:
     """Before a clean-up removes a failed write: name on the error the file it was writing (a
     write to an open file names none) and, on a full disk, how much it had put there, so the
     one-line message names the folder and what the build needed (pipeline/errors.py)."""
-    if is_environment_error(error) and error.filename is None:
+    if not is_environment_error(error):
+        return
+    if error.filename is None:
         error.filename = str(path)
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    named = error_path(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT) and named is not None and (named == path.absolute() or path.absolute() in named.parents):
         try:
             size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         except OSError:

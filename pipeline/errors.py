@@ -44,13 +44,18 @@ def is_environment_error(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS
 
 
+def error_path(error: OSError) -> Path | None:
+    """The file an OSError is about, absolute: for a copy, the destination."""
+    named = error.filename2 if error.filename2 is not None else error.filename
+    return Path(os.path.abspath(os.fsdecode(named))) if isinstance(named, (str, bytes, os.PathLike)) else None
+
+
 def environment_error(error: OSError, folders: dict[str, tuple[Path, str]]) -> PackError:
     """One line for an environment OSError. `folders`: how the user names each folder pack writes
     to (`--out dist`, `PACK_CACHE_DIR=...`) -> (the folder, how to point pack elsewhere); the error is told by the
     innermost one holding the file it names (for a copy, the destination). A full disk says how much
     was free and how much this build had written there (`written_bytes`, set by pipeline/cache.py)."""
-    named = error.filename2 if error.filename2 is not None else error.filename
-    path = Path(os.path.abspath(os.fsdecode(named))) if named is not None else None
+    path = error_path(error)
     role, folder, fix = None, path.parent if path else None, "write elsewhere"
     if path is not None:
         holders = [(name, Path(os.path.abspath(where)), how) for name, (where, how) in folders.items()]

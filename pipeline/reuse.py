@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_commit, folder_mode, remembered_digest, remove_orphans, seal_folder, sealed_folder
+from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_commit, folder_mode, note_written, remembered_digest, remove_orphans, seal_folder, sealed_folder
 from pipeline.errors import PackError
 
 REUSE_ENV = "PACK_BUILD_REUSE"
@@ -188,6 +188,7 @@ def store_package(key: str, package_dir: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
             os.rename(scratch, folder)
     except OSError as error:
+        note_written(error, scratch)
         shutil.rmtree(scratch, ignore_errors=True)
         if not folder.is_dir():  # else another build stored the same key first
             raise error from None
