@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 import sys
@@ -42,6 +43,18 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 def is_environment_error(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS
+
+
+_ERRNO_IN_MESSAGE = re.compile(r"\[Errno (\d+)\] ([^:'\"]+)")
+
+
+def raise_child_environment_error(message: str, folder: Path) -> None:
+    """A child process's last error line, when it is an environment error on its scratch files in
+    `folder` (a full temporary folder), raised here as that OSError naming `folder`: it then ends
+    as one line about the folder (exit 2), not as a failure of the model the child ran."""
+    found = _ERRNO_IN_MESSAGE.search(message)
+    if found and int(found[1]) in _ENVIRONMENT_ERRNOS:
+        raise OSError(int(found[1]), found[2].strip(), str(folder))
 
 
 def error_path(error: OSError) -> Path | None:

@@ -86,7 +86,7 @@ def entries(cache: Path, kind: str, since: float = 0.0) -> list[Path]:
 
 # --- a damaged entry of each cache kind ---------------------------------------------------------
 
-KINDS = ["builds", "work", "host-runs", "webgpu-runs", "brotli", "runtime"]
+KINDS = ["builds", "work", "host-runs", "webgpu-runs", "brotli", pytest.param("runtime", marks=pytest.mark.network_registry)]  # npm installs it again
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -264,6 +264,29 @@ def test_a_full_temporary_folder_exits_2_naming_it(in_private_cache, tmp_path, m
         assert "set TMPDIR to another folder" in first and len(result.stderr.strip().splitlines()) == 1
         assert list(scratch.iterdir()) == []
     assert not (tmp_path / "out" / NAME).exists()
+
+
+def test_a_temporary_folder_that_fills_in_the_onnxruntime_child_exits_2_naming_it(in_private_cache, tmp_path, monkeypatch):
+    """The child process writes the outputs (1 MiB here) beside the inputs: its full disk is the
+    temporary folder's, not a failure of the model."""
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    size = 262144
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [1, size])
+    graph = helper.make_graph([helper.make_node("Expand", ["x", "shape"], ["y"], name="expand")], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, size])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(tmp_path / "wide.onnx"))
+    with small_disk(tmp_path / "tmp", "256k") as scratch:
+        monkeypatch.setenv("TMPDIR", str(scratch))
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+        result = build(tmp_path / "wide.onnx", tmp_path / "out", env={"PACK_WEBGPU_KERNELS": "off"})
+        assert result.exit_code == 2, result.output[-2000:]
+        first = result.stderr.strip().splitlines()[0]
+        assert first.startswith(f"error: the temporary folder {scratch}: no space left on its file system"), first
+        assert not [p for p in scratch.iterdir() if p.name.startswith("pack-")]
 
 
 def test_a_package_that_cannot_be_replaced_exits_2_and_stays_as_it_was(in_private_cache, model_file, tmp_path):

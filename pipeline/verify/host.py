@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
-from pipeline.errors import PackError
+from pipeline.errors import PackError, raise_child_environment_error
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
 WORKER_MODULE = "pipeline.verify.session_worker"  # run as `python -m`; tests swap in a crashing one
@@ -89,6 +89,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
                 crashes.append(f"{level}: {_signal_name(done.returncode)}")
                 continue
             message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+            raise_child_environment_error(message, Path(tmp))
             return HostRun(None, message, level, crashes)
     return HostRun(None, "onnxruntime crashed at every optimisation level (" + "; ".join(crashes) + ")", None, crashes)
 

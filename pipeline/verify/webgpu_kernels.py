@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
+from pipeline.errors import raise_child_environment_error
 from pipeline.verify.host import HostRun, _signal_name
 from pipeline.verify.host import _run_key as host_run_key
 
@@ -312,6 +313,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
             return WebGpuRun(None, f"onnxruntime's WebGPU EP crashed the worker ({signal})", "all", [f"all: {signal}"])
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
+            raise_child_environment_error(lines[-1] if lines else "", Path(tmp))
             return WebGpuRun(None, lines[-1] if lines else f"exit code {done.returncode}", "all")
         facts = json.loads(facts_path.read_text())
         with np.load(out_path) as result:
