@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_commit, folder_mode, note_written, remembered_digest, remove_orphans, seal_folder, sealed_folder
+from pipeline.cache import atomic_write, cache_dir, cached_entry, file_sha256, folder_commit, folder_mode, note_written, remembered_digest, remove_orphans, seal_folder, sealed_folder
 from pipeline.errors import PackError
 
 REUSE_ENV = "PACK_BUILD_REUSE"
@@ -78,7 +78,7 @@ def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     except PackError:
         memo = None  # no usable cache: parsed every time
     try:
-        if memo is not None:
+        if memo is not None and cached_entry(memo):
             return json.loads(memo.read_text())
     except (OSError, ValueError):
         pass
@@ -92,7 +92,7 @@ def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     names = sorted({entry.value for tensor in _get_all_tensors(header) if uses_external_data(tensor) for entry in tensor.external_data if entry.key == "location"})
     if memo is not None:
         try:
-            atomic_write(memo, json.dumps(names).encode())
+            atomic_write(memo, json.dumps(names).encode(), entry=True)
         except OSError:
             pass  # a cache that cannot be written only costs the next build a parse
     return names

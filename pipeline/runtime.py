@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.cache import FOLDER_SEAL, folder_commit, seal_folder, sealed_folder
+from pipeline.cache import FOLDER_SEAL, atomic_write, cached_entry, folder_commit, seal_folder, sealed_folder
 from pipeline.cache import cache_dir as pipeline_cache_dir
 from pipeline.errors import PackError
 from pipeline.progress import Progress
@@ -80,13 +80,12 @@ def max_ir_version(runtime: Runtime, progress: Progress | None = None) -> int:
     created under Node on a one-node model stamped IR 3..14 (`runtime_probe.mjs`). Stored beside an
     installed release; for a local build, in the cache keyed by its wasm module's hash."""
     stored = runtime.root / _IR_PROBE_FILE if not runtime.local else cache_dir() / "runtime-probes" / f"{_file_sha256(runtime.bundles['wasm'].module)}.json"
-    if stored.is_file():
+    # beside an installed release the folder's seal checks it; in the cache, its own record
+    present = cached_entry(stored) is not None if runtime.local else stored.is_file()
+    if present:
         return int(json.loads(stored.read_text())["maxIr"])
     ir = _probe_max_ir(runtime.root, progress or Progress.quiet())
-    stored.parent.mkdir(parents=True, exist_ok=True)
-    scratch = stored.with_name(f".{stored.name}.{os.getpid()}")
-    scratch.write_text(json.dumps({"version": runtime.version, "maxIr": ir}) + "\n")
-    os.replace(scratch, stored)
+    atomic_write(stored, (json.dumps({"version": runtime.version, "maxIr": ir}) + "\n").encode(), entry=runtime.local)
     return ir
 
 
