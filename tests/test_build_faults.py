@@ -79,9 +79,9 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def entries(cache: Path, kind: str, since: float = 0.0) -> list[Path]:
-    """The files of a cache kind (not their records) written since `since`."""
-    return sorted(p for p in (cache / kind).rglob("*") if p.is_file() and not is_entry_record(p) and not p.name.startswith(".") and p.stat().st_mtime >= since)
+def entries(cache: Path, kind: str) -> list[Path]:
+    """The files of a cache kind, not their records nor temporary names."""
+    return sorted(p for p in (cache / kind).rglob("*") if p.is_file() and not is_entry_record(p) and not p.name.startswith("."))
 
 
 # --- a damaged entry of each cache kind ---------------------------------------------------------
@@ -129,9 +129,14 @@ def test_a_damaged_record_counts_as_a_damaged_entry(in_private_cache, model_file
 
 @contextmanager
 def served(folder: Path):
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(folder), **k)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    handler.log_message = None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, format, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
