@@ -13,7 +13,8 @@ exit 2) leaves nothing half-written.
 from __future__ import annotations
 
 import hashlib
-import tempfile
+import os
+import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,7 @@ from pipeline.manifest import Manifest, Thresholds, Verification, adapter_runs, 
 from pipeline.assets.package import ModelFiles, PackageContents, io_entries, plain_files, start_package, write_models, write_runtime, write_sample
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
-from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish
+from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish, temporary_folder
 from pipeline.errors import PackError
 from pipeline.graph import repairs
 from pipeline.graph.model_io import load_model, model_bytes
@@ -44,7 +45,7 @@ from pipeline.report.record import Record, Refusal, make_record, read_record, wr
 from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
-from pipeline.reuse import BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
+from pipeline.reuse import KILL_AT_ENV, BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.urls import mask_url
@@ -92,6 +93,14 @@ def lock_path(recipe: Recipe, override: Path | None) -> Path | None:
     return None
 
 
+def stage_boundary(name: str) -> None:
+    """The fault tests' one hook: SIGKILL this process as it enters the stage named by KILL_AT_ENV
+    (a `timings` stage, or `store`/`finish`), to prove a build killed anywhere leaves nothing a
+    rebuild trips on."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Timer:
     """Wall time per stage, in report.json `timings` as `<stage>_s`."""
 
@@ -100,6 +109,7 @@ class Timer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        stage_boundary(name)
         start = time.perf_counter()
         try:
             yield
@@ -172,7 +182,7 @@ def _repair(model: onnx.ModelProto, recipe: Recipe, settings: PassSettings | Non
 def _reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
     """fp32 outputs on onnxruntime CPU: the reference every check compares against."""
     shipped = next((model_paths[v.name] for v in variants if v.model is reference_model), None)
-    with tempfile.TemporaryDirectory(prefix="pack-ref-") as tmp:
+    with temporary_folder("pack-ref-") as tmp:
         model_file = shipped or Path(tmp) / "reference.onnx"
         if shipped is None:
             model_file.write_bytes(model_bytes(reference_model))
@@ -445,6 +455,8 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
         write_record(staging, report)  # after the manifest, once: not in manifest.files (pipeline/report)
         write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files either
         if inputs_key is not None and report["passed"]:
+            stage_boundary("store")
             store_package(inputs_key, staging)
+        stage_boundary("finish")
         _finish(staging, destination)
     return BuildResult(destination, report, lock=lock_path(recipe, options.lock))

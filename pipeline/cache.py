@@ -8,8 +8,10 @@ create 0600/0700 whatever the umask; the helpers here give their results the uma
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -18,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from pipeline.errors import PackError
+from pipeline.errors import PackError, error_path, is_environment_error, warn
 
 CACHE_ENV = "PACK_CACHE_DIR"
 
@@ -50,22 +52,60 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
     removed again if the block raises, Ctrl-C and SIGTERM included. What the block moves out of it
     (a finished package renamed into place) stays."""
     path: Path | None = None
+    remove_orphans(parent, prefix)
     # Made with Ctrl-C/SIGTERM held and the path bound before they are let through, so a stop
     # cannot fall between making the folder and owning its clean-up.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         try:
-            path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
             os.chmod(path, folder_mode())
         except OSError as error:
             raise PackError(f"{parent}: cannot create a folder there ({error.strerror or error}); give a writable output folder") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         yield path
-    except BaseException:
+    except BaseException as error:
         if path is not None:
+            note_written(error, path)
             shutil.rmtree(path, ignore_errors=True)
         raise
+
+
+def remove_orphans(parent: Path, prefix: str) -> None:
+    """Remove the scratch folders `<prefix><pid>...` a killed process left in `parent` (SIGKILL,
+    power loss: no clean-up ran): that process is gone."""
+    try:
+        siblings = [p for p in parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for sibling in siblings:
+        pid = sibling.name[len(prefix):].partition("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+@contextmanager
+def temporary_folder(prefix: str) -> Iterator[str]:
+    """`tempfile.TemporaryDirectory` for pack's scratch files: a write in it that fails for want of
+    room or rights names this folder (a write to an open file names none), so the one-line error
+    says the temporary folder filled (pipeline/errors.py)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        try:
+            yield folder
+        except BaseException as error:
+            note_written(error, Path(folder))
+            raise
 
 
 def swap_into_place(staging: Path, destination: Path) -> None:
@@ -155,12 +195,25 @@ def _digest_memo(path: Path, kind: str, state: os.stat_result) -> Path | None:
         return None
 
 
+def _memo_text(value: str) -> bytes:
+    """A memo holds its value and a check of it, so a damaged memo reads as none, never as another hash."""
+    return f"{value} {hashlib.sha256(value.encode()).hexdigest()[:16]}".encode("ascii")
+
+
+def _memo_value(memo: Path) -> str | None:
+    try:
+        value, _, check = memo.read_text(encoding="ascii").strip().partition(" ")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value if value and _memo_text(value).decode() == f"{value} {check}" else None
+
+
 def remember_digest(path: Path, kind: str, value: str) -> None:
     """Record `value` as `kind` of the file as written just now (the build knows its files' hashes)."""
     memo = _digest_memo(path, kind, path.stat())
     if memo is not None:
         try:
-            atomic_write(memo, value.encode("ascii"))
+            atomic_write(memo, _memo_text(value))
         except OSError:
             pass  # a cache that cannot be written only costs a later re-read
 
@@ -171,43 +224,183 @@ def remembered_digest(path: Path, kind: str, compute: Callable[[Path], str | Non
     is computed ("sha256", "br-decoded-sha256"). Computed afresh when the cache is unusable."""
     before = path.stat()
     memo = _digest_memo(path, kind, before)
-    try:
-        known = memo.read_text(encoding="ascii").strip() if memo is not None and memo.is_file() else None
-    except (OSError, UnicodeDecodeError):
-        known = None
+    known = _memo_value(memo) if memo is not None and memo.is_file() else None
     if known:
         return known if known != "-" else None
     value = compute(path)
     after = path.stat()
     if memo is not None and (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (before.st_size, before.st_mtime_ns, before.st_ctime_ns):
         try:
-            atomic_write(memo, (value or "-").encode("ascii"))
+            atomic_write(memo, _memo_text(value or "-"))
         except OSError:
             pass  # a cache that cannot be written only costs the next run a re-read
     return value
 
 
 @contextmanager
-def atomic_output(path: Path) -> Iterator[BinaryIO]:
+def atomic_output(path: Path, entry: bool = False) -> Iterator[BinaryIO]:
     """A binary handle on a temporary file beside `path`, renamed onto `path` (with the umask's
-    mode) when the block ends without error and removed otherwise: readers never see half a file."""
+    mode) when the block ends without error and removed otherwise: readers never see half a file.
+    `entry`: a cache entry, whose sha256 is recorded beside it first (see `cached_entry`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             yield handle
         os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
+        if entry:
+            digest = file_sha256(Path(tmp))
+            with _entries_locked(path.parent):
+                atomic_write(_recorded_hash_file(path), f"{digest}\n".encode("ascii"))
+                os.replace(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except BaseException as error:
+        note_written(error, Path(tmp))
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    with atomic_output(path) as handle:
+def atomic_write(path: Path, data: bytes, entry: bool = False) -> None:
+    with atomic_output(path, entry) as handle:
         handle.write(data)
 
 
-def atomic_copy(source: Path, destination: Path) -> None:
-    with atomic_output(destination) as handle, source.open("rb") as src:
+def atomic_copy(source: Path, destination: Path, entry: bool = False) -> None:
+    with atomic_output(destination, entry) as handle, source.open("rb") as src:
         shutil.copyfileobj(src, handle, 1 << 20)
+
+
+def note_written(error: BaseException, path: Path) -> None:
+    """Before a clean-up removes a failed write: name on the error the file it was writing (a
+    write to an open file names none) and, on a full disk, how much it had put there, so the
+    one-line message names the folder and what the build needed (pipeline/errors.py)."""
+    if not is_environment_error(error):
+        return
+    if error.filename is None:
+        error.filename = str(path)
+    named = error_path(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT) and named is not None and (named == path.absolute() or path.absolute() in named.parents):
+        try:
+            size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        except OSError:
+            return
+        error.written_bytes = max(getattr(error, "written_bytes", 0), size)
+
+
+# Cache entries check themselves. A file entry is written whole under a temporary name and renamed
+# into place after its sha256 is recorded beside it (`<name>.sha256`), or is named by its sha256
+# (downloads); a folder entry (a stored build, an installed runtime) is sealed last with the list
+# of its files and their sha256 (FOLDER_SEAL) and then renamed into place. On read the bytes are
+# checked against the record (remembered per file as it is on disk: see `remembered_digest`), and an
+# entry that fails (a damaged byte, a partial file, a record missing) is removed with one warning
+# and made again. The commit and the verdict on a failing entry hold one lock per folder, so a
+# reader never judges an entry another process is committing.
+_RECORDED_HASH = ".sha256"
+FOLDER_SEAL = ".pack-entry.json"
+
+
+def _recorded_hash_file(path: Path) -> Path:
+    return path.with_name(path.name + _RECORDED_HASH)
+
+
+def is_entry_record(path: Path) -> bool:
+    """Whether `path` is pack's bookkeeping beside entries (a recorded hash, a lock), not an entry."""
+    return path.name.endswith((_RECORDED_HASH, ".lock")) or path.name == FOLDER_SEAL
+
+
+@contextmanager
+def _entries_locked(folder: Path) -> Iterator[None]:
+    with made_once(folder / ".entries"):
+        yield
+
+
+def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
+    """`path` when the cache holds it whole: its bytes hash to `sha256` (an entry named by its hash)
+    or to the hash recorded when it was written. None when it is not there, or when it failed the
+    check: then it is removed with one warning, and the caller makes it again."""
+    if not path.is_file():
+        return None
+    if _entry_fault(path, sha256) is None:
+        return path
+    with _entries_locked(path.parent):
+        fault = _entry_fault(path, sha256) if path.is_file() else None
+        if fault is None:
+            return path if path.is_file() else None
+        _discard(path, fault)
+        _recorded_hash_file(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+    return None
+
+
+def _entry_fault(path: Path, sha256: str | None) -> str | None:
+    expected = sha256
+    if expected is None:
+        try:
+            expected = _recorded_hash_file(path).read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return "no sha256 recorded with it (partial, or written by an older pack)"
+        except (OSError, UnicodeDecodeError):
+            return "its recorded sha256 is unreadable"
+    return None if remembered_digest(path, "sha256", file_sha256) == expected else "its bytes do not match their recorded sha256"
+
+
+def seal_folder(folder: Path) -> None:
+    """Record every file of a finished folder entry with its sha256 (call it last, before the rename
+    that puts the folder in place)."""
+    files = {p.relative_to(folder).as_posix(): remembered_digest(p, "sha256", file_sha256) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != FOLDER_SEAL}
+    atomic_write(folder / FOLDER_SEAL, json.dumps({"files": files, "sha256": _listing_sha256(files)}, indent=0, sort_keys=True).encode())
+
+
+def _listing_sha256(files: dict) -> str:
+    """The seal's check of its own list, so a damaged list reads as damaged, not as files missing."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+@contextmanager
+def folder_commit(folder: Path) -> Iterator[None]:
+    """Held while a sealed scratch folder is renamed onto the entry `folder`."""
+    with _entries_locked(folder.parent):
+        yield
+
+
+def sealed_folder(folder: Path) -> bool:
+    """Whether `folder` holds a whole folder entry: sealed, with every recorded file there with its
+    sha256, and nothing else. A folder that fails is removed with one warning (False: make it again)."""
+    if not folder.is_dir():
+        return False
+    if _folder_fault(folder) is None:
+        return True
+    with _entries_locked(folder.parent):
+        fault = _folder_fault(folder) if folder.is_dir() else None
+        if fault is None:
+            return folder.is_dir()
+        _discard(folder, fault)
+        shutil.rmtree(folder, ignore_errors=True)
+    return False
+
+
+def _folder_fault(folder: Path) -> str | None:
+    try:
+        recorded = json.loads((folder / FOLDER_SEAL).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "no list of its files (partial, or written by an older pack)"
+    except (OSError, ValueError):
+        return "its list of files is unreadable"
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict) or recorded.get("sha256") != _listing_sha256(recorded["files"]):
+        return "its list of files is damaged"
+    recorded = recorded["files"]
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != FOLDER_SEAL}
+    missing, extra = sorted(set(recorded) - present), sorted(present - set(recorded))
+    if missing:
+        return f"{missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+    if extra:
+        return f"{extra[0]} is not one of its files"
+    for name, sha256 in sorted(recorded.items()):
+        if remembered_digest(folder / name, "sha256", file_sha256) != sha256:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def _discard(path: Path, fault: str) -> None:
+    warn(f"cache entry {path}: {fault}; removed, it is made again")

@@ -1,14 +1,20 @@
 """Errors that end a command with a one-line message and an exit code.
 
 `PackError` is bad input or environment (exit 2): its message names the file, key or node and
-says what to do. `Terminated` is SIGTERM turned into the same clean-up path as Ctrl-C
+says what to do. An OSError the machine causes (a full disk, a quota, no permission, a read-only
+file system) becomes one too, naming the folder as the user gave it (`environment_error`). `Terminated` is SIGTERM turned into the same clean-up path as Ctrl-C
 (KeyboardInterrupt). Anything else escaping a command is a bug and shows a traceback.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 from pipeline.urls import mask_urls
 
@@ -24,6 +30,81 @@ class PackError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+# errno -> what happened, for the errors the machine causes rather than the input or pack
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "no space left on its file system",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+}
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_environment_error(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS
+
+
+_ERRNO_IN_MESSAGE = re.compile(r"\[Errno (\d+)\] ([^:'\"]+)")
+
+
+def raise_child_environment_error(message: str, folder: Path) -> None:
+    """A child process's last error line, when it is an environment error on its scratch files in
+    `folder` (a full temporary folder), raised here as that OSError naming `folder`: it then ends
+    as one line about the folder (exit 2), not as a failure of the model the child ran."""
+    found = _ERRNO_IN_MESSAGE.search(message)
+    if found and int(found[1]) in _ENVIRONMENT_ERRNOS:
+        raise OSError(int(found[1]), found[2].strip(), str(folder))
+
+
+def error_path(error: OSError) -> Path | None:
+    """The file an OSError is about, absolute: for a copy, the destination."""
+    named = error.filename2 if error.filename2 is not None else error.filename
+    return Path(os.path.abspath(os.fsdecode(named))) if isinstance(named, (str, bytes, os.PathLike)) else None
+
+
+def environment_error(error: OSError, folders: dict[str, tuple[Path, str]]) -> PackError:
+    """One line for an environment OSError. `folders`: how the user names each folder pack writes
+    to (`--out dist`, `PACK_CACHE_DIR=...`) -> (the folder, how to point pack elsewhere); the error is told by the
+    innermost one holding the file it names (for a copy, the destination). A full disk says how much
+    was free and how much this build had written there (`written_bytes`, set by pipeline/cache.py)."""
+    path = error_path(error)
+    role, folder, fix = None, path.parent if path else None, "write elsewhere"
+    if path is not None:
+        holders = [(name, Path(os.path.abspath(where)), how) for name, (where, how) in folders.items()]
+        holders = [h for h in holders if path == h[1] or h[1] in path.parents]
+        if holders:
+            role, folder, fix = max(holders, key=lambda h: len(h[1].parts))
+    what = _ENVIRONMENT_ERRNOS[error.errno]
+    where = role or str(path or "a file")  # the folder as the user named it, not a staging file in it
+    if error.errno in _FULL:
+        detail = _room(folder)
+        written = getattr(error, "written_bytes", None)
+        if written:
+            detail += f"; this build had written {_size(written)} there when it filled and needs more"
+        return PackError(f"{where}: {what} ({detail}); free space there or {fix}")
+    return PackError(f"{where}: {what}; make it writable or {fix}")
+
+
+def _room(folder: Path | None) -> str:
+    probe = folder
+    while probe is not None and not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe) if probe is not None else None
+    except OSError:
+        usage = None
+    return f"{_size(usage.free)} free of {_size(usage.total)} once its partial files were removed" if usage else "free space unknown"
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
 
 
 class Terminated(KeyboardInterrupt):

@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cache import atomic_write, cache_dir, file_sha256, folder_mode, remembered_digest
+from pipeline.cache import atomic_write, cache_dir, cached_entry, file_sha256, folder_commit, folder_mode, note_written, remembered_digest, remove_orphans, seal_folder, sealed_folder
 from pipeline.errors import PackError
 
 REUSE_ENV = "PACK_BUILD_REUSE"
-# Settings that do not change a build's result: where caches live, and reuse itself.
-_NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV}
+# The fault tests' stage at which a build kills itself (pipeline/build.py stage_boundary)
+KILL_AT_ENV = "PACK_TEST_KILL_AT_STAGE"
+# Settings that do not change a build's result: where caches live, reuse itself, the fault hook.
+_NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV, KILL_AT_ENV}
 # What computes or checks a result besides pack's own code.
 _LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy", "brotli", "playwright", "jinja2")
-_COMPLETE = "complete"
 _HASHED_NAME = re.compile(r"\.[0-9a-f]{16}\.")
 
 
@@ -77,7 +78,7 @@ def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     except PackError:
         memo = None  # no usable cache: parsed every time
     try:
-        if memo is not None:
+        if memo is not None and cached_entry(memo):
             return json.loads(memo.read_text())
     except (OSError, ValueError):
         pass
@@ -91,7 +92,7 @@ def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     names = sorted({entry.value for tensor in _get_all_tensors(header) if uses_external_data(tensor) for entry in tensor.external_data if entry.key == "location"})
     if memo is not None:
         try:
-            atomic_write(memo, json.dumps(names).encode())
+            atomic_write(memo, json.dumps(names).encode(), entry=True)
         except OSError:
             pass  # a cache that cannot be written only costs the next build a parse
     return names
@@ -165,25 +166,35 @@ def as_data(value: Any) -> Any:
 
 
 def stored_package(key: str) -> Path | None:
-    """The stored package of a passed build with this key, if there is one."""
+    """The stored package of a passed build with this key, if there is one whose files all have
+    their recorded hashes (a damaged one is removed with a warning: never linked into place)."""
     folder = cache_dir("builds") / key
-    return folder / "package" if (folder / _COMPLETE).is_file() else None
+    return folder / "package" if sealed_folder(folder) else None
 
 
 def store_package(key: str, package_dir: Path) -> None:
-    """Keep a passed package under its key (hard links where the file system allows: no copy)."""
+    """Keep a passed package under its key (hard links where the file system allows: no copy),
+    sealed with its files' hashes, and renamed into place whole."""
     folder = cache_dir("builds") / key
-    if (folder / _COMPLETE).is_file():
+    if sealed_folder(folder):
         return
+    remove_orphans(folder.parent, f".{key}.")
     scratch = folder.with_name(f".{key}.{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
-    link_tree(package_dir, scratch / "package")
-    (scratch / _COMPLETE).write_text(key + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
     try:
-        os.rename(scratch, folder)
-    except OSError:  # another build stored the same key first
+        link_tree(package_dir, scratch / "package")
+        seal_folder(scratch)
+        with folder_commit(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            os.rename(scratch, folder)
+    except OSError as error:
+        note_written(error, scratch)
         shutil.rmtree(scratch, ignore_errors=True)
+        if not folder.is_dir():  # else another build stored the same key first
+            raise error from None
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
 
 
 def link_tree(source: Path, destination: Path) -> None:

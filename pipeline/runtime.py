@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cache import FOLDER_SEAL, atomic_write, cached_entry, folder_commit, seal_folder, sealed_folder
 from pipeline.cache import cache_dir as pipeline_cache_dir
 from pipeline.errors import PackError
 from pipeline.progress import Progress
@@ -40,7 +41,6 @@ _GLUE_LITERAL = re.compile(r"[\"'](ort-wasm-[A-Za-z0-9_.-]+\.mjs)[\"']")
 OLDEST_RELEASE = (1, 19)
 # what the IR probe (runtime_probe.mjs, run under Node) found, stored beside the installed release
 _IR_PROBE_FILE = ".pack-max-ir.json"
-_COMPLETE_MARKER = ".pack-complete"
 
 
 @dataclass(frozen=True)
@@ -80,13 +80,12 @@ def max_ir_version(runtime: Runtime, progress: Progress | None = None) -> int:
     created under Node on a one-node model stamped IR 3..14 (`runtime_probe.mjs`). Stored beside an
     installed release; for a local build, in the cache keyed by its wasm module's hash."""
     stored = runtime.root / _IR_PROBE_FILE if not runtime.local else cache_dir() / "runtime-probes" / f"{_file_sha256(runtime.bundles['wasm'].module)}.json"
-    if stored.is_file():
+    # beside an installed release the folder's seal checks it; in the cache, its own record
+    present = cached_entry(stored) is not None if runtime.local else stored.is_file()
+    if present:
         return int(json.loads(stored.read_text())["maxIr"])
     ir = _probe_max_ir(runtime.root, progress or Progress.quiet())
-    stored.parent.mkdir(parents=True, exist_ok=True)
-    scratch = stored.with_name(f".{stored.name}.{os.getpid()}")
-    scratch.write_text(json.dumps({"version": runtime.version, "maxIr": ir}) + "\n")
-    os.replace(scratch, stored)
+    atomic_write(stored, (json.dumps({"version": runtime.version, "maxIr": ir}) + "\n").encode(), entry=runtime.local)
     return ir
 
 
@@ -141,7 +140,7 @@ def resolve_runtime(version: str = DEFAULT_VERSION, progress: Progress | None = 
         oldest = ".".join(map(str, OLDEST_RELEASE))
         raise PackError(f"onnxruntime-web {version} is older than {oldest}, the oldest release whose entry points are ES module bundles pack can ship; pin {oldest}.0 or newer")
     target = runtime_dir(version)
-    if not (target / _COMPLETE_MARKER).is_file():
+    if not sealed_folder(target):
         _install(version, target, progress or Progress.quiet())
     return read_runtime(target, version)
 
@@ -251,12 +250,10 @@ def _install(version: str, target: Path, progress: Progress) -> None:
             raise PackError(f"{tarball.name}: no package/package.json inside; the npm tarball is not a package")
         installed = read_runtime(package, version)  # refuse a layout we cannot read before it enters the cache
         max_ir_version(installed, progress)  # measured once, stored beside the release
-        (package / _COMPLETE_MARKER).write_text(version + "\n")
-        try:
-            os.rename(package, target)
-        except OSError:
-            # Another process finished first (target exists and is complete) or left a broken one.
-            if not (target / _COMPLETE_MARKER).is_file():
+        seal_folder(package)
+        with folder_commit(target):
+            # Another process may have finished first: its sealed folder stays.
+            if not (target / FOLDER_SEAL).is_file():
                 shutil.rmtree(target, ignore_errors=True)
                 os.rename(package, target)
 

@@ -63,16 +63,22 @@ def copy_new(source: Path, target: Path, names: list[str]) -> int:
     return copied
 
 
+def with_records(folder: Path, names: list[str]) -> list[str]:
+    """Each encoding with the sha256 recorded beside it (`<name>.sha256`, which pack checks it
+    against on read: pipeline/cache.py), the record first; encodings without one are left out."""
+    return [name for encoding in names if (folder / f"{encoding}.sha256").is_file() for name in (f"{encoding}.sha256", encoding)]
+
+
 def main(mode: str, seed: Path, cache: Path) -> None:
     if mode == "restore":
         if (seed / "brotli").is_dir():
-            names = [p.name for p in (seed / "brotli").iterdir() if p.name.endswith(".br")]
-            print(f"brotli seed: {copy_new(seed / 'brotli', cache / 'brotli', names)} runtime encodings restored from {seed.name}")
+            names = with_records(seed / "brotli", [p.name for p in (seed / "brotli").iterdir() if p.name.endswith(".br")])
+            print(f"brotli seed: {copy_new(seed / 'brotli', cache / 'brotli', names) // 2} runtime encodings restored from {seed.name}")
     else:
         hashes = runtime_hashes(cache)
         hashes |= runtime_part_hashes(cache, hashes)
-        names = [p.name for p in (cache / "brotli").glob("*.br") if p.name.split(".")[0] in hashes]
-        print(f"brotli seed: {copy_new(cache / 'brotli', seed / 'brotli', names)} new runtime encodings kept")
+        names = with_records(cache / "brotli", [p.name for p in (cache / "brotli").glob("*.br") if p.name.split(".")[0] in hashes])
+        print(f"brotli seed: {copy_new(cache / 'brotli', seed / 'brotli', names) // 2} new runtime encodings kept")
 
 
 if __name__ == "__main__":

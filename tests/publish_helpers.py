@@ -167,7 +167,8 @@ def key_endswith(suffix: str) -> Callable[[SeenRequest], bool]:
 class Fault:
     """From the `nth` request that `match`es on, `times` times (None: forever): `action` is
     'reset' (TCP RST before answering), 'status' (answer `status` with an S3 error `code`),
-    'down' (the proxy stops listening and drops every connection: the server is gone), or
+    'down' (the proxy stops listening and drops every connection: the server is gone),
+    'cut' (read half the request's body, then TCP RST: the connection dies mid-upload), or
     'stall' (hold the request until `release` is set, then forward it)."""
 
     action: str
@@ -270,13 +271,16 @@ class FaultProxy:
     def uploads(self) -> list[SeenRequest]:
         return [request for request in self.requests if is_upload(request)]
 
-    def _decide(self, request: SeenRequest) -> Fault | None:
+    def _decide(self, request: SeenRequest, mid_body: bool = False) -> Fault | None:
+        """The fault for this request: 'cut' faults are decided before the body is read (`mid_body`,
+        the declared size standing for the body's), the others after it."""
         with self._lock:
             if self.down:
                 return Fault("reset")
-            self.requests.append(request)
+            if not mid_body:
+                self.requests.append(request)
             for fault in self.faults:
-                if fault.fires(request):
+                if (fault.action == "cut") == mid_body and fault.fires(request):
                     return fault
         return None
 
@@ -310,8 +314,14 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             return self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
 
         def _relay(self) -> None:
-            body = self._read_body()
             headers = {name.lower(): value for name, value in self.headers.items()}
+            declared = int(headers.get("content-length", 0) or 0)
+            if proxy._decide(SeenRequest(self.command, self.path, headers, declared), mid_body=True) is not None:
+                self.rfile.read(declared // 2)
+                self.close_connection = True
+                _reset(self.connection)
+                return
+            body = self._read_body()
             request = SeenRequest(self.command, self.path, headers, len(body))
             fault = proxy._decide(request)
             if fault is not None and fault.action in ("reset", "down"):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.cache import atomic_write, cached_entry
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ci_brotli_seed.py"
 
 
@@ -19,14 +21,16 @@ def test_save_keeps_runtime_encodings_only_and_restore_brings_them_back(tmp_path
     wasm.parent.mkdir(parents=True)
     wasm.write_bytes(b"\0asm runtime bytes")
     runtime_sha = hashlib.sha256(wasm.read_bytes()).hexdigest()
-    (cache / "brotli").mkdir()
-    (cache / "brotli" / f"{runtime_sha}.q11.br").write_bytes(b"runtime encoding")
-    (cache / "brotli" / f"{'0' * 64}.q5.br").write_bytes(b"a model's weights: the project's own, not kept")
+    atomic_write(cache / "brotli" / f"{runtime_sha}.q11.br", b"runtime encoding", entry=True)
+    atomic_write(cache / "brotli" / f"{'0' * 64}.q5.br", b"a model's weights: the project's own, not kept", entry=True)
+    (cache / "brotli" / f"{'1' * 64}.q11.br").write_bytes(b"no recorded sha256: not kept")
     assert "1 new runtime encodings kept" in run("save", str(seed), str(cache))
-    assert sorted(p.name for p in (seed / "brotli").iterdir()) == [f"{runtime_sha}.q11.br"]
+    assert sorted(p.name for p in (seed / "brotli").iterdir()) == [f"{runtime_sha}.q11.br", f"{runtime_sha}.q11.br.sha256"]
     assert "0 new" in run("save", str(seed), str(cache))  # kept once
     assert "1 runtime encodings restored" in run("restore", str(seed), str(clean))
-    assert (clean / "brotli" / f"{runtime_sha}.q11.br").read_bytes() == b"runtime encoding"
+    restored = clean / "brotli" / f"{runtime_sha}.q11.br"
+    assert restored.read_bytes() == b"runtime encoding"
+    assert cached_entry(restored) == restored  # pack reads it as a whole entry
     assert not list((clean / "brotli").glob(".*"))  # no partial copy left
 
 

@@ -258,3 +258,28 @@ def test_interrupted_publish_keeps_the_previous_version(proxy, s3_server, publis
     _assert_v1_intact(s3_server, bucket, v1, before)
     proxy.faults.clear()
     _assert_rerun_completes(proxy, s3_server, bucket, v2)
+
+
+def test_an_upload_cut_mid_body_never_leaves_a_manifest_naming_a_partial_object_and_a_rerun_sends_only_what_is_missing(proxy, s3_server, published_v1):
+    """The connection dies halfway through the body of one object, every time: the publish fails,
+    the bucket serves v1 whole; a re-run stores the missing objects and sends nothing stored again."""
+    bucket, v1, v2, before = published_v1
+    fp16 = v2.manifest["variants"]["fp16"]["model"]
+    single = lambda request: key_endswith(fp16)(request) and "partNumber=" not in request.query and request.body_size > 0
+    multipart = lambda request: key_endswith(fp16)(request) and "partNumber=" in request.query
+    proxy.faults.append(cut := Fault("cut", match=lambda r: single(r) or multipart(r), times=None))
+    result = _publish_v2(proxy, bucket, v2)
+    assert result.exit_code == 2, result.output
+    assert cut.fired >= 1
+    assert "previously published version keeps working" in result.stderr
+    _assert_v1_intact(s3_server, bucket, v1, before)
+    stored = set(bucket_snapshot(s3_server.client(), bucket))
+    assert f"demo/{fp16}" not in stored  # no partial object under the name
+
+    proxy.faults.clear()
+    proxy.requests.clear()
+    _assert_rerun_completes(proxy, s3_server, bucket, v2)
+    sent = {request.path.partition("?")[0].removeprefix(f"/{bucket}/") for request in proxy.uploads()}
+    hashed = {f"demo/{path}" for path, entry in v2.manifest["files"].items() if entry.get("cache", "immutable") == "immutable"}
+    assert f"demo/{fp16}" in sent
+    assert not (sent & hashed & stored), f"sent again although stored: {sorted(sent & hashed & stored)}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import brotli
 
-from pipeline.cache import atomic_write, cache_dir, file_sha256, made_once, remember_digest
+from pipeline.cache import atomic_write, cache_dir, cached_entry, file_sha256, made_once, remember_digest
 from pipeline.manifest import FileEntry
 from pipeline.media_types import media_type
 from pipeline.progress import Progress
@@ -58,13 +58,13 @@ def brotli_encode(data: bytes, sha256: str, suffix: str, label: str, progress: P
     """Brotli bytes, cached by content hash so unchanged files are never recompressed."""
     quality = _brotli_quality(len(data), suffix, kind)
     cached = cache_dir("brotli") / f"{sha256}.q{quality}.br"
-    if cached.exists():
+    if cached_entry(cached):
         return cached.read_bytes()
     with made_once(cached):  # the runtime's .wasm takes a minute at q11: compress it once per cache
-        if cached.exists():
+        if cached_entry(cached):
             return cached.read_bytes()
         encoded = _compress(data, quality, label, progress)
-        atomic_write(cached, encoded)
+        atomic_write(cached, encoded, entry=True)
     return encoded
 
 

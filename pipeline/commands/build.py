@@ -46,7 +46,7 @@ def build(
     Exit code 0 when every check passed, 1 when a check failed (the package is still written),
     2 on bad input (nothing written), 130/143 when stopped by Ctrl-C/SIGTERM (nothing written).
     """
-    with cli_errors():
+    with cli_errors(out):
         from pipeline.cache import check_cache_writable
 
         if inputs is not None and not inputs.is_file():

@@ -14,17 +14,18 @@ from typing import Any, Iterator
 
 import typer
 
-from pipeline.errors import PackError, interrupt_exit_code, raise_terminated
+from pipeline.errors import PackError, environment_error, interrupt_exit_code, is_environment_error, raise_terminated
 from pipeline.progress import Progress
 from pipeline.urls import mask_urls
 
 
 @contextmanager
-def cli_errors() -> Iterator[None]:
+def cli_errors(out: Path | None = None, out_option: str = "--out") -> Iterator[None]:
     """Run a command body: a PackError becomes its one-line message on stderr (every URL in it
-    masked) and exit code 2;
-    Ctrl-C (exit 130) and SIGTERM (exit 143) unwind through the same clean-up paths and end with
-    one line instead of a traceback."""
+    masked) and exit code 2, and so does a full disk, a quota, no permission or a read-only file
+    system under `out`, the cache or the temporary folder (named as the user set them); Ctrl-C
+    (exit 130) and SIGTERM (exit 143) unwind through the same clean-up paths and end with one line
+    instead of a traceback."""
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, raise_terminated)
@@ -33,6 +34,12 @@ def cli_errors() -> Iterator[None]:
     except PackError as error:
         typer.echo(f"error: {mask_urls(str(error))}", err=True)
         raise typer.Exit(error.exit_code) from None
+    except OSError as error:
+        if not is_environment_error(error):
+            raise
+        message = environment_error(error, _written_folders(out, out_option))
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(message.exit_code) from None
     except KeyboardInterrupt as error:
         code = interrupt_exit_code(error)
         typer.echo(f"interrupted ({signal.Signals(code - 128).name}): stopped and cleaned up", err=True)
@@ -40,6 +47,20 @@ def cli_errors() -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _written_folders(out: Path | None, out_option: str) -> dict[str, tuple[Path, str]]:
+    """The folders a command writes to, as the user names them, with the fix for each."""
+    from pipeline.cache import CACHE_ENV, cache_root
+
+    configured = os.environ.get(CACHE_ENV)
+    folders = {
+        f"{CACHE_ENV}={configured}" if configured else f"the cache folder {cache_root()}": (cache_root(), f"set {CACHE_ENV} to another folder"),
+        f"the temporary folder {tempfile.gettempdir()}": (Path(tempfile.gettempdir()), "set TMPDIR to another folder"),
+    }
+    if out is not None:
+        folders[f"{out_option} {out}"] = (out, f"give {out_option} another folder")
+    return folders
 
 
 def check_output_folder(folder: Path, option: str = "--out") -> None:

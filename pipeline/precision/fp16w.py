@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.cache import cache_dir
+from pipeline.cache import atomic_write, cache_dir, cached_entry
 from pipeline.errors import PackError
 
 WIDEN = "fp16-initializers"  # manifest variants[name].widen
@@ -299,12 +299,10 @@ def widened_model_file(shipped: Path) -> Path:
         raise PackError(f"{shipped}: cannot read the fp16w model ({error.strerror or error}); rebuild the package") from None
     key = hashlib.sha256(Path(__file__).read_bytes() + b"\0" + data).hexdigest()  # this code and the bytes
     target = cache_dir("work", "fp16w-" + key) / "widened.onnx"
-    if not target.exists():
+    if not cached_entry(target):
         try:
             widened, _ = widen_model_bytes(data)
         except WidenError as error:
             raise PackError(f"{shipped}: not an fp16w model pack can widen ({error}); rebuild the package") from None
-        partial = target.with_suffix(".partial")
-        partial.write_bytes(widened)
-        partial.replace(target)
+        atomic_write(target, widened, entry=True)
     return target

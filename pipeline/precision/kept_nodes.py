@@ -7,7 +7,6 @@ report.json and the lock file (docs/precision.md).
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,6 +14,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
 from pipeline.lockfile import LockFile
 from pipeline.precision.detect import weight_bytes_by_type
@@ -66,7 +66,7 @@ Convert = Callable[[dict[str, str]], tuple["onnx.ModelProto | None", list[dict],
 
 
 def _judge_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> tuple[bool, str]:
-    with tempfile.TemporaryDirectory(prefix="pack-fp16-") as tmp:
+    with temporary_folder("pack-fp16-") as tmp:
         path = Path(tmp) / "fp16.onnx"
         path.write_bytes(model_bytes(converted))
         for evaluator in evaluators:
@@ -127,7 +127,7 @@ def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: C
 def _failures_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> dict[tuple[str, str], str]:
     """{(evaluator, output): why} for every output each evaluator fails ("*": did not run)."""
     found: dict[tuple[str, str], str] = {}
-    with tempfile.TemporaryDirectory(prefix="pack-fp16-") as tmp:
+    with temporary_folder("pack-fp16-") as tmp:
         path = Path(tmp) / "fp16.onnx"
         path.write_bytes(model_bytes(converted))
         for evaluator in evaluators:
@@ -228,7 +228,7 @@ def _failing_nodes(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> d
     local = [e for e in evaluators if e.failing_nodes is not None]
     if not local:
         return found
-    with tempfile.TemporaryDirectory(prefix="pack-fp16-") as tmp:
+    with temporary_folder("pack-fp16-") as tmp:
         path = Path(tmp) / "fp16.onnx"
         path.write_bytes(model_bytes(converted))
         for evaluator in local:

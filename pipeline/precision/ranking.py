@@ -10,7 +10,6 @@ long reductions, CumSum, Pow, ReduceSumSquare) rank ahead of others with the sam
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.util import all_graphs, copy_model
 from pipeline.precision.regions import float_constants, why_unholdable
@@ -95,7 +95,7 @@ def rank_nodes(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run_outputs
     """Main-graph nodes with float outputs, most likely to need fp32 first, from one run of
     `run_outputs` (the build passes the host's child-process runner)."""
     exposed, _ = exposed_model(model)
-    with tempfile.TemporaryDirectory(prefix="pack-rank-") as tmp:
+    with temporary_folder("pack-rank-") as tmp:
         path = Path(tmp) / "exposed.onnx"
         path.write_bytes(model_bytes(exposed))
         outputs = run_outputs(path, feeds)

@@ -18,7 +18,7 @@ from typing import Callable
 import onnx
 
 import pipeline
-from pipeline.cache import cache_dir
+from pipeline.cache import atomic_write, cache_dir, cached_entry
 from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.detect import detect_precision
@@ -81,21 +81,21 @@ def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: d
     keep_key = hashlib.sha256(json.dumps(sorted(keep)).encode()).hexdigest()[:16]
     folder = cache_dir("work", key)
     model_file, steps_file = folder / f"fp16-{keep_key}.onnx", folder / f"fp16-{keep_key}.steps.json"
-    if steps_file.exists():
+    if cached_entry(steps_file):
         cached = json.loads(steps_file.read_text())
         kept = {**keep, **cached.get("kept", {})}
         if cached.get("refused"):
             return None, cached["steps"], cached["refused"], kept
-        if model_file.exists():
+        if cached_entry(model_file):
             return onnx.load(str(model_file)), cached["steps"], None, kept
     try:
         result = convert_with_keeps(model, block_ops, keep, refusal)
         converted, steps, refused = result.model, result.steps, None
         found = {k.node: k.why for k in result.kept if k.node not in keep}
-        model_file.write_bytes(model_bytes(converted))
+        atomic_write(model_file, model_bytes(converted), entry=True)
     except FP16Refused as error:
         converted, steps, refused, found = None, [{"name": "fp16_convert", "changed": False, "records": [], "refused": str(error)}], str(error), {}
-    steps_file.write_text(json.dumps({"steps": steps, "refused": refused, "kept": found}))
+    atomic_write(steps_file, json.dumps({"steps": steps, "refused": refused, "kept": found}).encode(), entry=True)
     return converted, steps, refused, {**keep, **found}
 
 

@@ -27,7 +27,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.cache import atomic_write, cache_dir
+from pipeline.cache import atomic_write, cache_dir, cached_entry
 from pipeline.errors import PackError
 
 _VERSION = 1
@@ -82,7 +82,7 @@ class Memory:
             return cls(None, identity, {})
         entries: dict[str, Seen] = {}
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8")) if cached_entry(path) else {}
             if data.get("version") == _VERSION and data.get("identity") == identity:
                 for key, entry in data["objects"].items():
                     entries[key] = Seen(**{**entry, "headers": Headers(**entry["headers"])})
@@ -118,7 +118,7 @@ class Memory:
             "objects": {key: asdict(seen) for key, seen in sorted(self._entries.items())},
         }
         try:
-            atomic_write(self._path, json.dumps(data, separators=(",", ":")).encode("utf-8"))
+            atomic_write(self._path, json.dumps(data, separators=(",", ":")).encode("utf-8"), entry=True)
         except OSError:
             return  # a cache that cannot be written only costs the next publish its HEADs
         self._changed = False

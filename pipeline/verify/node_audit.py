@@ -28,7 +28,6 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cache import temporary_folder
 from pipeline.verify import node_slicing
 from pipeline.verify.host import run_model
 from pipeline.verify.metrics import compare, judge
@@ -153,7 +153,7 @@ def audit_variants(reference_model: Path, variants: dict[str, tuple[Path, str]],
     lap("plan_s")
     if progress:
         progress.note(f"node audit: {len(jobs)} nodes to audit, {len(not_audited)} not auditable; one host run for their inputs")
-    with tempfile.TemporaryDirectory(prefix="pack-node-audit-") as tmp_name:
+    with temporary_folder("pack-node-audit-") as tmp_name:
         tmp = Path(tmp_name)
         values = _host_values(reference, jobs, feeds, tmp)
         lap("host_s")

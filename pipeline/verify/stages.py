@@ -5,7 +5,6 @@ heavy: node_audit.py), each output checked against the fp32 reference (checks.py
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -13,6 +12,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.kept_nodes import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
@@ -244,7 +244,7 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
 def onnxruntime_refusal(feeds: dict[str, np.ndarray]) -> Callable[[onnx.ModelProto], str | None]:
     """onnxruntime's reason for refusing a converted model (run in a child), or None if it runs."""
     def refusal(model: onnx.ModelProto) -> str | None:
-        with tempfile.TemporaryDirectory(prefix="pack-fp16-load-") as tmp:
+        with temporary_folder("pack-fp16-load-") as tmp:
             path = Path(tmp) / "fp16.onnx"
             path.write_bytes(model_bytes(model))
             run = run_model(path, feeds)

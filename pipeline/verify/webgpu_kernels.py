@@ -21,14 +21,14 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.cache import cache_dir
+from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
+from pipeline.errors import raise_child_environment_error
 from pipeline.verify.host import HostRun, _signal_name
 from pipeline.verify.host import _run_key as host_run_key
 
@@ -132,7 +132,7 @@ def _probe() -> str | None:
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
     model.ir_version = 8
-    with tempfile.TemporaryDirectory(prefix="pack-webgpu-probe-") as tmp:
+    with temporary_folder("pack-webgpu-probe-") as tmp:
         path = Path(tmp) / "probe.onnx"
         onnx.save(model, path)
         x = np.arange(4, dtype=np.float32)
@@ -275,7 +275,7 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         return WebGpuRun(None, why, not_verifiable=why)
     ep_options = dict(ep_options or {})
     cached = cache_dir("webgpu-runs") / f"{_run_key(model_path, feeds, ep_options)}.npz"
-    if cached.exists():
+    if cached_entry(cached):
         with np.load(cached, allow_pickle=False) as result:
             facts = json.loads(str(result["__facts__"]))
             outputs = {n: result[n] for n in result.files if not n.startswith("__")}
@@ -286,9 +286,8 @@ def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
         return WebGpuRun(None, why, run.level, webgpu_nodes=0, cpu_fallback_nodes=run.cpu_fallback_nodes, not_verifiable=why)
     if run.outputs is not None:
         facts = {"webgpu_nodes": run.webgpu_nodes, "cpu_fallback_nodes": run.cpu_fallback_nodes, "timings_ms": run.timings_ms}
-        tmp = cached.with_name(f".{cached.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, __facts__=np.array(json.dumps(facts)), **run.outputs)
-        tmp.replace(cached)
+        with atomic_output(cached, entry=True) as handle:
+            np.savez(handle, __facts__=np.array(json.dumps(facts)), **run.outputs)
     return run
 
 
@@ -300,7 +299,7 @@ def _with_facts(run: WebGpuRun, facts: dict) -> WebGpuRun:
 
 
 def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:
-    with tempfile.TemporaryDirectory(prefix="pack-webgpu-") as tmp:
+    with temporary_folder("pack-webgpu-") as tmp:
         feeds_path, out_path, facts_path = (Path(tmp) / name for name in ("feeds.npz", "out.npz", "placement.json"))
         np.savez(feeds_path, **feeds)
         command = [sys.executable, "-m", WORKER_MODULE, str(model_path), str(feeds_path), str(out_path), str(facts_path), json.dumps(ep_options or {})]
@@ -314,6 +313,7 @@ def _run_uncached(model_path: Path, feeds: dict[str, np.ndarray], ep_options: di
             return WebGpuRun(None, f"onnxruntime's WebGPU EP crashed the worker ({signal})", "all", [f"all: {signal}"])
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
+            raise_child_environment_error(lines[-1] if lines else "", Path(tmp))
             return WebGpuRun(None, lines[-1] if lines else f"exit code {done.returncode}", "all")
         facts = json.loads(facts_path.read_text())
         with np.load(out_path) as result:

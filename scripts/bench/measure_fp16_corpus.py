@@ -1,7 +1,7 @@
 """The fp16 conversion corpus table (docs/precision.md): each export of tests/data/exporter_corpus/
-(every flagship architecture, both torch.onnx exporters, two sizes) built as a bare model with
-`pack build FILE --no-browser --json` (host checks and the webgpu-kernels stage), one markdown row
-each: model, exporter, size, fp16 verdict (verified, or refused with the reason), the nodes kept in
+(every flagship architecture, both torch.onnx exporters, two sizes) built with its flagship recipe,
+`pack build RECIPE --source FILE --sha256 … --no-browser --json` (host checks and the webgpu-kernels
+stage), one markdown row each: model, exporter, size, fp16 verdict (verified, or refused with the reason), the nodes kept in
 fp32, fp16 bytes beside fp32, build time.
 
 Usage: python scripts/bench/measure_fp16_corpus.py OUT_DIR [NAME ...] [--json]
@@ -25,16 +25,19 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from anywhere: the checkout's own pipeline/
 CORPUS = REPO / "tests" / "data" / "exporter_corpus"
 SYMBOLIC = {"height": 32, "width": 32}  # the TorchScript image exports' dynamic axes, at their example size
+RECIPES = {"lama": "lama", "migan": "migan", "vocos": "vocos", "wavtokenizer": "wavtokenizer-decode", "htdemucs": "htdemucs", "mdx": "uvr-mdx", "scnet": "scnet", "mpsenet": "mp-senet"}
 
 
-def input_args(path: Path) -> list[str]:
-    """`--input NAME=AxB` for every input with a symbolic dim."""
+def build_args(path: Path, out: Path) -> list[str]:
+    """The recipe build of one export: `--input NAME=AxB` for each input (its exported size)."""
+    import hashlib
+
     model = onnx.load(str(path), load_external_data=False)
-    args = []
+    recipe = RECIPES[path.name.split(".")[0]]
+    args = ["build", recipe, "--source", str(path), "--sha256", hashlib.sha256(path.read_bytes()).hexdigest(), "--no-browser", "--json", "--out", str(out)]
     for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
-        if any(d.HasField("dim_param") for d in dims):
-            args += ["--input", f"{value.name}=" + "x".join(str(d.dim_value if d.HasField("dim_value") else SYMBOLIC.get(d.dim_param, 1)) for d in dims)]
+        args += ["--input", f"{value.name}=" + "x".join(str(d.dim_value if d.HasField("dim_value") else SYMBOLIC.get(d.dim_param, 1)) for d in dims)]
     return args
 
 
@@ -88,10 +91,9 @@ def main() -> None:
         path = CORPUS / f"{name}.onnx"
         out = (args.out / name).resolve()
         started = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)  # the build's working folder (a bare model's lock goes there)
-        subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(path), "--no-browser", "--json", "--out", str(out), *input_args(path)],
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=out, stdout=subprocess.DEVNULL, check=False)
-        rows.append(row(path, out / path.stem, time.perf_counter() - started))
+        out.mkdir(parents=True, exist_ok=True)  # the build's working folder (a built-in recipe's lock goes there)
+        subprocess.run([sys.executable, "-m", "pipeline.cli", *build_args(path, out)], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=out, stdout=subprocess.DEVNULL, check=False)
+        rows.append(row(path, out / RECIPES[path.name.split(".")[0]], time.perf_counter() - started))
         if not args.json:
             print(json.dumps(rows[-1]), file=sys.stderr)
     print(json.dumps(rows) if args.json else markdown(rows))

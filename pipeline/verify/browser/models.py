@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from pipeline.cache import temporary_folder
 from pipeline.runtime import Runtime
 from pipeline.verify.browser import logs
 from pipeline.verify.browser.chromium import ConsoleLine
@@ -67,7 +67,7 @@ class BrowserModelRunner:
 
     def __enter__(self) -> "BrowserModelRunner":
         try:
-            self._models = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="pack-models-")))
+            self._models = Path(self._stack.enter_context(temporary_folder("pack-models-")))
             self._runner = self._stack.enter_context(BrowserRunner(
                 self._models, runtimes={RUNTIME_KEY: self.runtime}, gpu=self.gpu, browser=self._browser, models=self._models))
         except BaseException:
