@@ -59,8 +59,7 @@ def test_save_keeps_the_encodings_of_a_runtime_files_parts(tmp_path):
     (cache / "builds" / "k" / "package" / "manifest.json").write_text(json.dumps(manifest))
     (cache / "builds" / "broken" / "package").mkdir(parents=True)
     (cache / "builds" / "broken" / "package" / "manifest.json").write_text("{not json")
-    (cache / "brotli").mkdir()
     for sha in (*parts, sample_part):
-        (cache / "brotli" / f"{sha}.q11.br").write_bytes(b"encoding")
+        atomic_write(cache / "brotli" / f"{sha}.q11.br", b"encoding", entry=True)
     assert "2 new runtime encodings kept" in run("save", str(seed), str(cache))
-    assert sorted(p.name for p in (seed / "brotli").iterdir()) == sorted(f"{sha}.q11.br" for sha in parts)
+    assert sorted(p.name for p in (seed / "brotli").iterdir()) == sorted(f"{sha}.q11.br{record}" for sha in parts for record in ("", ".sha256"))
