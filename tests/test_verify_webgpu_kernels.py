@@ -193,3 +193,25 @@ def test_a_model_too_heavy_for_lavapipe_is_not_verifiable_without_running(tmp_pa
     run = webgpu_kernels.run_on_webgpu(path, feeds)
     assert run.outputs is None and run.crashes == []
     assert run.not_verifiable.startswith("about 0.2 GMAC per run, over the 0.1 GMAC lavapipe")
+
+
+def test_nchw_is_adopted_when_it_fixes_a_variant_that_nhwc_fails_though_another_fails_either_way(monkeypatch):
+    """One layout serves every variant: an fp16 that fails under both layouts must not keep an fp32
+    that only NHWC breaks (a Silero VAD export: fp32 passes with NCHW, fp16 misses its bound either way)."""
+    from pipeline.progress import Progress
+    from pipeline.verify import stages
+    from pipeline.verify import webgpu_kernels as kernels
+
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(kernels, "adapter_name", lambda: "lavapipe")
+
+    def fake_pass(models, reference, feeds, thresholds, kinds, progress, ep_options, reference_model):
+        nchw = ep_options.get("preferredLayout") == "NCHW"
+        status = {"fp16": "failed", "fp32": "passed" if nchw else "failed"}
+        return [{"stage": "webgpu-kernels", "ep": "webgpu", "variant": v, "output": "y", "status": s, "detail": "y: rel_l2 1 > 0.001"} for v, s in status.items()], {}, None
+
+    monkeypatch.setattr(stages, "_kernel_pass", fake_pass)
+    checks, facts = stages.webgpu_kernel_checks({"fp16": None, "fp32": None}, {}, {}, {}, {}, Progress.quiet())
+    assert facts["ep_options"] == {"preferredLayout": "NCHW"}
+    assert {c["variant"]: c["status"] for c in checks} == {"fp16": "failed", "fp32": "passed"}
+    assert facts["layout"]["what"] == "webgpu preferredLayout NCHW: fp32 passes on webgpu-kernels where NHWC failed (fp16 fails either way)"

@@ -98,12 +98,20 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
         progress.note(f"{webgpu_kernels.STAGE}: failed with the NHWC layout; trying preferredLayout NCHW")
         nchw = {**ep_options, "preferredLayout": "NCHW"}
         retry, runs, retry_audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw, reference_model)
-        if not any(c["status"] == "failed" for c in retry):
+        # One layout serves every variant (epOptions.webgpu): NCHW when it fails a strict subset of
+        # the variants NHWC fails (an fp16 that fails either way must not keep fp32 on the broken layout)
+        before, after = _failed_variants(checks), _failed_variants(retry)
+        if after < before:
             checks, facts["runs"], facts["ep_options"], audit = retry, runs, nchw, retry_audit
-            facts["layout"] = {"what": "webgpu preferredLayout NCHW: passes on webgpu-kernels where NHWC failed", "nhwc_failures": failed}
+            fixed = ", ".join(sorted(before - after))
+            facts["layout"] = {"what": f"webgpu preferredLayout NCHW: {fixed} passes on webgpu-kernels where NHWC failed" + (f" ({', '.join(sorted(after))} fails either way)" if after else ""), "nhwc_failures": failed}
     if audit is not None:
         facts["audit"] = audit.facts()
     return checks, facts
+
+
+def _failed_variants(checks: list[Check]) -> set[str]:
+    return {c["variant"] for c in checks if c["status"] == "failed"}
 
 
 def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict, reference_model: Path | None) -> tuple[list[Check], dict, object]:
