@@ -144,7 +144,7 @@ def test_big_variants_ship_as_graph_plus_coded_chunks_that_round_trip(chunked_bu
 def test_small_models_stay_one_file(chunked_packages):
     manifest = json.loads((chunked_packages["single"] / "manifest.json").read_text())
     assert all("externalData" not in v for v in manifest["variants"].values())
-    assert not [name for name in manifest["files"] if ".part" in name]
+    assert not [name for name in manifest["files"] if ".part" in name and not name.startswith("ort/")]  # the runtime's .wasm over the host cap ships in parts (split)
 
 
 def test_rebuild_writes_byte_identical_models_and_chunks(chunked_build, tmp_path):

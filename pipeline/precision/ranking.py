@@ -228,7 +228,7 @@ def divergent_nodes(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: d
     less the largest error of its inputs, so the node where the error starts ranks above the nodes
     it flows through. Nodes adding less than DIVERGENCE_FLOOR are left out."""
     exposed, _ = exposed_model(model)
-    with tempfile.TemporaryDirectory(prefix="pack-diverge-") as tmp:
+    with temporary_folder("pack-diverge-") as tmp:
         reference_path, candidate_path = Path(tmp) / "reference.onnx", Path(tmp) / "candidate.onnx"
         reference_path.write_bytes(model_bytes(exposed))
         candidate_path.write_bytes(model_bytes(_exposed_floats(candidate)))
