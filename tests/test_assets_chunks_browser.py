@@ -195,11 +195,11 @@ def test_a_corrupted_chunk_is_caught_by_its_hash(browser, chunked_packages, page
 
 
 def test_an_export_with_br_bodies_alone_loads_to_the_same_outputs(browser, server, chunked_packages, pages, tmp_path):
-    """`pack export`'s default copy keeps each .br body alone (served under the decoded name with
+    """`pack export --bodies br` keeps each .br body alone (served under the decoded name with
     Content-Encoding: br, as pack serve and a configured host do): the loader runs it unchanged."""
     from pipeline.publish.export import export_package
 
-    exported = export_package(chunked_packages["chunked"], tmp_path / "app", None)
+    exported = export_package(chunked_packages["chunked"], tmp_path / "app", None, bodies="br")
     app = exported.destination
     assert all((app / path).is_file() != (app / f"{path}.br").is_file() for path in manifest_of(app)["files"])  # one body each
     options = {"executionProviders": ["wasm"], "variant": "fp32", "prewarm": False}
