@@ -128,10 +128,14 @@ def leaks(texts: dict[str, str], folders: list[Path], since: float | None = None
     for where, text in texts.items():
         found += [f"{channel} in {where}" for channel, secret in SECRETS.items() if secret in text]
     for folder in folders:
-        for path in folder.rglob("*") if folder.is_dir() else [folder] if folder.exists() else []:
-            if not path.is_file() or path.is_symlink() or (since is not None and path.stat().st_mtime < since):
+        walked = [Path(root) / name for root, _, names in os.walk(folder) for name in names]  # os.walk skips folders removed meanwhile
+        for path in walked if folder.is_dir() else [folder] if folder.exists() else []:
+            try:  # the shared cache: other test workers write and remove scratch files while this walks it
+                if not path.is_file() or path.is_symlink() or (since is not None and path.stat().st_mtime < since):
+                    continue
+                data = path.read_bytes()
+            except FileNotFoundError:
                 continue
-            data = path.read_bytes()
             found += [f"{channel} in {path.name}" for channel, secret in SECRETS.items() if secret.encode() in data]
     return found
 
