@@ -35,7 +35,7 @@ def write_package(dist: Path, name: str) -> Path:
 def start(folder: Path, *options: str) -> tuple[subprocess.Popen, list[str]]:
     child = interruptible([sys.executable, "-m", "pipeline.cli", "serve", str(folder), "--port", "0", *options], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = child.stdout.readline()
-    assert first.startswith(f"serving {folder} at http://127.0.0.1:"), first + child.stderr.read()
+    assert first.startswith(f"serving {folder} on 127.0.0.1:") and "http" not in first, first + child.stderr.read()  # only URLs that answer are printed
     return child, [first]
 
 

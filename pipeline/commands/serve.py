@@ -58,7 +58,8 @@ def serve(
         # A wildcard address listens everywhere; this machine reaches it as 127.0.0.1.
         base = server.url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//:::", "//127.0.0.1:")
         try:
-            typer.echo(f"serving {folder} at {base} (Ctrl-C stops)")
+            # host:port, not the root URL: the root lists nothing (404); the lines below are the URLs to open
+            typer.echo(f"serving {folder} on {base.split('//', 1)[1].rstrip('/')} (Ctrl-C stops)")
             if origins:
                 typer.echo(f"  CORS: pages on {', '.join(origins)} may fetch these files")
             for package in packages:
