@@ -99,12 +99,13 @@ def _room(folder: Path | None) -> str:
     return f"{_size(usage.free)} free of {_size(usage.total)} once its partial files were removed" if usage else "free space unknown"
 
 
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+def _size(count: float) -> str:
+    if count < 1024:
+        return f"{count:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         count /= 1024
-    return f"{count:.1f} TiB"
+        if count < 1024 or unit == "GiB":
+            return f"{count:.1f} {unit}"
 
 
 class Terminated(KeyboardInterrupt):

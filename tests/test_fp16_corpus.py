@@ -8,6 +8,7 @@ webgpu-kernels checks)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,8 @@ REGISTRY_MODELS = {
         "test_slice_neg_steps", "test_resize_upsample_scales_linear", "test_range_float_type_positive_delta_expanded",
         "test_layer_normalization_4d_axis1", "test_constantofshape_float_ones")},
 }
-# Symbolic dims of the exporter corpus' TorchScript exports (height/width of the small image export).
-SYMBOLIC = {"height": 32, "width": 32}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
+from measure_fp16_corpus import SYMBOLIC  # noqa: E402  (the corpus' symbolic dims: one owner)
 
 
 def _feeds(model: onnx.ModelProto, sizes: dict[str, list[int]]) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from pipeline.lockfile import LockFile
 from pipeline.precision.detect import weight_bytes_by_type
 from pipeline.precision.fp16 import SAFE_BLOCK_LIST
 from pipeline.precision.kernel_hazards import known_kernel_hazards
-from pipeline.precision.ranking import RunOutputs, divergent_nodes, rank_nodes
+from pipeline.precision.ranking import NodeStat, RunOutputs, divergent_nodes, rank_nodes
 from pipeline.precision.search import SearchResult, search_keep_set
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -241,16 +241,15 @@ def _divergence_first(named: onnx.ModelProto, converted: onnx.ModelProto, failin
     """A failure is ranked where it is seen: on each failing evaluator that runs whole models, the
     nodes whose fp16 output adds the most error to the fp32 intermediates there come first (the
     first failing evaluator's first), then the fp32-run ranking."""
-    first: list = []
+    first: dict[str, NodeStat] = {}  # node -> its stat, in rank order
     for evaluator in context.evaluators:
         if evaluator.run_outputs is None or not any(name == evaluator.name for name, _ in failing):
             continue
         for stat in divergent_nodes(named, converted, context.feeds, context.run_outputs, evaluator.run_outputs, blocked):
-            if stat.node not in {s.node for s in first}:
+            if stat.node not in first:
                 stat.why = f"{evaluator.name}: {stat.why}"
-                first.append(stat)
-    named_first = {stat.node for stat in first}
-    return first + [stat for stat in ranked if stat.node not in named_first]
+                first[stat.node] = stat
+    return [*first.values(), *(stat for stat in ranked if stat.node not in first)]
 
 
 def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, str], detail: str, recipe: Recipe, convert: Convert, context: Fp16Context) -> tuple[dict, onnx.ModelProto, dict[str, str]]:

@@ -55,8 +55,9 @@ def _finite(value: float) -> float:
     return 1e30 if not math.isfinite(value) else float(f"{value:.4g}")
 
 
-def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """The model with every float intermediate of the main graph added as a graph output."""
+def exposed_model(model: onnx.ModelProto, elem_types: tuple[int, ...] = (TensorProto.FLOAT,)) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with every intermediate of the main graph of `elem_types` (default: float32)
+    added as a graph output, and their names."""
     exposed = copy_model(model)
     inferred = onnx.shape_inference.infer_shapes(exposed)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
@@ -64,8 +65,8 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     added = []
     for node in exposed.graph.node:
         for name in node.output:
-            if name and name not in present and types.get(name) == TensorProto.FLOAT:
-                exposed.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            if name and name not in present and types.get(name) in elem_types:
+                exposed.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
                 present.add(name)
                 added.append(name)
     return exposed, added
@@ -189,20 +190,6 @@ def _rank_discrete_inputs(model: onnx.ModelProto, by_name: dict[str, NodeStat], 
             frontier = upstream
 
 
-def _exposed_floats(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The (fp16) model with every fp32 and fp16 value its main-graph nodes make as a graph output."""
-    exposed = copy_model(model)
-    inferred = onnx.shape_inference.infer_shapes(exposed)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    present = {o.name for o in exposed.graph.output}
-    for node in exposed.graph.node:
-        for name in node.output:
-            if name and name not in present and types.get(name) in (TensorProto.FLOAT, TensorProto.FLOAT16):
-                exposed.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-                present.add(name)
-    return exposed
-
-
 def _error_of_range(reference: np.ndarray, value: np.ndarray) -> float:
     """max |value - reference| as a share of the reference's largest |x|; inf where the fp16 value
     is NaN or Inf and the reference is finite."""
@@ -231,17 +218,17 @@ def divergent_nodes(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: d
     with temporary_folder("pack-diverge-") as tmp:
         reference_path, candidate_path = Path(tmp) / "reference.onnx", Path(tmp) / "candidate.onnx"
         reference_path.write_bytes(model_bytes(exposed))
-        candidate_path.write_bytes(model_bytes(_exposed_floats(candidate)))
+        candidate_path.write_bytes(model_bytes(exposed_model(candidate, (TensorProto.FLOAT, TensorProto.FLOAT16))[0]))
         reference, values = run_reference(reference_path, feeds), run_candidate(candidate_path, feeds)
     if reference is None or values is None:
         return []
     error: dict[str, float] = {}
     stats = []
     for index, node in enumerate(model.graph.node):
-        errors = [_error_of_range(reference[name], values[name]) for name in node.output if name in reference and name in values]
+        error.update({name: _error_of_range(reference[name], values[name]) for name in node.output if name in reference and name in values})
+        errors = [error[name] for name in node.output if name in error]
         if not errors:
             continue
-        error.update({name: e for name, e in zip([n for n in node.output if n in reference and n in values], errors)})
         added = max(errors) - max((error.get(name, 0.0) for name in node.input), default=0.0)
         if node.op_type in _NOT_CANDIDATES or node.op_type in blocked_ops or not node.name or not added >= DIVERGENCE_FLOOR:
             continue

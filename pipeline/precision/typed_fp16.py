@@ -26,6 +26,7 @@ typing in one pass and never needs to repair it afterwards.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 
@@ -63,24 +64,27 @@ class Rounding:
         return np.asarray(rounded, np.float16).reshape(values.shape)
 
 
-def _schema(node: onnx.NodeProto, opset: int):
-    if node.domain not in _STANDARD_DOMAINS:
+@functools.cache
+def _half_slots(op_type: str, domain: str, opset: int) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
+    """Per formal input and output of the op's schema at `opset`, whether it may hold float16; None
+    for an op with no standard schema there (no typing rule: kept fp32)."""
+    if domain not in _STANDARD_DOMAINS:
         return None
     try:
-        return onnx.defs.get_schema(node.op_type, opset, "")
-    except Exception:  # noqa: BLE001 - an op unknown at this opset: no typing rule, kept fp32
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except Exception:  # noqa: BLE001 - an op unknown at this opset
         return None
-
-
-def _slot_allows_half(schema, formals, index: int) -> bool:
-    """Whether the input or output slot `index` of a node may hold float16 at the node's opset."""
-    if not formals:
-        return False
-    formal = formals[min(index, len(formals) - 1)]
-    type_str = formal.type_str
     constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
-    allowed = constraints.get(type_str, [type_str])
-    return any("float16" in t and "bfloat16" not in t for t in allowed)
+
+    def half(formal) -> bool:
+        return any("float16" in t and "bfloat16" not in t for t in constraints.get(formal.type_str, [formal.type_str]))
+
+    return tuple(map(half, schema.inputs)), tuple(map(half, schema.outputs))
+
+
+def _slot_allows_half(formals: tuple[bool, ...], index: int) -> bool:
+    """Whether slot `index` may hold float16 (a variadic last formal covers the slots past it)."""
+    return bool(formals) and formals[min(index, len(formals) - 1)]
 
 
 def _source_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -134,7 +138,7 @@ class _Typing:
         self._plan_graph(model.graph, top=True, carried=None)
 
     def prefers(self, node: onnx.NodeProto) -> int:
-        if node.name in self.fp32_nodes or node.op_type in self.block_ops or _schema(node, self.opset) is None:
+        if node.name in self.fp32_nodes or node.op_type in self.block_ops or _half_slots(node.op_type, node.domain, self.opset) is None:
             return FLOAT
         return HALF
 
@@ -148,8 +152,8 @@ class _Typing:
         region = self.region[node.name]
         if region == FLOAT:
             return FLOAT
-        schema = _schema(node, self.opset)
-        return HALF if _slot_allows_half(schema, schema.outputs if output else schema.inputs, index) else FLOAT
+        inputs, outputs = _half_slots(node.op_type, node.domain, self.opset)
+        return HALF if _slot_allows_half(outputs if output else inputs, index) else FLOAT
 
     def _plan_graph(self, graph: onnx.GraphProto, top: bool, carried: int | None) -> None:
         """`carried`: the container's precision for a subgraph's float inputs and outputs."""
@@ -199,7 +203,7 @@ def _set_output_type(node: onnx.NodeProto, elem: int, rounding: Rounding) -> Non
 
 class _Rewriter:
     def __init__(self, model: onnx.ModelProto, plan: _Typing, rounding: Rounding):
-        self.model, self.plan, self.rounding = model, plan, rounding
+        self.plan, self.rounding = plan, rounding
         self.fresh = NameMaker(model.graph)
         self.names: dict[tuple[str, int], str] = {}  # (value, type) -> the name that holds it
         self.casts = 0
