@@ -50,7 +50,7 @@ from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.urls import mask_url
 from pipeline.verify.browser.run_plan import plan_runs
-from pipeline.verify.checks import contradicted_kernel_errors, self_reference_checks, skipped_runs
+from pipeline.verify.checks import contradicted_kernel_errors, layout_verdict, self_reference_checks, skipped_runs, webgpu_failures
 from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
 from pipeline.verify.thresholds import threshold_table
 from pipeline.verify.host import run_model
@@ -238,17 +238,13 @@ class BrowserOutcome:
     outputs: dict = field(default_factory=dict)  # run label -> output -> what the browser produced (report.html)
 
 
-def _webgpu_failed(checks: list[dict]) -> bool:
-    return any(c["ep"] == "webgpu" and c["status"] == "failed" for c in checks)
-
-
 def _browser_verify(staging: Path, contents: PackageContents, thresholds: Thresholds, license: str | None, reference: dict[str, np.ndarray], gpu: bool, progress: Progress, grid=None) -> BrowserOutcome:
     """Browser verification through the package's loader, on the staging folder with the manifest
     served from memory: this one records no runs, so every variant is tried as shipped (the final
     manifest is written once the verdict is known). When WebGPU fails under the EP's default NHWC
     layout, the same package is tried with `preferredLayout: 'NCHW'` in its in-memory manifest
-    (onnxruntime-web 1.30's NHWC transform breaks some real graphs, GTCRN's Conv among them); if
-    that passes, the package keeps it, and the step records both figures."""
+    (onnxruntime-web 1.30's NHWC transform breaks some real graphs, GTCRN's Conv among them); the
+    package keeps it when it fails fewer WebGPU runs (checks.layout_verdict), and the step records both figures."""
     from pipeline.verify.browser.grid import browsers_for, exit_policy, verify_on_grid
 
     ep_options = contents.ep_options
@@ -256,19 +252,19 @@ def _browser_verify(staging: Path, contents: PackageContents, thresholds: Thresh
     with browsers_for(grid, gpu) as browser:
         served = contents.manifest(thresholds=thresholds, license=license)
         result = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser, manifest=served)
-        if _webgpu_failed(result.checks) and "preferredLayout" not in ep_options.get("webgpu", {}):
+        if webgpu_failures(result.checks) and "preferredLayout" not in ep_options.get("webgpu", {}):
             progress.note("webgpu failed with the NHWC layout; trying preferredLayout NCHW")
             nchw = {**ep_options, "webgpu": {**ep_options.get("webgpu", {}), "preferredLayout": "NCHW"}}
             served = replace(contents, ep_options=nchw).manifest(thresholds=thresholds, license=license)
             retry = verify_on_grid(grid, staging, reference, thresholds, gpu=gpu, progress=progress, browser=browser, manifest=served)
-            fixed = not _webgpu_failed(retry.checks)
+            adopted = layout_verdict(result.checks, retry.checks)
             failed_before = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in result.checks if c["ep"] == "webgpu" and c["status"] == "failed"]
             steps.append({
                 "name": "layout",
-                "changed": fixed,
-                "records": [{"what": "webgpu preferredLayout NCHW: " + ("passes where NHWC failed" if fixed else "fails too; kept NHWC"), "nhwc_failures": failed_before}],
+                "changed": adopted is not None,
+                "records": [{"what": adopted or "webgpu preferredLayout NCHW: fails as much; kept NHWC", "nhwc_failures": failed_before}],
             })
-            if fixed:
+            if adopted:
                 result, ep_options = retry, nchw
     policy_failed, why = exit_policy(result, grid)
     if why:

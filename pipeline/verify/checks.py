@@ -158,3 +158,22 @@ def refused_by_build(checks: list[Check], manifest: dict) -> list[Check]:
 
 def any_failed(checks: list[Check]) -> bool:
     return any(entry["status"] == "failed" for entry in checks)
+
+
+def webgpu_failures(checks: list[Check]) -> set[tuple[str | None, str]]:
+    """(bundle, variant) of every failed WebGPU run among `checks`."""
+    return {(c.get("bundle"), c["variant"]) for c in checks if c["ep"] == "webgpu" and c["status"] == "failed"}
+
+
+def layout_verdict(nhwc: list[Check], nchw: list[Check]) -> str | None:
+    """The layout rule, one for the webgpu-kernels and the browser stages: one layout serves every
+    variant (epOptions.webgpu), so NCHW is adopted when the WebGPU runs it fails are a strict subset
+    of those NHWC fails (an fp16 that misses its bound under both must not keep an fp32 on the layout
+    that breaks it). The step's line when it is adopted, else None."""
+    before, after = webgpu_failures(nhwc), webgpu_failures(nchw)
+    if not after < before:
+        return None
+    fixed = ", ".join(sorted({variant for _, variant in before - after}))
+    still = ", ".join(sorted({variant for _, variant in after}))
+    return f"webgpu preferredLayout NCHW: {fixed} passes where NHWC failed" + (f" ({still} fails either way)" if still else "")
+

@@ -19,7 +19,7 @@ from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.verify import node_audit, webgpu_kernels
-from pipeline.verify.checks import Check, check, output_checks, output_failures
+from pipeline.verify.checks import Check, check, layout_verdict, output_checks, output_failures
 from pipeline.verify.host import HostRun, run_model
 from pipeline.verify.thresholds import FLOAT_PRECISIONS, ep_thresholds, output_kind, recipe_bounds, search_bounds
 
@@ -98,20 +98,13 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
         progress.note(f"{webgpu_kernels.STAGE}: failed with the NHWC layout; trying preferredLayout NCHW")
         nchw = {**ep_options, "preferredLayout": "NCHW"}
         retry, runs, retry_audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw, reference_model)
-        # One layout serves every variant (epOptions.webgpu): NCHW when it fails a strict subset of
-        # the variants NHWC fails (an fp16 that fails either way must not keep fp32 on the broken layout)
-        before, after = _failed_variants(checks), _failed_variants(retry)
-        if after < before:
+        adopted = layout_verdict(checks, retry)
+        if adopted:
             checks, facts["runs"], facts["ep_options"], audit = retry, runs, nchw, retry_audit
-            fixed = ", ".join(sorted(before - after))
-            facts["layout"] = {"what": f"webgpu preferredLayout NCHW: {fixed} passes on webgpu-kernels where NHWC failed" + (f" ({', '.join(sorted(after))} fails either way)" if after else ""), "nhwc_failures": failed}
+            facts["layout"] = {"what": adopted.replace(" passes where", " passes on webgpu-kernels where"), "nhwc_failures": failed}
     if audit is not None:
         facts["audit"] = audit.facts()
     return checks, facts
-
-
-def _failed_variants(checks: list[Check]) -> set[str]:
-    return {c["variant"] for c in checks if c["status"] == "failed"}
 
 
 def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict, reference_model: Path | None) -> tuple[list[Check], dict, object]:
