@@ -432,7 +432,10 @@ def read_manifest(package_dir: Path) -> Manifest:
     # unchanged package neither loads jsonschema nor walks the schema again.
     from pipeline.cache import cache_dir
 
-    verdict = hashlib.sha256(f"{_schema_text()}\0{text}".encode("utf-8")).hexdigest()
+    from pipeline.keys import stage_key
+
+    sha = lambda value: hashlib.sha256(value.encode("utf-8")).hexdigest()  # noqa: E731
+    verdict = stage_key("manifest-valid", inputs={"schema": sha(_schema_text()), "manifest": sha(text)}, libraries=("jsonschema",))
     try:
         memo = cache_dir("valid-manifests") / verdict
         known = memo.is_file()

@@ -64,7 +64,7 @@ def test_bench_build_smoke():
     figures = smoke("bench_build.py")
     assert figures["passed"] is True
     assert positive(figures["first_build_s"]) and positive(figures["noop_rebuild_s"])
-    assert {"convert_s", "assets_s", "host_verify_s"} <= set(figures["timings"])
+    assert {"convert_s", "models_s", "files_s", "host_verify_s"} <= set(figures["timings"])
     assert "loader.js" in figures["files"] and any(path.endswith(".onnx") for path in figures["files"])
     assert all(positive(f["size"]) for f in figures["files"].values())
 

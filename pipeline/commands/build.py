@@ -70,6 +70,8 @@ def build(
     else:
         if result.reused:
             typer.echo(f"unchanged: the inputs match the stored build {result.reused[:12]}; its package is in place (--no-reuse builds again)")
+        if result.shared:
+            typer.echo(result.shared)
         print_summary(result.report, result.package_dir, result.lock)
     raise typer.Exit(result.exit_code)
 

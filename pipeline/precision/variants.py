@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass, field
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable
 
 import onnx
 
-import pipeline
 from pipeline.cache import atomic_write, cache_dir, cached_entry
+from pipeline.keys import stage_key
 from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.detect import detect_precision
@@ -28,13 +25,11 @@ from pipeline.precision.converter_errors import name_unnamed_nodes
 from pipeline.precision.kept_nodes import Fp16Context, fp16_with_kept_nodes
 from pipeline.recipe import Recipe
 
-# Cached conversions are keyed by the code that makes them too: every module of these folders and
-# the top-level pipeline modules they import, pack's version, and the onnx libraries' versions.
-# Editing any of them invalidates the cache without a version to remember to bump.
-_CONVERSION_FOLDERS = ("graph", "precision")
-_CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime")
-# `from pipeline.x import ...` / `import pipeline.x` at any indentation (late imports count too).
-_PIPELINE_IMPORT = re.compile(r"^\s*(?:from|import)\s+pipeline\.(\w+)", re.MULTILINE)
+# Cached conversions are keyed by the code that makes them too (pipeline/keys.py: every module
+# of these packages and the top-level pipeline modules they import) and the onnx libraries'
+# versions. Editing any of them invalidates the cache without a version to remember to bump.
+CONVERSION_CODE = ("pipeline.graph", "pipeline.precision")
+CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "numpy")
 
 
 @dataclass
@@ -49,29 +44,11 @@ class Variant:
     kept_initializers: list[dict] = field(default_factory=list)  # fp16w: float32 initializers left float32
 
 
-def conversion_sources(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> list[Path]:
-    """The files whose text the conversion runs: every .py under the conversion folders, and each
-    top-level pipeline module one of them imports."""
-    sources = sorted(p for folder in _CONVERSION_FOLDERS for p in (package_dir / folder).rglob("*.py"))
-    imported = {name for source in sources for name in _PIPELINE_IMPORT.findall(source.read_text(encoding="utf-8"))}
-    top_level = sorted(package_dir / f"{name}.py" for name in imported if (package_dir / f"{name}.py").is_file())
-    return sources + top_level
-
-
-def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> str:
-    """A hash of the conversion's code (file names and text) and the versions of pack and the onnx libraries."""
-    digest = hashlib.sha256()
-    for source in conversion_sources(package_dir):
-        digest.update(source.relative_to(package_dir).as_posix().encode() + b"\0" + source.read_bytes() + b"\0")
-    versions = [pipeline.__version__, *(metadata.version(name) for name in _CONVERSION_LIBRARIES)]
-    return hashlib.sha256(json.dumps([digest.hexdigest(), versions]).encode()).hexdigest()
-
-
 def _work_key(source_bytes_sha: str, recipe: Recipe, settings: PassSettings) -> str:
     """The conversion's input is the *repaired* source: its key holds everything the repairs depend
-    on (their settings: the runtime's IR cap) beside the source bytes and the code."""
-    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, asdict(settings), sorted(recipe.fp16_block_ops)])
-    return hashlib.sha256(config.encode()).hexdigest()
+    on (their settings: the runtime's IR cap) beside the source bytes, the code and the libraries."""
+    read = {"repairs_auto": recipe.repairs_auto, "repairs": recipe.repairs, "pass_settings": settings, "fp16_block_ops": sorted(recipe.fp16_block_ops)}
+    return stage_key("convert", read, {"source": source_bytes_sha}, CONVERSION_CODE, CONVERSION_LIBRARIES)
 
 
 def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: dict[str, str], refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:

@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import numpy as np
 from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
 from pipeline.errors import raise_child_environment_error
 from pipeline.verify.host import HostRun, _signal_name
-from pipeline.verify.host import _run_key as host_run_key
+from pipeline.verify.host import run_key
 
 WORKER_MODULE = "pipeline.verify.webgpu_worker"  # run as `python -m`; tests swap in a crashing one
 # lavapipe's maxStorageBufferBindingSize: a tensor larger than this cannot be bound in a shader.
@@ -255,8 +254,8 @@ def whole_run_limit(model_path: Path, feeds: dict[str, np.ndarray]) -> str | Non
 
 
 def _run_key(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict) -> str:
-    salt = f"{metadata.version('onnxruntime-ep-webgpu')}|{mesa_version()}|{json.dumps(ep_options, sort_keys=True)}|"
-    return host_run_key(model_path, feeds, salt)
+    return run_key("webgpu-run", model_path, feeds, {"ep_options": ep_options, "mesa": mesa_version()},
+                   ("pipeline.verify.webgpu_kernels", "pipeline.verify.webgpu_worker"), ("onnxruntime", "onnxruntime-ep-webgpu", "numpy"))
 
 
 def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:
