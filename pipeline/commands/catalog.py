@@ -155,6 +155,8 @@ class Catalog:
             self._running.add(process)
         self._line(f"{job.name}: started ({job.target})")
         started = time.perf_counter()
+        reader = threading.Thread(target=self._forward, args=(job, process.stderr), daemon=True)
+        reader.start()
         try:
             with stdout:
                 # the job on stdin, not argv: --browser endpoints may carry tokens `ps` would show
@@ -163,9 +165,8 @@ class Catalog:
                     process.stdin.close()
                 except BrokenPipeError:  # it ended before reading: its exit code and stderr say why
                     pass
-                for raw in process.stderr:
-                    self._child_line(job, raw.decode("utf-8", "replace").rstrip("\n"))
                 code = process.wait()
+                reader.join(timeout=5)  # a process the build left running may still hold its stderr open
                 job.exit_code = 128 - code if code < 0 else code  # killed by a signal: as the shell counts it
                 job.seconds = round(time.perf_counter() - started, 1)
                 stdout.seek(0)
@@ -174,6 +175,11 @@ class Catalog:
             with self._lock:
                 self._running.discard(process)
         self._line(self._end_line(job))
+
+    def _forward(self, job: Job, stream) -> None:
+        with stream:
+            for raw in stream:
+                self._child_line(job, raw.decode("utf-8", "replace").rstrip("\n"))
 
     def _child_line(self, job: Job, line: str) -> None:
         if line.startswith("error: "):
