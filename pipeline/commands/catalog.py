@@ -85,7 +85,7 @@ def catalog_exit_code(codes: list[int | None]) -> int:
 
 def resolve_targets(targets: list[str]) -> list[Job]:
     """Each target as the build will read it, before any build starts: a recipe (its keys checked,
-    a source it can fetch) or a local model; two targets that make the same package are refused."""
+    a source named) or a local model file; two targets that make the same package are refused."""
     from pipeline.build import BuildOptions, load_build_recipe
     from pipeline.source import is_url
 
