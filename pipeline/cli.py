@@ -29,7 +29,7 @@ class CommandEntry:
 # One entry per command, in the order `pack --help` lists them.
 COMMANDS: dict[str, CommandEntry] = {
     "build": CommandEntry("pipeline.commands.build:build", "Build a verified, compressed browser package from a recipe or a model.", "BUILD_EXAMPLES"),
-    "recipes": CommandEntry("pipeline.commands.build:recipes", "List the built-in recipes, one line each: what they ship, the source's size, licence and URL.", "Example:  pack recipes --json"),
+    "recipes": CommandEntry("pipeline.commands.build:recipes", "List the built-in recipes, one line each: what they ship, the source's size, licence and URL.", "RECIPES_EXAMPLES"),
     "publish": CommandEntry("pipeline.commands.publish:publish", "Publish packages to S3 or R2: hashed files, then manifest, then loader; unchanged objects are skipped.", "Example:  pack publish dist/ --bucket my-models --public-url https://models.example.com --dry-run"),
     "verify": CommandEntry("pipeline.commands.verify:verify", "Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails).", "Example:  pack verify dist/my-model --json > verify.json"),
     "inspect": CommandEntry("pipeline.commands.graph:inspect", "Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback.", "Example:  pack inspect model.onnx --no-browser"),
