@@ -384,7 +384,7 @@ def _stage_samples(build: _Build, ledger: Ledger) -> dict:
 
 def _stage_convert(build: _Build, ledger: Ledger) -> dict:
     recipe, model, source_path = ledger["recipe"], ledger["model"], ledger["fetched"].path
-    build.progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
+    build.progress.note(f"precision: {recipe.ships()} variants of {recipe.name}")
     context = _fp16_context(model, ledger["feeds"], recipe, build.options, source_path, build.progress)
     made = make_variants(model, recipe, ledger["source_sha"], context, ledger["pass_settings"])
     if recipe.source_precision and not build.options.source and made.precision != recipe.source_precision:
@@ -508,7 +508,7 @@ def build_table(build: _Build) -> list[Stage]:
               reads=("fetched",), makes=("model", "source_sha", "pass_settings", "repair_steps"), code=("pipeline.graph", "pipeline.runtime"), libraries=("onnx",)),
         Stage("samples", bound(_stage_samples), _slice("inputs", "seed", inputs_npz=lambda s: s.options["inputs_npz"], input_shapes=lambda s: s.options["input_shapes"]),
               reads=("model",), makes=("feeds",), code=("pipeline.assets.samples", "pipeline.assets.patterns"), libraries=("numpy",)),
-        Stage("convert", bound(_stage_convert), _slice("variants", "fp16_block_ops", "fp16_keep_nodes", "fp16_search", "fp16_search_trials", "fp16_search_seconds", "outputs", lock=lambda s: s.lock, environment=_environment),
+        Stage("convert", bound(_stage_convert), _slice("variants", "variants_stated", "fp16_block_ops", "fp16_keep_nodes", "fp16_search", "fp16_search_trials", "fp16_search_seconds", "outputs", lock=lambda s: s.lock, environment=_environment),
               reads=("model", "feeds", "source_sha", "pass_settings"), makes=("made",), code=("pipeline.precision", "pipeline.verify"), libraries=("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy")),
         Stage("models", bound(_stage_models), _slice("chunk_mib", "max_file_mib", "description", "chains", "watchdog_ms", "prewarm", "wasm_variant"),
               reads=("made", "feeds"), makes=("models", "contents"), code=("pipeline.assets",), libraries=("onnx", "brotli")),
