@@ -213,7 +213,7 @@ def _apache(head: str, served: list[Served], url_path: str) -> str:
             lines += ["", f"RewriteRule ^{re.escape(path)}$ {body} [END]"]
         else:
             lines.append("")
-        lines += [f'<Files "{Path(body).name}">', f"    ForceType {item.content_type}"]
+        lines += [f'<Files "{Path(body).name}">', f"    ForceType {_apache_quote(item.content_type)}"]
         if item.encoding:
             lines += [f"    AddEncoding {item.encoding} .br", "    Header always merge Vary Accept-Encoding"]
         lines += [f"    Header always set Cache-Control {_apache_quote(item.cache_control)}", "</Files>"]

@@ -1,0 +1,232 @@
+"""`pack export --host NAME`: each generated configuration drives the real server it is for (nginx
+and Apache from Debian, `serve` from npm), started on a free port as the current user, and the
+answers to real requests carry the headers a bucket from `pack publish` would: the .br body under
+the decoded name with Content-Encoding: br, immutable caching for content-hashed names, a short
+one for the manifest and the loader, the media types browsers insist on, COOP/COEP. Through nginx,
+Chromium loads the package cross-origin isolated and runs wasm on more than one thread.
+
+The expected headers are spelled out here from the manifest, not taken from the module that
+writes the configurations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from build_helpers import conv_model, save
+
+IMMUTABLE = "public, max-age=31536000, immutable"
+SHORT = "public, max-age=60, must-revalidate"
+STRICT_TYPES = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript", ".json": "application/json"}
+NAME = "tiny-conv"
+runner = CliRunner()
+
+
+def export(*args: str):
+    return runner.invoke(app, ["export", *args])
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    """A tiny model built once (host checks only: the browser stage has its own tests)."""
+    folder = tmp_path_factory.mktemp("hosts")
+    model = save(conv_model(), folder / f"{NAME}.onnx")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACK_WEBGPU_KERNELS", "off")
+        built = runner.invoke(app, ["build", str(model), "--no-browser", "--out", str(folder / "dist")])
+    assert built.exit_code == 0, built.output
+    return folder / "dist" / NAME
+
+
+@pytest.fixture
+def site():
+    """A site root any user can read: Apache refuses to serve as root, so its children run as nobody."""
+    folder = Path(tempfile.mkdtemp(prefix="pack-site-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for(port: int, process: subprocess.Popen, log: Path | None = None) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited {process.returncode}: {process.stdout.read() if process.stdout else ''} {log.read_text() if log and log.exists() else ''}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not listen on {port} in 20 s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "br, gzip"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, {k.lower(): v for k, v in answer.headers.items()}, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+def _check_package_headers(base: str, app_copy: Path, isolation_on_files: bool = True) -> int:
+    """Every file of the export answers with the headers a pack-published bucket gives it; returns how many
+    were answered with their .br body."""
+    manifest = json.loads((app_copy / "manifest.json").read_text())
+    expected = {"manifest.json": ("application/json", SHORT, None, "manifest.json")}
+    for path, entry in manifest["files"].items():
+        encoded = entry.get("stored") == "br"
+        media = STRICT_TYPES.get(Path(path).suffix, entry["mediaType"])
+        body = entry["encodings"]["br"]["path"] if encoded else path
+        expected[path] = (media, IMMUTABLE if entry["cache"] == "immutable" else SHORT, "br" if encoded else None, body)
+    problems = []
+    for path, (media, cache, encoding, body) in expected.items():
+        status, headers, data = _get(base + path)
+        seen = (status, headers.get("content-type"), headers.get("cache-control"), headers.get("content-encoding"), data == (app_copy / body).read_bytes())
+        if seen != (200, media, cache, encoding, True):
+            problems.append(f"{path}: {seen[:4]}, body {'matches' if seen[4] else 'differs'}; expected {media!r}, {cache!r}, {encoding!r}")
+        if isolation_on_files and (headers.get("cross-origin-embedder-policy"), headers.get("cross-origin-resource-policy")) != ("require-corp", "cross-origin"):
+            problems.append(f"{path}: COEP/CORP {headers.get('cross-origin-embedder-policy')}/{headers.get('cross-origin-resource-policy')}")
+    assert problems == []
+    assert any(media == "application/wasm" for media, *_ in expected.values())
+    return sum(encoding == "br" for _, _, encoding, _ in expected.values())
+
+
+def _page_isolated(url: str) -> None:
+    status, headers, _ = _get(url)
+    assert (status, headers.get("cross-origin-opener-policy"), headers.get("cross-origin-embedder-policy")) == (200, "same-origin", "require-corp")
+
+
+# --- the command's own answers -------------------------------------------------------------
+
+
+def test_unknown_host_and_s3_exit_2_naming_the_option_and_write_nothing(package, tmp_path):
+    unknown = export(str(package), str(tmp_path / "a"), "--host", "geocities")
+    assert unknown.exit_code == 2 and "--host 'geocities'" in unknown.output and "nginx" in unknown.output and "github-pages" in unknown.output
+    s3 = export(str(package), str(tmp_path / "b"), "--host", "s3")
+    assert s3.exit_code == 2 and len(s3.output.strip().splitlines()) == 1 and "pack publish" in s3.output
+    # a host without Content-Encoding refuses .br bodies asked for explicitly, naming the fix
+    refused = export(str(package), str(tmp_path / "c"), "--host", "netlify", "--bodies", "br")
+    assert refused.exit_code == 2 and "--bodies raw" in refused.output
+    bad_path = export(str(package), str(tmp_path / "d"), "--host", "nginx", "--url-path", "/../x/")
+    assert bad_path.exit_code == 2 and "--url-path" in bad_path.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_host_picks_the_bodies_and_each_config_names_every_file(package, tmp_path):
+    written = {}
+    for host, config in (("netlify", "_headers"), ("cloudflare-pages", "_headers"), ("vercel", "vercel.json"), ("nginx", "nginx.conf"), ("apache", ".htaccess"), ("serve", "serve.json")):
+        result = export(str(package), str(tmp_path / host / NAME), "--host", host, "--json")
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert summary["config"] == config and summary["url_path"] == f"/{NAME}/"
+        # Content-Encoding only where the host can send it
+        assert summary["bodies"] == ("br" if host in ("nginx", "apache", "serve") else "raw"), host
+        text = (tmp_path / host / NAME / config).read_text()
+        manifest = json.loads((tmp_path / host / NAME / "manifest.json").read_text())
+        # Apache's .htaccess names files by their base name (<Files>), the others by URL path
+        assert all((Path(path).name if host == "apache" else f"/{NAME}/{path}") in text for path in manifest["files"]), host
+        written[host] = text
+    vercel = json.loads(written["vercel"])
+    assert {"key": "Cross-Origin-Embedder-Policy", "value": "require-corp"} in vercel["headers"][0]["headers"]
+    # github-pages: no configuration, says why, offers the shim
+    pages = export(str(package), str(tmp_path / "pages" / NAME), "--host", "github-pages")
+    assert pages.exit_code == 0 and "sets no custom headers" in pages.output and "--coi-shim" in pages.output
+    assert sorted(p.name for p in (tmp_path / "pages" / NAME).iterdir() if p.is_file() and not p.name.startswith(("manifest", "loader", "model", "sample", "package"))) == []
+
+
+# --- real servers ---------------------------------------------------------------------------
+
+
+def _nginx_conf(site: Path, run: Path, port: int, snippet: Path) -> Path:
+    temp = "".join(f"    {kind}_temp_path {run / kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    conf = run / "nginx.conf"
+    conf.write_text(
+        f"daemon off;\nmaster_process off;\npid {run / 'nginx.pid'};\nerror_log {run / 'error.log'};\nevents {{}}\n"
+        f"http {{\n    access_log off;\n    include /etc/nginx/mime.types;\n{temp}"
+        f"    server {{\n        listen 127.0.0.1:{port};\n        root {site};\n        include {snippet};\n    }}\n}}\n"
+    )
+    return conf
+
+
+@pytest.fixture
+def nginx_site(package, site, tmp_path):
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        pytest.fail("nginx is not installed: scripts/setup.sh installs it (apt-get install nginx-light)")
+    result = export(str(package), str(site / NAME), "--host", "nginx")
+    assert result.exit_code == 0, result.output
+    port = _free_port()
+    conf = _nginx_conf(site, tmp_path, port, site / NAME / "nginx.conf")
+    process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(port, process, tmp_path / "error.log")
+        yield f"http://127.0.0.1:{port}/", site
+    finally:
+        _stop(process)
+
+
+def test_nginx_serves_the_export_from_the_generated_snippet(nginx_site):
+    base, site = nginx_site
+    (site / "index.html").write_text("<!doctype html><title>app</title>")
+    assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
+    _page_isolated(base + "index.html")
+
+
+def _apache_conf(site: Path, run: Path, port: int) -> Path:
+    modules = Path("/usr/lib/apache2/modules")
+    loaded = "".join(f"LoadModule {name}_module {modules / f'mod_{name}.so'}\n" for name in ("mpm_event", "authz_core", "mime", "headers", "rewrite", "dir"))
+    as_root = os.geteuid() == 0
+    conf = run / "httpd.conf"
+    conf.write_text(
+        f"ServerRoot {run}\n{loaded}"
+        + ("User nobody\nGroup nogroup\n" if as_root else "")
+        + f"Listen 127.0.0.1:{port}\nServerName 127.0.0.1\nPidFile {run / 'httpd.pid'}\nErrorLog {run / 'error.log'}\n"
+        f"DefaultRuntimeDir {run}\nMutex file:{run}\nTypesConfig /etc/mime.types\nDocumentRoot {site}\n"
+        f"<Directory />\n    AllowOverride None\n    Require all denied\n</Directory>\n"
+        f"<Directory {site}>\n    AllowOverride FileInfo\n    Require all granted\n</Directory>\n"
+    )
+    return conf
+
+
+def test_apache_serves_the_export_from_the_generated_htaccess(package, site, tmp_path):
+    apache = shutil.which("apache2") or ("/usr/sbin/apache2" if Path("/usr/sbin/apache2").exists() else None)
+    if apache is None:
+        pytest.fail("apache2 is not installed: scripts/setup.sh installs it (apt-get install apache2)")
+    result = export(str(package), str(site / NAME), "--host", "apache")
+    assert result.exit_code == 0, result.output
+    port = _free_port()
+    conf = _apache_conf(site, tmp_path, port)
+    process = subprocess.Popen([apache, "-f", str(conf), "-DFOREGROUND"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(port, process, tmp_path / "error.log")
+        assert _check_package_headers(f"http://127.0.0.1:{port}/{NAME}/", site / NAME) >= 2
+    finally:
+        _stop(process)
