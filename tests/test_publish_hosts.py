@@ -11,6 +11,7 @@ writes the configurations.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -19,9 +20,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import brotli
@@ -280,3 +283,81 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
         _page_isolated(f"http://127.0.0.1:{port}/index.html")
     finally:
         _stop(process)
+
+
+# --- in Chromium ----------------------------------------------------------------------------
+
+PAGE = Path(__file__).resolve().parent / "data" / "host_page.html"
+
+
+def _app_page(site: Path, shim: bool = False) -> None:
+    text = PAGE.read_text()
+    (site / "index.html").write_text(text.replace("<!-- shim -->", '<script src="coi-serviceworker.js"></script>') if shim else text)
+
+
+def _result(url: str, isolated: bool) -> dict:
+    """window.result of the page at `url` once it is there (after the shim's reload, where there is one)."""
+    from pipeline.verify.browser.chromium import launch_browser
+
+    with launch_browser(webgpu=False) as browser:
+        page = browser.new_context().new_page()
+        console: list[str] = []
+        page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+        page.goto(url)
+        deadline = time.monotonic() + 90
+        result = None
+        while time.monotonic() < deadline:
+            try:  # the shim reloads the page once: the first document's result is not the one
+                result = page.evaluate("window.result && (window.result.isolated || !%s) ? window.result : null" % json.dumps(isolated))
+            except Exception:  # the context went away with the reload
+                result = None
+            if result:
+                break
+            time.sleep(0.2)
+        page.context.close()
+    assert result, f"{url}: no result in 90 s; console: {console[-10:]}"
+    assert result["ok"], (result, console[-10:])
+    return result
+
+
+def _assert_threads_and_outputs(result: dict) -> None:
+    assert result["isolated"] is True and result["ep"] == "wasm", result
+    # the loader's own plan: every core up to 4, more than one wherever the machine has them
+    assert result["threads"] == min(result["cores"], 4) and (result["threads"] > 1 or result["cores"] == 1), result
+    assert result["threadsWhy"].startswith("cross-origin isolated"), result
+    assert result["passed"] is True, result["text"]
+
+
+@pytest.mark.browser
+def test_chromium_through_nginx_is_isolated_runs_wasm_threads_and_gets_brotli(nginx_site):
+    base, site = nginx_site
+    _app_page(site)
+    result = _result(f"{base}index.html?package={NAME}/", isolated=True)
+    _assert_threads_and_outputs(result)
+    # the model came as brotli on the wire and was decoded by the browser
+    assert result["onnx"] and all(0 < entry["encoded"] < entry["decoded"] for entry in result["onnx"]), result["onnx"]
+
+
+@pytest.mark.browser
+@pytest.mark.network_registry
+def test_coi_shim_isolates_a_page_on_a_plain_static_server(package, site):
+    """GitHub Pages' case: a server that sends no COOP/COEP; the shim's service worker adds them."""
+    result = export(str(package), str(site / NAME), "--host", "github-pages", "--coi-shim")
+    assert result.exit_code == 0, result.output
+    assert "coi-serviceworker.js" in result.output
+    shutil.copy(site / NAME / "coi-serviceworker.js", site / "coi-serviceworker.js")  # next to the page, as the command says
+    _app_page(site, shim=True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_PlainHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _status, headers, _ = _get(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        assert "cross-origin-opener-policy" not in headers  # the server itself sends none
+        result = _result(f"http://127.0.0.1:{server.server_address[1]}/index.html?package={NAME}/", isolated=True)
+    finally:
+        server.shutdown()
+    _assert_threads_and_outputs(result)
+
+
+class _PlainHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
