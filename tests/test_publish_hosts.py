@@ -246,14 +246,13 @@ def test_apache_serves_the_export_from_the_generated_htaccess(package, site, tmp
 HOST_TOOLS = Path(__file__).resolve().parent / "hosts"
 
 
-def _serve_bin() -> Path:
-    """serve as tests/hosts/package-lock.json pins it, installed once per lock under PACK_CACHE_DIR."""
+def _host_tools() -> Path:
+    """The node_modules of tests/hosts/package-lock.json, installed once per lock under PACK_CACHE_DIR."""
     from pipeline.cache import cache_root
 
     lock = (HOST_TOOLS / "package-lock.json").read_bytes()
     folder = cache_root() / "host-tools" / hashlib.sha256(lock).hexdigest()[:16]
-    binary = folder / "node_modules" / ".bin" / "serve"
-    if not binary.exists():
+    if not (folder / "node_modules" / ".bin" / "serve").exists():
         staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -263,7 +262,7 @@ def _serve_bin() -> Path:
         assert done.returncode == 0, done.stderr[-2000:]
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
-    return binary
+    return folder / "node_modules"
 
 
 @pytest.mark.network_registry
@@ -274,7 +273,7 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
     port = _free_port()
     env = {**os.environ, "NO_UPDATE_CHECK": "1"}
     process = subprocess.Popen(
-        [str(_serve_bin()), "--no-clipboard", "--no-port-switching", "-L", "-l", f"tcp://127.0.0.1:{port}", "-c", str(site / NAME / "serve.json"), str(site)],
+        [str(_host_tools() / ".bin" / "serve"), "--no-clipboard", "--no-port-switching", "-L", "-l", f"tcp://127.0.0.1:{port}", "-c", str(site / NAME / "serve.json"), str(site)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:
@@ -283,6 +282,29 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
         _page_isolated(f"http://127.0.0.1:{port}/index.html")
     finally:
         _stop(process)
+
+
+@pytest.mark.network_registry
+def test_netlify_and_vercel_read_every_rule_from_the_generated_files(package, tmp_path):
+    """Netlify's own _headers parser and Vercel's own route compiler: each URL gets each header from
+    exactly one rule (two would be joined into one value), with the values a bucket would send."""
+    for host in ("netlify", "vercel"):
+        result = export(str(package), str(tmp_path / host / NAME), "--host", host)
+        assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "netlify" / NAME / "manifest.json").read_text())
+    expected = {f"/{NAME}/manifest.json": ("application/json", SHORT)}
+    for path, entry in manifest["files"].items():
+        expected[f"/{NAME}/{path}"] = (STRICT_TYPES.get(Path(path).suffix, entry["mediaType"]), IMMUTABLE if entry["cache"] == "immutable" else SHORT)
+    request = {"headersFile": str(tmp_path / "netlify" / NAME / "_headers"), "vercelFile": str(tmp_path / "vercel" / NAME / "vercel.json"), "urls": ["/index.html", *expected]}
+    done = subprocess.run(["node", str(HOST_TOOLS / "check_configs.mjs"), str(_host_tools())], input=json.dumps(request), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert answer["errors"] == []
+    page = {"cross-origin-opener-policy": ["same-origin"], "cross-origin-embedder-policy": ["require-corp"]}
+    for host in ("netlify", "vercel"):
+        assert answer[host]["/index.html"] == page, host
+        for url, (media, cache) in expected.items():
+            assert answer[host][url] == {**page, "cross-origin-resource-policy": ["cross-origin"], "content-type": [media], "cache-control": [cache]}, (host, url)
 
 
 # --- in Chromium ----------------------------------------------------------------------------
