@@ -148,6 +148,8 @@ def test_unknown_host_and_s3_exit_2_naming_the_option_and_write_nothing(package,
     assert refused.exit_code == 2 and "--bodies raw" in refused.output
     bad_path = export(str(package), str(tmp_path / "d"), "--host", "nginx", "--url-path", "/../x/")
     assert bad_path.exit_code == 2 and "--url-path" in bad_path.output
+    alone = export(str(package), str(tmp_path / "e"), "--url-path", "/x/")
+    assert alone.exit_code == 2 and "--host" in alone.output
     assert not any(tmp_path.iterdir())
 
 
@@ -171,6 +173,19 @@ def test_the_host_picks_the_bodies_and_each_config_names_every_file(package, tmp
     pages = export(str(package), str(tmp_path / "pages" / NAME), "--host", "github-pages")
     assert pages.exit_code == 0 and "sets no custom headers" in pages.output and "--coi-shim" in pages.output
     assert sorted(p.name for p in (tmp_path / "pages" / NAME).iterdir() if p.is_file() and not p.name.startswith(("manifest", "loader", "model", "sample", "package"))) == []
+
+
+def test_cloudflare_pages_refuses_an_export_over_its_100_rules_naming_the_fix():
+    from pipeline.errors import PackError
+    from pipeline.publish.hosts import HOSTS, render
+
+    entry = {"sha256": "0" * 64, "size": 1, "mediaType": "application/octet-stream", "cache": "immutable", "encodings": {}}
+    manifest = {"name": "big", "files": {f"part.{index:016x}.bin": dict(entry) for index in range(98)}}
+    assert render(HOSTS["netlify"], manifest, "/big/").count("/big/part.") == 98  # Netlify documents no such limit
+    with pytest.raises(PackError, match=r"101 header rules, over the 100 that Cloudflare Pages reads; export fewer variants \(--variants\)"):
+        render(HOSTS["cloudflare-pages"], manifest, "/big/")
+    manifest["files"] = dict(list(manifest["files"].items())[:97])
+    assert "/big/part." in render(HOSTS["cloudflare-pages"], manifest, "/big/")
 
 
 # --- real servers ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from pipeline.commands.common import cli_errors, print_json, require_package_folder
+from pipeline.errors import PackError
 
 
 class Bodies(str, enum.Enum):
@@ -57,6 +58,8 @@ def export(
     with cli_errors():
         require_package_folder(package, "export")
         target = host_named(host) if host is not None else None
+        if target is None and url_path is not None:
+            raise PackError(f"--url-path {url_path}: only a host's configuration uses it; add --host NAME")
         served_under = url_path_of(url_path if url_path is not None else destination.resolve().name)
         chosen = bodies.value
         if target is not None and ctx.get_parameter_source("bodies").name == "DEFAULT":

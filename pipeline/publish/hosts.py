@@ -40,27 +40,26 @@ class Host:
     config: str | None  # the file written into the export; None: the host takes no configuration
     content_encoding: bool  # can the host send Content-Encoding: br for a .br body under X's name
     place: str  # where the file goes, in words
+    form: str | None = None  # which writer of RENDERERS: the file's format
     max_rules: int | None = None  # the host's limit on header rules
 
 
 HOSTS: dict[str, Host] = {
     host.name: host
     for host in (
-        Host("netlify", "Netlify", "_headers", False, "the root of the published folder (merge with an existing _headers)"),
+        Host("netlify", "Netlify", "_headers", False, "the root of the published folder (merge with an existing _headers)", "_headers"),
         # Cloudflare Pages reads at most 100 rules from _headers.
-        Host("cloudflare-pages", "Cloudflare Pages", "_headers", False, "the root of the build output folder (merge with an existing _headers)", max_rules=100),
-        Host("vercel", "Vercel", "vercel.json", False, "the project root (merge its \"headers\" into an existing vercel.json)"),
-        Host("nginx", "nginx", "nginx.conf", True, "an include in the site's server { } block, whose root holds the package folder"),
-        Host("apache", "Apache", ".htaccess", True, "this folder as it is (AllowOverride FileInfo; mod_rewrite, mod_headers, mod_mime)"),
-        Host("serve", "serve (npm)", "serve.json", True, "the folder `serve` serves (or pass it with serve --config)"),
+        Host("cloudflare-pages", "Cloudflare Pages", "_headers", False, "the root of the build output folder (merge with an existing _headers)", "_headers", 100),
+        Host("vercel", "Vercel", "vercel.json", False, "the project root (merge its \"headers\" into an existing vercel.json)", "vercel"),
+        Host("nginx", "nginx", "nginx.conf", True, "an include in the site's server { } block, whose root holds the package folder", "nginx"),
+        Host("apache", "Apache", ".htaccess", True, "this folder as it is (AllowOverride FileInfo; mod_rewrite, mod_headers, mod_mime)", "apache"),
+        Host("serve", "serve (npm)", "serve.json", True, "the folder `serve` serves (or pass it with serve --config)", "serve"),
         Host("github-pages", "GitHub Pages", None, False, ""),
     )
 }
 # Hosts that take no configuration file from an export: what to use instead.
-ELSEWHERE = {
-    "s3": "S3 and R2 take their headers as object metadata: `pack publish DIST --bucket NAME` sets them (docs/publish.md)",
-    "r2": "S3 and R2 take their headers as object metadata: `pack publish DIST --bucket NAME` sets them (docs/publish.md)",
-}
+_BUCKETS = "S3 and R2 take their headers as object metadata: `pack publish DIST --bucket NAME` sets them (docs/publish.md)"
+ELSEWHERE = {"s3": _BUCKETS, "r2": _BUCKETS}
 CHOICES = (*HOSTS, "s3")
 
 
@@ -121,14 +120,14 @@ def render(host: Host, manifest: Manifest, url_path: str) -> str:
     served = served_files(manifest, url_path)
     if host.max_rules is not None and len(served) + 2 > host.max_rules:
         raise PackError(
-            f"--host {host.name}: {len(served)} files need {len(served) + 2} header rules, over {host.title}'s {host.max_rules}; "
+            f"--host {host.name}: {len(served)} files need {len(served) + 2} header rules, over the {host.max_rules} that {host.title} reads; "
             f"export fewer variants (--variants) or use another host"
         )
     head = (
         f"pack export --host {host.name}: headers for the package {manifest['name']} served under {url_path}; "
         f"written again by every export (the names carry content hashes). Goes in {host.place}."
     )
-    return RENDERERS[host.name if host.name in RENDERERS else "_headers"](head, served, url_path)
+    return RENDERERS[host.form](head, served, url_path)
 
 
 def _headers_file(head: str, served: list[Served], url_path: str) -> str:
