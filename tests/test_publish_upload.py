@@ -12,7 +12,8 @@ from botocore.config import Config
 from publish_helpers import ACCESS_KEY, SECRET_KEY, assert_manifests_complete, bucket_snapshot, decoded_body, new_bucket, run_json, write_package
 
 from pipeline.progress import Progress
-from pipeline.publish.upload_plan import IMMUTABLE_CACHE, SHORT_CACHE, plan_package
+from pipeline.http_headers import IMMUTABLE_CACHE, SHORT_CACHE
+from pipeline.publish.upload_plan import plan_package
 from pipeline.publish.publisher import publish
 from pipeline.s3 import Target, make_client
 
