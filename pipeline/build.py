@@ -53,11 +53,11 @@ from pipeline.stage_table import Ledger, Stage, StageRun, run_stage, stage_keys
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.urls import mask_url
-from pipeline.verify.browser.run_plan import plan_runs
-from pipeline.verify.checks import contradicted_kernel_errors, layout_verdict, self_reference_checks, skipped_runs, webgpu_failures
+from pipeline.verify.engines.browser.run_plan import plan_runs
+from pipeline.verify.judgement.checks import contradicted_kernel_errors, layout_verdict, self_reference_checks, skipped_runs, webgpu_failures
 from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
-from pipeline.verify.thresholds import threshold_table
-from pipeline.verify.host import run_model
+from pipeline.verify.judgement.thresholds import threshold_table
+from pipeline.verify.engines.host import run_model
 
 
 @dataclass
@@ -233,7 +233,7 @@ def _browser_verify(staging: Path, contents: PackageContents, thresholds: Thresh
     layout, the same package is tried with `preferredLayout: 'NCHW'` in its in-memory manifest
     (onnxruntime-web 1.30's NHWC transform breaks some real graphs, GTCRN's Conv among them); the
     package keeps it when it fails fewer WebGPU runs (checks.layout_verdict), and the step records both figures."""
-    from pipeline.verify.browser.grid import browsers_for, exit_policy, verify_on_grid
+    from pipeline.verify.engines.browser.grid import browsers_for, exit_policy, verify_on_grid
 
     ep_options = contents.ep_options
     steps = []
@@ -325,7 +325,7 @@ def _slice(*recipe_keys: str, **others: Callable[[BuildSettings], Any]) -> Calla
 
 
 def build_settings(recipe: Recipe, options: BuildOptions, lock_entry: dict | None) -> BuildSettings:
-    from pipeline.verify.browser.chromium import chromium_path
+    from pipeline.verify.engines.browser.chromium import chromium_path
 
     recipe_data = as_data(recipe)
     recipe_data["path"] = recipe.path.name if recipe.path else None
@@ -517,11 +517,11 @@ def build_table(build: _Build) -> list[Stage]:
         Stage("webgpu_kernels", bound(_stage_webgpu_kernels), _slice("outputs", environment=_environment),
               reads=("contents", "models", "made", "reference", "feeds"), makes=("kernels", "contents"), code=("pipeline.verify",), libraries=("onnxruntime", "onnxruntime-ep-webgpu", "numpy")),
         Stage("files", bound(_stage_files), _slice("license", "max_file_mib", "runtime_version", "runtime_path", runtime=lambda s: s.runtime),
-              reads=("contents", "made", "feeds", "reference", "models"), makes=("contents", "thresholds"), code=("pipeline.assets", "pipeline.web", "pipeline.web_template", "pipeline.verify.thresholds"), libraries=("brotli", "jinja2")),
+              reads=("contents", "made", "feeds", "reference", "models"), makes=("contents", "thresholds"), code=("pipeline.assets", "pipeline.web", "pipeline.web_template", "pipeline.verify.judgement.thresholds"), libraries=("brotli", "jinja2")),
         Stage("browser_verify", bound(_stage_browser_verify), _slice(browser=lambda s: s.browser, enabled=lambda s: s.options["browser"], gpu=lambda s: s.options["gpu"]),
               reads=("contents", "thresholds", "reference"), makes=("browser", "contents"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
         Stage("judge", bound(_stage_judge), _slice("verify_require", "loader_select", "license"),
-              reads=("contents", "made", "browser", "kernels", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"), code=("pipeline.manifest", "pipeline.verify.checks", "pipeline.web.select")),
+              reads=("contents", "made", "browser", "kernels", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"), code=("pipeline.manifest", "pipeline.verify.judgement.checks", "pipeline.web.select")),
         Stage("write", bound(_stage_write), _slice("name", environment=_environment),
               reads=("manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "fetched", "source_sha"), makes=("report",),
               code=("pipeline.report", "pipeline.manifest", "pipeline.build", "pipeline.stage_table"), libraries=("jinja2", "numpy")),

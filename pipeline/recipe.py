@@ -23,7 +23,7 @@ from pipeline.runtime import is_exact_version, local_runtime
 # through importlib.resources so a wheel lists them too; always a plain folder on disk.
 RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
-OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/verify/metrics.py)
+OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/verify/judgement/metrics.py)
 VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py)
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, pages  # noqa: F401 (fixtures)
 from pipeline.assets.chunks import MIB
 from pipeline.cli import app
-from pipeline.verify.browser.server import running_server
+from pipeline.package_server import running_server
 
 pytestmark = pytest.mark.browser
 

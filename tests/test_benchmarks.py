@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "scripts" / "bench"
@@ -126,7 +126,7 @@ def test_measure_fp16_metrics_smoke():
 def test_measure_fp16w_smoke():
     (row,) = smoke("measure_fp16w.py")
     assert row["name"] == "lama" and row["fp16w_bytes"] < row["fp32_bytes"] and row["narrowed"] > 0
-    assert row["outputs"] and all(o["rel_l2"] < 6.2e-4 for o in row["outputs"])  # fp16w's host bound (pipeline/verify/thresholds.py)
+    assert row["outputs"] and all(o["rel_l2"] < 6.2e-4 for o in row["outputs"])  # fp16w's host bound (pipeline/verify/judgement/thresholds.py)
 
 
 @smoke_test("bench_node_audit.py")

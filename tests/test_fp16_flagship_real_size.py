@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.assets.package import max_file_bytes
 from pipeline.recipe import RECIPES_DIR, load_recipe_file
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 
 DATA = Path(__file__).resolve().parent / "data" / "flagship_real"
 CASES = {name: case for name, case in json.loads((DATA / "cases.json").read_text()).items() if not name.startswith("_")}

@@ -27,8 +27,8 @@ from pipeline.graph.model_io import model_bytes
 from pipeline.precision.fp16w import FLOAT16, WIDEN, keeps_fp32, narrow_initializers, widen_model_bytes, widened_model_file
 from pipeline.precision.variants import FP16W_MIN_SAVED_BYTES, fp16w_by_default, make_variants
 from pipeline.recipe import parse_recipe
-from pipeline.verify.metrics import compare, judge
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.judgement.metrics import compare, judge
+from pipeline.verify.judgement.thresholds import threshold_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGSHIP = ROOT / "tests" / "data" / "flagship"
@@ -316,7 +316,7 @@ def fp16w_package(tmp_path_factory) -> Path:
 
 @pytest.mark.browser
 def test_loader_widens_in_a_worker_runs_within_bounds_on_both_eps_and_the_measured_choice_picks_it(browser, fp16w_package, pages):
-    from pipeline.verify.browser.server import running_server
+    from pipeline.package_server import running_server
 
     manifest = read_manifest(fp16w_package)
     files = {name: manifest["files"][v["model"]] for name, v in manifest["variants"].items()}

@@ -334,7 +334,7 @@ def _app_page(site: Path, shim: bool = False) -> None:
 
 def _result(url: str, isolated: bool) -> dict:
     """window.result of the page at `url` once it is there (after the shim's reload, where there is one)."""
-    from pipeline.verify.browser.chromium import launch_browser
+    from pipeline.verify.engines.browser.chromium import launch_browser
 
     with launch_browser(webgpu=False) as browser:
         page = browser.new_context().new_page()

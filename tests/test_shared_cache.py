@@ -257,7 +257,7 @@ def test_a_second_machine_builds_the_same_package_from_the_shared_cache(store_ur
 
 def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url, tmp_path, monkeypatch):
     import pipeline.precision.variants
-    import pipeline.verify.host
+    import pipeline.verify.engines.host
 
     model = save(conv_model(channels=9), tmp_path / "partly.onnx")
     warm = Path(os.environ.get("PACK_CACHE_DIR") or Path.home() / ".cache" / "pack")
@@ -271,7 +271,7 @@ def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url
     machine(monkeypatch, tmp_path, "b")
     recipe = tmp_path / "partly.toml"  # the same model with a looser fp32 bound: conversions and host runs are the same work
     recipe.write_text('source.uri = "partly.onnx"\n[outputs.y.fp32]\nmax_abs = 0.5\n')
-    monkeypatch.setattr(pipeline.verify.host, "_run_uncached", lambda *a, **k: pytest.fail("a host run was made again"))
+    monkeypatch.setattr(pipeline.verify.engines.host, "_run_uncached", lambda *a, **k: pytest.fail("a host run was made again"))
     monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", lambda *a, **k: pytest.fail("a conversion was made again"))
     result = runner.invoke(app, ["build", str(recipe), "--no-browser", "--out", str(tmp_path / "out-b")])
     assert result.exit_code == 0, result.output

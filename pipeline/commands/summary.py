@@ -12,14 +12,14 @@ import typer
 from pipeline.assets.delivery import delivery_lines
 
 if TYPE_CHECKING:
-    from pipeline.verify.browser.harness import BrowserResult
+    from pipeline.verify.engines.browser.harness import BrowserResult
     from pipeline.verify.package import PackageVerification
 
 MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR ", "refused": "refd"}
 
 
 def check_line(check: dict) -> str:
-    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+    from pipeline.verify.judgement.metrics import format_metrics  # numpy: loaded only where a check is printed
 
     bundle = check.get("bundle")
     run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle != check["ep"] else "")
@@ -203,7 +203,7 @@ def variant_lines(report: dict, manifest: dict) -> list[str]:
     variants = manifest.get("variants") or {}
     if not any(spec.get("widen") for spec in variants.values()):
         return []
-    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+    from pipeline.verify.judgement.metrics import format_metrics  # numpy: loaded only where a check is printed
 
     from pipeline.manifest import variant_files
 

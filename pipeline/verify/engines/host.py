@@ -21,9 +21,9 @@ from pipeline.errors import PackError, raise_child_environment_error
 from pipeline.keys import arrays_sha256, stage_key
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
-WORKER_MODULE = "pipeline.verify.session_worker"  # run as `python -m`; tests swap in a crashing one
+WORKER_MODULE = "pipeline.verify.engines.session_worker"  # run as `python -m`; tests swap in a crashing one
 RUN_TIMEOUT_S = 600
-_HOST_CODE = ("pipeline.verify.host", WORKER_MODULE)  # the code a cached run's outputs come from
+_HOST_CODE = ("pipeline.verify.engines.host", WORKER_MODULE)  # the code a cached run's outputs come from
 _HOST_LIBRARIES = ("onnxruntime", "numpy")
 
 
