@@ -48,7 +48,7 @@ from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, pa
 from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.keys import as_data
 from pipeline.reuse import KILL_AT_ENV, browser_version, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
-from pipeline.shared_cache import check_shared_store, traffic_line as shared_traffic_line
+from pipeline.shared_cache import begin_traffic, check_shared_store, traffic_line as shared_traffic_line
 from pipeline.stage_table import Ledger, Stage, StageRun, run_stage, stage_keys
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
@@ -559,6 +559,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
     """Run the stage table: the fetch, then (unless a stored package has the last stage's key) the
     rest, with the package assembled in a staging folder renamed into place at the end."""
     check_shared_store()  # a shared cache named but unusable is bad input: before any work
+    begin_traffic()
     result = _run_build(options, progress)
     return replace(result, shared=shared_traffic_line())
 

@@ -340,8 +340,6 @@ def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
 
 
 def _shared_name(path: Path, folder: bool = False) -> str | None:
-    if not os.environ.get("PACK_CACHE_URL"):
-        return None
     from pipeline.shared_cache import object_name, shared_store
 
     return object_name(cache_root(), path, folder) if shared_store() is not None else None

@@ -119,6 +119,10 @@ class FolderStore(SharedStore):
                 shutil.copyfileobj(source, handle, 1 << 20)
         except FileNotFoundError:
             return None
+        try:
+            os.utime(self.root / name)  # its last use: `pack cache prune` keeps what is read
+        except OSError:
+            pass
         return header[:-1].decode("ascii", "replace") if header.endswith(b"\n") else "missing"
 
     def write(self, name: str, path: Path, sha256: str, replace: bool) -> bool:
@@ -281,6 +285,12 @@ def check_shared_store() -> None:
     store = shared_store()
     if store is not None:
         store.check()
+
+
+def begin_traffic() -> None:
+    """Count from zero: what one build moved (a process may run several, as the tests do)."""
+    global traffic
+    traffic = Traffic()
 
 
 def traffic_line() -> str | None:
