@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 import pipeline.commands.cache as cache_command
-import pipeline.shared_cache as shared
 from pipeline.cache import FOLDER_SEAL, atomic_write, cache_root, cached_entry, remove_entry, sealed_folder
 from pipeline.cli import app
-from test_shared_cache import _folder_entry, fresh_process_state, machine, moto, objects, store_url  # noqa: F401 - fixtures
+from test_shared_cache import _folder_entry, fresh_process_state, machine, moto, objects, store_url
 
+FIXTURES = (fresh_process_state, moto, store_url)  # test_shared_cache's: a moto S3 server, a store of each kind, a new process each test
 runner = CliRunner()
 DAY = 86400
 
