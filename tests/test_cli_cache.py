@@ -166,3 +166,18 @@ def test_bad_options_are_one_line_naming_the_option_and_exit_2(local, args, says
     result = runner.invoke(app, ["cache", *args])
     assert result.exit_code == 2 and result.stderr.startswith(says) and len(result.stderr.splitlines()) == 1, result.output
     assert (cache_root() / "host-runs" / "kept.npz").exists()
+
+
+def test_an_entry_named_by_its_sha256_gets_a_record_on_its_first_read_and_ages_from_it(local):
+    data = b"a downloaded model"
+    sha256 = hashlib.sha256(data).hexdigest()
+    download = cache_root() / "downloads" / sha256
+    download.parent.mkdir(parents=True)
+    download.write_bytes(data)  # as pipeline/source/download.py leaves it: named by its hash, no record
+    age(download, 40)
+    before = download.stat()
+    assert cached_entry(download, sha256) == download
+    assert download.with_name(f"{sha256}.sha256").read_text().strip() == sha256
+    assert (download.stat().st_mtime_ns, download.stat().st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)  # its remembered digest still holds
+    result, document = invoke("prune", "--older-than", "30d", "--json")
+    assert result.exit_code == 0 and document["local"]["removed"] == [] and download.exists()
