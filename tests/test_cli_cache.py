@@ -99,7 +99,7 @@ def test_prune_by_age_removes_entries_with_their_records_and_the_next_reader_mak
     assert capsys.readouterr().err == ""  # gone, not damaged: no warning
 
 
-def test_prune_by_size_removes_the_least_recently_used_first_and_dry_run_removes_nothing(local):
+def test_prune_by_size_removes_the_least_recently_used_first_and_dry_run_removes_nothing(local, tmp_path, monkeypatch):
     paths = [entry("webgpu-runs", f"{name}.npz", 935, days) for name, days in (("c", 3), ("a", 5), ("d", 2), ("b", 4))]  # 1000 bytes each with the record
     dry, document = invoke("prune", "--max-size", "2.5K", "--dry-run", "--json")
     assert dry.exit_code == 0 and document["dry_run"] is True
@@ -107,6 +107,7 @@ def test_prune_by_size_removes_the_least_recently_used_first_and_dry_run_removes
     assert all(path.exists() for path in paths)
     listed, _ = invoke("prune", "--max-size", "2.5K", "--dry-run")
     assert listed.stdout.splitlines()[0].startswith("would remove webgpu-runs/a.npz (1.0 KB, last used 5 d ago)")
+    monkeypatch.setenv("PACK_CACHE_URL", str(tmp_path / "no-such-store"))  # a local prune never opens the shared store
     real, _ = invoke("prune", "--max-size", "2.5K")
     assert real.exit_code == 0 and "removed 2 entries (2.0 KB); 2.0 KB left" in real.stdout
     assert sorted(p.name for p in paths if p.exists()) == ["c.npz", "d.npz"]

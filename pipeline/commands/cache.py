@@ -16,7 +16,7 @@ from typing import Annotated, Callable, Iterable, Optional
 
 import typer
 
-from pipeline.commands.common import cli_errors, print_json
+from pipeline.commands.common import CACHE_URL_ENV, CacheUrlOption, cli_errors, print_json
 from pipeline.errors import PackError
 
 CACHE_EXAMPLES = """Examples:
@@ -28,7 +28,6 @@ CACHE_EXAMPLES = """Examples:
   pack cache prune --shared --older-than 14d --cache-url s3://my-bucket/pack-cache
 """
 
-CACHE_URL_ENV = "PACK_CACHE_URL"
 # Nothing used or written in the last hour is removed: a build may be reading it, or (in the shared
 # store) a writer may have put a folder entry's blobs and not yet its listing.
 GRACE_S = 3600
@@ -50,7 +49,7 @@ def cache(
     shared: Annotated[bool, typer.Option("--shared", help="prune: prune the shared store (--cache-url / PACK_CACHE_URL) instead of the local cache; with --local, both.")] = False,
     local: Annotated[bool, typer.Option("--local", help="prune: prune the local cache as well when --shared is given (the default without --shared).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="prune: list what would be removed, remove nothing.")] = False,
-    cache_url: Annotated[Optional[str], typer.Option("--cache-url", envvar=CACHE_URL_ENV, show_envvar=True, help="Shared store behind the local cache: s3://BUCKET/PREFIX (S3 or R2; endpoint and credentials as boto3 reads them, e.g. AWS_ENDPOINT_URL) or a folder.")] = None,
+    cache_url: CacheUrlOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Show what the local cache (PACK_CACHE_DIR) and the shared store hold, and prune them by age or size.
@@ -69,7 +68,7 @@ def cache(
             raise PackError("pack cache prune: give --older-than (e.g. 30d) and/or --max-size (e.g. 5G)")
         age_s = parse_age(older_than) if older_than is not None else None
         limit = parse_size(max_size) if max_size is not None else None
-        store = _store(cache_url)
+        store = _store(cache_url) if shared else None  # a local prune needs no store, reachable or not
         if shared and store is None:
             raise PackError(f"--shared: no shared store named; give --cache-url s3://BUCKET/PREFIX (or a folder) or set {CACHE_URL_ENV}")
         _prune(store if shared else None, local or not shared, age_s, limit, dry_run, json_output)
