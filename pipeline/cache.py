@@ -484,7 +484,10 @@ def _folder_fault(folder: Path) -> str | None:
     if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict) or recorded.get("sha256") != _listing_sha256(recorded["files"]):
         return "its list of files is damaged"
     recorded = recorded["files"]
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != FOLDER_SEAL}
+    try:
+        present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != FOLDER_SEAL}
+    except FileNotFoundError:
+        return _GONE
     missing, extra = sorted(set(recorded) - present), sorted(present - set(recorded))
     if missing:
         return f"{missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")

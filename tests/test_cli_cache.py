@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +23,7 @@ from test_shared_cache import _folder_entry, fresh_process_state, machine, moto,
 FIXTURES = (fresh_process_state, moto, store_url)  # test_shared_cache's: a moto S3 server, a store of each kind, a new process each test
 runner = CliRunner()
 DAY = 86400
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -182,3 +185,61 @@ def test_an_entry_named_by_its_sha256_gets_a_record_on_its_first_read_and_ages_f
     assert (download.stat().st_mtime_ns, download.stat().st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)  # its remembered digest still holds
     result, document = invoke("prune", "--older-than", "30d", "--json")
     assert result.exit_code == 0 and document["local"]["removed"] == [] and download.exists()
+
+
+READER = """
+import os, shutil, sys, time
+from pipeline.cache import atomic_write, cache_root, cached_entry, folder_commit, seal_folder, sealed_folder
+end, root = time.time() + float(sys.argv[1]), cache_root()
+while time.time() < end:
+    for i in range(10):
+        path = root / "host-runs" / f"e{i}.npz"
+        if cached_entry(path) is None:
+            atomic_write(path, b"%d" % i * 1000, entry=True)
+        folder = root / "builds" / f"k{i}"
+        if not sealed_folder(folder):
+            scratch = root / "builds" / f".k{i}.{os.getpid()}"
+            (scratch / "package").mkdir(parents=True, exist_ok=True)
+            (scratch / "package" / "model.onnx").write_bytes(b"%d" % i * 1000)
+            seal_folder(scratch)
+            with folder_commit(folder):
+                if not folder.is_dir():
+                    os.rename(scratch, folder)
+            shutil.rmtree(scratch, ignore_errors=True)
+"""
+
+
+def test_builds_reading_and_writing_while_a_prune_removes_their_entries_never_fail_nor_warn(local, monkeypatch):
+    # No grace period, so every prune removes what the reader has just read or made: a reader
+    # finds each entry whole or gone (made again, no warning), never half-removed.
+    monkeypatch.setattr(cache_command, "GRACE_S", 0)
+    readers = [subprocess.Popen([sys.executable, "-c", READER, "3"], env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    removed = 0
+    while any(reader.poll() is None for reader in readers):
+        result, document = invoke("prune", "--max-size", "8K", "--json")
+        assert result.exit_code == 0, result.output
+        removed += len(document["local"]["removed"])
+    assert [(reader.returncode, reader.stderr.read()) for reader in readers] == [(0, ""), (0, "")]
+    assert removed > 20
+
+
+def test_an_entry_removed_while_a_reader_checks_it_reads_as_gone_without_a_warning(local, monkeypatch, capsys):
+    # The moment the stress test above can only hit by chance: the prune removes the entry between
+    # the reader finding it and hashing its bytes.
+    import pipeline.cache
+
+    path = entry("host-runs", "raced.npz", 100, 40)
+    folder = _folder_entry("k9", {"package/model.onnx": b"m" * 100})
+    age(folder, 40)
+    hashing = pipeline.cache.remembered_digest
+
+    def removed_first(file, kind, compute):
+        for target in (path, folder):
+            assert remove_entry(target, time.time()) in (True, False)
+        return hashing(file, kind, compute)
+
+    monkeypatch.setattr(pipeline.cache, "remembered_digest", removed_first)
+    capsys.readouterr()
+    assert cached_entry(path) is None and not path.exists()
+    assert sealed_folder(folder) is False and not folder.exists()
+    assert capsys.readouterr().err == ""
