@@ -17,6 +17,7 @@ import shutil
 import signal
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -299,6 +300,8 @@ def note_written(error: BaseException, path: Path) -> None:
 # and made again. The commit and the verdict on a failing entry hold one lock per folder, so a
 # reader never judges an entry another process is committing.
 _RECORDED_HASH = ".sha256"
+# Removed (`pack cache prune`) while it was being checked: the verdict under the lock finds it gone.
+_GONE = "removed while it was read"
 FOLDER_SEAL = ".pack-entry.json"
 
 
@@ -323,6 +326,7 @@ def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
     check: then it is removed with one warning, and the caller makes it again."""
     if not path.is_file():
         return _shared_entry(path, sha256)
+    _mark_used(path, sha256)
     if _entry_fault(path, sha256) is None:
         return path
     with _entries_locked(path.parent):
@@ -391,7 +395,11 @@ def _entry_fault(path: Path, sha256: str | None) -> str | None:
             return "no sha256 recorded with it (partial, or written by an older pack)"
         except (OSError, UnicodeDecodeError):
             return "its recorded sha256 is unreadable"
-    return None if remembered_digest(path, "sha256", file_sha256) == expected else "its bytes do not match their recorded sha256"
+    try:
+        actual = remembered_digest(path, "sha256", file_sha256)
+    except FileNotFoundError:
+        return _GONE
+    return None if actual == expected else "its bytes do not match their recorded sha256"
 
 
 def seal_folder(folder: Path) -> None:
@@ -424,6 +432,7 @@ def sealed_folder(folder: Path) -> bool:
     sha256, and nothing else. A folder that fails is removed with one warning (False: make it again)."""
     if not folder.is_dir():
         return _shared_folder(folder)
+    _touch(folder / FOLDER_SEAL)
     if _folder_fault(folder) is None:
         return True
     with _entries_locked(folder.parent):
@@ -473,17 +482,167 @@ def _folder_fault(folder: Path) -> str | None:
     if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict) or recorded.get("sha256") != _listing_sha256(recorded["files"]):
         return "its list of files is damaged"
     recorded = recorded["files"]
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != FOLDER_SEAL}
+    try:
+        present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != FOLDER_SEAL}
+    except FileNotFoundError:
+        return _GONE
     missing, extra = sorted(set(recorded) - present), sorted(present - set(recorded))
     if missing:
         return f"{missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
     if extra:
         return f"{extra[0]} is not one of its files"
     for name, sha256 in sorted(recorded.items()):
-        if remembered_digest(folder / name, "sha256", file_sha256) != sha256:
-            return f"{name} does not match its recorded sha256"
+        try:
+            if remembered_digest(folder / name, "sha256", file_sha256) != sha256:
+                return f"{name} does not match its recorded sha256"
+        except FileNotFoundError:
+            return _GONE
     return None
 
 
 def _discard(path: Path, fault: str) -> None:
     warn(f"cache entry {path}: {fault}; removed, it is made again")
+
+
+# Last use, for `pack cache prune`. File atimes are unreliable (noatime, relatime), and touching an
+# entry itself would change its ctime, which keys its remembered digest (a re-read of every byte on
+# the next use). So a read touches what stands beside the entry instead: a file entry's record
+# (`<name>.sha256`; an entry named by its sha256 gets one on its first read), a folder entry's seal.
+# Marked before the check, so `remove_entry` (which reads the mark under the lock) never takes an
+# entry a reader has just found whole.
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # gone (the check that follows says so), or a read-only cache: reading still works
+
+
+def _mark_used(path: Path, sha256: str | None) -> None:
+    record = _recorded_hash_file(path)
+    if sha256 is None or record.is_file():
+        _touch(record)
+        return
+    try:
+        with _entries_locked(path.parent):
+            if path.is_file():
+                atomic_write(record, f"{sha256}\n".encode("ascii"))
+    except OSError:
+        pass  # a read-only cache: the entry ages from when it was written
+
+
+def last_use(entry: Path) -> float | None:
+    """When the cache entry `entry` was last written or read, in seconds since the epoch: the newest
+    mtime of the entry and its record (a file entry) or of its seal (a folder entry). A file or
+    folder pack keeps without a record or seal (a memo, Mesa's shader cache) ages from when it was
+    written. None: gone."""
+    try:
+        if entry.is_dir() and not entry.is_symlink():
+            if not (entry / FOLDER_SEAL).is_file():  # a folder entry pack does not seal: its newest file
+                return max((p.stat().st_mtime for p in entry.rglob("*") if p.is_file()), default=entry.stat().st_mtime)
+            return (entry / FOLDER_SEAL).stat().st_mtime
+        state = entry.stat()
+    except OSError:
+        return None
+    try:
+        return max(state.st_mtime, _recorded_hash_file(entry).stat().st_mtime)
+    except OSError:
+        return state.st_mtime
+
+
+# The areas (first folders under the cache root) pack writes that describe this machine and are
+# never shared; the others pack writes are pipeline/shared_cache.py's SHARED_AREAS. Folders of
+# other areas (tools a test installs there) are shown by `pack cache` but never pruned.
+MACHINE_AREAS = frozenset({"botocore-models", "digests", "external-data", "lock-writes", "locks", "mesa-shader-cache", "published", "valid-manifests"})
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One removable thing in the local cache: a file entry with its record, a sealed folder entry,
+    a record whose entry is gone, or a file pack keeps without a record."""
+
+    path: Path
+    area: str  # the first folder under the cache root
+    size: int  # bytes, its record or seal included
+    used: float  # last use (see `last_use`)
+    owned: bool  # in an area pack writes: `pack cache prune` may remove it
+
+
+def cache_entries(root: Path) -> Iterator[CacheEntry]:
+    """Every entry under the cache root `root`, area by area. Left out: names starting with a dot
+    (scratch files and staging folders of a write under way) and lock files (removing one another
+    process holds would let a second process take the same lock)."""
+    if not root.is_dir():
+        return
+    from pipeline.shared_cache import SHARED_AREAS
+
+    for area in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        yield from _entries_under(area, area.name, area.name in SHARED_AREAS | MACHINE_AREAS)[0]
+
+
+def _entries_under(folder: Path, area: str, owned: bool) -> tuple[list[CacheEntry], bool]:
+    """The entries in `folder`, and whether any is one pack checks (a sealed folder, a file with its
+    record). A folder below the area that holds none of those (a folder left by an older pack, a
+    model beside its external data) is one entry: it goes whole or not at all."""
+    try:
+        children = sorted(folder.iterdir())
+    except OSError:
+        return [], False
+    names = {child.name for child in children}
+    found: list[CacheEntry] = []
+    checked = False
+    for child in children:
+        if child.name.startswith(".") or child.name.endswith(".lock") or child.is_symlink():
+            continue
+        if child.is_dir():
+            inner, inner_checked = ([], True) if (child / FOLDER_SEAL).is_file() else _entries_under(child, area, owned)
+            checked = checked or inner_checked
+            if inner_checked and inner:
+                found.extend(inner)
+                continue
+            used = last_use(child) if inner_checked or inner else None
+            if used is not None:
+                found.append(CacheEntry(child, area, sum(_size(p) for p in child.rglob("*") if p.is_file()), used, owned))
+        elif child.name.endswith(_RECORDED_HASH):
+            checked = True
+            if child.name[: -len(_RECORDED_HASH)] not in names:  # a record alone: its entry is gone
+                found.append(CacheEntry(child, area, _size(child), last_use(child) or 0.0, owned))
+        else:
+            used = last_use(child)
+            checked = checked or _recorded_hash_file(child).name in names
+            if used is not None:
+                found.append(CacheEntry(child, area, _size(child) + _size(_recorded_hash_file(child)), used, owned))
+    return found, checked
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def remove_entry(entry: Path, used_before: float) -> bool:
+    """Remove the cache entry `entry` (see `cache_entries`) unless it was used at or after
+    `used_before` (seconds since the epoch). Held under the folder's entries lock, as commits and
+    verdicts are, and the last use read again under it: a reader never sees a file without its
+    record (it would call that damage) nor a folder it could take as whole, since a folder's seal goes
+    first. A file goes before its record: cut off in between, what is left is a record alone, which
+    reads as no entry. False when it was used since, or is gone. Folders stay, with their entries
+    lock: removing a lock file another process holds would let a second one take the same lock."""
+    with _entries_locked(entry.parent):
+        used = last_use(entry)
+        if used is None or used >= used_before:
+            return False
+        if entry.name.endswith(_RECORDED_HASH) and entry.with_name(entry.name[: -len(_RECORDED_HASH)]).exists():
+            return False  # a record alone no longer: its entry was committed since
+        if entry.is_dir():
+            (entry / FOLDER_SEAL).unlink(missing_ok=True)
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+            if not entry.name.endswith(_RECORDED_HASH):
+                _recorded_hash_file(entry).unlink(missing_ok=True)
+    return True
+

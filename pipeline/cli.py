@@ -36,6 +36,7 @@ COMMANDS: dict[str, CommandEntry] = {
     "diagnose": CommandEntry("pipeline.commands.graph:diagnose", "Run the model on each bundle x EP and name the first node whose output parts from the host.", "Example:  pack diagnose model.onnx --ep webgpu --dim batch=1"),
     "serve": CommandEntry("pipeline.commands.serve:serve", "Serve built packages locally as production does (brotli, media types, COOP/COEP); Ctrl-C stops.", "Example:  pack serve dist/ --port 8000   (then open http://127.0.0.1:8000/<name>/index.html)"),
     "export": CommandEntry("pipeline.commands.export:export", "Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page.", "Example:  pack export dist/gtcrn web/public/models/gtcrn --variants fp32 --host nginx --url-path /models/gtcrn/"),
+    "cache": CommandEntry("pipeline.commands.cache:cache", "Show what the local cache (PACK_CACHE_DIR) and the shared store hold, and prune them by age or size.", "CACHE_EXAMPLES"),
     "report": CommandEntry("pipeline.commands.report:report", "Re-render report.html of a built package: checks, pictures and sound of every output, repairs, sizes, timings.", "Example:  pack report dist/gtcrn --open"),
 }
 

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption, grid_settings
-from pipeline.commands.common import check_output_folder, cli_errors, print_json, progress_for
+from pipeline.commands.common import CACHE_URL_ENV, CacheUrlOption, check_output_folder, cli_errors, print_json, progress_for
 from pipeline.errors import PackError
 
 BUILD_EXAMPLES = """Examples:
@@ -27,8 +27,6 @@ BUILD_EXAMPLES = """Examples:
   pack build gtcrn isnet-fp16 migan --jobs 2 --cache-url s3://my-bucket/pack-cache
 """
 
-# The shared cache behind the local one (pipeline/cache.py reads it); --cache-url sets it.
-CACHE_URL_ENV = "PACK_CACHE_URL"
 
 
 def build(
@@ -49,7 +47,7 @@ def build(
     browser_budget_s: BudgetOption = DEFAULT_BUDGET_S,
     remote_chromium: RemoteChromiumOption = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="PACK_JOBS", show_envvar=True, min=1, help="Several targets: how many build at once, each in its own process (they share the cache).")] = 1,
-    cache_url: Annotated[Optional[str], typer.Option("--cache-url", envvar=CACHE_URL_ENV, show_envvar=True, help="Shared cache behind the local one: s3://BUCKET/PREFIX (S3 or R2; endpoint and credentials as boto3 reads them, e.g. AWS_ENDPOINT_URL) or a folder.")] = None,
+    cache_url: CacheUrlOption = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 

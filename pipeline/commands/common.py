@@ -10,13 +10,19 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 
 from pipeline.errors import PackError, environment_error, interrupt_exit_code, is_environment_error, raise_terminated
 from pipeline.progress import Progress
 from pipeline.urls import mask_urls
+
+# The shared cache behind the local one (pipeline/shared_cache.py reads PACK_CACHE_URL where the cache is opened).
+CACHE_URL_ENV = "PACK_CACHE_URL"
+CacheUrlOption = Annotated[Optional[str], typer.Option(
+    "--cache-url", envvar=CACHE_URL_ENV, show_envvar=True,
+    help="Shared cache behind the local one: s3://BUCKET/PREFIX (S3 or R2; endpoint and credentials as boto3 reads them, e.g. AWS_ENDPOINT_URL) or a folder.")]
 
 
 @contextmanager
