@@ -7,9 +7,13 @@ Both packages come from `pack build` of one small model (tests/conftest.py chunk
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import threading
 from collections import Counter
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -210,3 +214,91 @@ def test_an_export_with_br_bodies_alone_loads_to_the_same_outputs(browser, serve
     assert ours["ok"] and theirs["ok"], (ours, theirs)
     assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
     assert {served[part] for part in chunk_files(tmp_path / "app")} == {"br"}
+
+
+@contextmanager
+def plain_static_server(root: Path):
+    """python's http.server over `root`: every file as it is, `.br` files without Content-Encoding
+    (as GitHub Pages-style hosting serves them)."""
+    handler = functools.partial(QuietHandler, directory=str(root))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - no access log on stderr
+        pass
+
+
+def first_visit(browser, page_url: str, base: str, options: dict) -> dict:
+    """LOAD_AND_RUN in a fresh context (empty Cache Storage), with the bytes on the wire of every
+    request the page made (CDP: Network.loadingFinished encodedDataLength, headers included; for a
+    HEAD, which gets none, its response headers' bytes)."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        urls: dict[str, str] = {}
+        wire: dict[str, int] = {}
+        heads: dict[str, int] = {}
+        cdp.on("Network.requestWillBeSent", lambda e: urls.__setitem__(e["requestId"], e["request"]["method"] + " " + e["request"]["url"]))
+        cdp.on("Network.responseReceived", lambda e: heads.__setitem__(e["requestId"], e["response"].get("encodedDataLength", 0)))
+        cdp.on("Network.loadingFinished", lambda e: wire.__setitem__(e["requestId"], e["encodedDataLength"]))
+        page.goto(page_url)
+        result = page.evaluate(LOAD_AND_RUN, {"base": base, "options": options, "run": True})
+        for _ in range(30):  # the last loadingFinished events may come after the page's promise
+            if all(request in wire or urls[request].startswith("HEAD ") for request in urls if request in heads):
+                break
+            page.wait_for_timeout(100)
+        result["wire"] = {urls[r]: wire.get(r, heads[r]) for r in urls if r in heads}
+        result["unfinished"] = [urls[r] for r in urls if r in heads and r not in wire and not urls[r].startswith("HEAD ")]
+        return result
+    finally:
+        context.close()
+
+
+def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, pages, tmp_path):
+    """The default export (one .br body where there is one) on python's http.server, which serves
+    `.br` files as they are, and on pack serve's server, which decodes them for the browser: the
+    same outputs, and the plain host's first visit moves at most 1.15x the brotli host's bytes (the
+    loader probes the host once, fetches the .br bodies and decodes them with the package's decoder
+    in its Worker: Chromium has no DecompressionStream('brotli')). A raw export has nothing to
+    decode and ships no decoder."""
+    from pipeline.publish.export import export_package
+
+    root = tmp_path / "site"
+    export_package(chunked_packages["chunked"], root / "app", None)
+    shutil.copytree(pages, root / TEST_PREFIX.strip("/"))
+    manifest = manifest_of(root / "app")
+    decoder = manifest["runtime"]["decoder"]
+    assert decoder["package"] == "brotli-dec-wasm" and not manifest["files"][decoder["wasm"]]["encodings"]
+    options = {"executionProviders": ["wasm"], "variant": "fp32", "prewarm": False}
+    with plain_static_server(root) as plain:
+        on_plain = first_visit(browser, plain + TEST_PREFIX[1:] + "blank.html", plain + "app/", options)
+    with running_server(root / "app", {TEST_PREFIX: pages}) as brotli_host:
+        # Chromium 150 drops loadingFinished for some `Cache-Control: no-store` responses (the test
+        # server's default): a CDN's caching headers here, none
+        brotli_host.cache_control = None
+        on_brotli = first_visit(browser, brotli_host.url + TEST_PREFIX[1:] + "blank.html", brotli_host.url, options)
+    assert on_plain["ok"] and on_brotli["ok"], (on_plain, on_brotli)
+    assert on_plain["unfinished"] == on_brotli["unfinished"] == [], (on_plain["unfinished"], on_brotli["unfinished"])
+    assert on_plain["outputs"] == on_brotli["outputs"]
+    hosts = [[(e["decodesBrotli"], e["decoder"]) for e in r["events"] if e["type"] == "host"] for r in (on_plain, on_brotli)]
+    assert hosts == [[(False, "brotli-dec-wasm")], [(True, None)]], hosts
+    decoded = {e["file"] for e in on_plain["events"] if e["type"] == "download" and e.get("decodedBy") == "brotli-dec-wasm"}
+    assert decoded == {path for path, entry in manifest["files"].items() if entry.get("stored") == "br" and any(path in url for url in on_plain["wire"])}
+    assert decoded and manifest["variants"]["fp32"]["model"] in decoded
+    # the decoder only where it is needed
+    assert any(url.endswith(decoder["wasm"]) for url in on_plain["wire"]) and not any(url.endswith(decoder["wasm"]) for url in on_brotli["wire"])
+    plain_bytes, brotli_bytes = sum(on_plain["wire"].values()), sum(on_brotli["wire"].values())
+    raw = export_package(chunked_packages["chunked"], tmp_path / "raw", None, bodies="raw")
+    assert "decoder" not in raw.manifest["runtime"] and not (tmp_path / "raw" / "decoder").exists()
+    print(f"first visit on the wire: plain static host {plain_bytes} B, brotli host {brotli_bytes} B, ratio {plain_bytes / brotli_bytes:.3f}")
+    assert plain_bytes <= 1.15 * brotli_bytes, (plain_bytes, brotli_bytes, on_plain["wire"], on_brotli["wire"])

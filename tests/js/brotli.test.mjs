@@ -105,6 +105,7 @@ test('probePath asks about the smallest file whose .br body differs; hostDecodes
     },
   };
   assert.equal(probePath(manifest), 'small.bin');
+  assert.equal(probePath({ ...manifest, runtime: { bundles: { wasm: { module: 'big.bin', wasm: 'raw.bin' } } } }), 'big.bin');
   assert.equal(probePath({ files: { 'raw.bin': { size: 10, encodings: {} } } }), null);
   assert.equal(brBody(manifest.files['raw.bin']), null);
   const heads = [];

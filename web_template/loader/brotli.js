@@ -25,8 +25,17 @@ export function brBody(entry) {
   return br && typeof br.path === 'string' && typeof br.size === 'number' ? br : null;
 }
 
-/** The package path the probe asks about: the smallest file with a `.br` body whose size differs from its own, else null. */
+/**
+ * The package path the probe asks about: a runtime module with a `.br` body (every first visit
+ * fetches one), else the smallest file whose `.br` body differs in size from its own, else null.
+ */
 export function probePath(manifest) {
+  const bundles = (manifest.runtime && manifest.runtime.bundles) || {};
+  for (const bundle of Object.values(bundles)) {
+    const entry = manifest.files && manifest.files[bundle.module];
+    const br = brBody(entry);
+    if (br && br.size !== entry.size) return bundle.module;
+  }
   let best = null;
   for (const [path, entry] of Object.entries(manifest.files || {})) {
     const br = brBody(entry);
