@@ -7,19 +7,16 @@ Both packages come from `pack build` of one small model (tests/conftest.py chunk
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
-import threading
 from collections import Counter
-from contextlib import contextmanager
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX
 from pipeline.verify.browser.server import running_server
+from static_helpers import first_visit, plain_static_server
 
 pytestmark = pytest.mark.browser
 
@@ -214,54 +211,6 @@ def test_an_export_with_br_bodies_alone_loads_to_the_same_outputs(browser, serve
     assert ours["ok"] and theirs["ok"], (ours, theirs)
     assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
     assert {served[part] for part in chunk_files(tmp_path / "app")} == {"br"}
-
-
-@contextmanager
-def plain_static_server(root: Path):
-    """python's http.server over `root`: every file as it is, `.br` files without Content-Encoding
-    (as GitHub Pages-style hosting serves them)."""
-    handler = functools.partial(QuietHandler, directory=str(root))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - no access log on stderr
-        pass
-
-
-def first_visit(browser, page_url: str, base: str, options: dict) -> dict:
-    """LOAD_AND_RUN in a fresh context (empty Cache Storage), with the bytes on the wire of every
-    request the page made (CDP: Network.loadingFinished encodedDataLength, headers included; for a
-    HEAD, which gets none, its response headers' bytes)."""
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        cdp = context.new_cdp_session(page)
-        cdp.send("Network.enable")
-        urls: dict[str, str] = {}
-        wire: dict[str, int] = {}
-        heads: dict[str, int] = {}
-        cdp.on("Network.requestWillBeSent", lambda e: urls.__setitem__(e["requestId"], e["request"]["method"] + " " + e["request"]["url"]))
-        cdp.on("Network.responseReceived", lambda e: heads.__setitem__(e["requestId"], e["response"].get("encodedDataLength", 0)))
-        cdp.on("Network.loadingFinished", lambda e: wire.__setitem__(e["requestId"], e["encodedDataLength"]))
-        page.goto(page_url)
-        result = page.evaluate(LOAD_AND_RUN, {"base": base, "options": options, "run": True})
-        for _ in range(30):  # the last loadingFinished events may come after the page's promise
-            if all(request in wire or urls[request].startswith("HEAD ") for request in urls if request in heads):
-                break
-            page.wait_for_timeout(100)
-        result["wire"] = {urls[r]: wire.get(r, heads[r]) for r in urls if r in heads}
-        result["unfinished"] = [urls[r] for r in urls if r in heads and r not in wire and not urls[r].startswith("HEAD ")]
-        return result
-    finally:
-        context.close()
 
 
 def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, pages, tmp_path):
