@@ -153,6 +153,7 @@ export class Files {
   constructor({ baseUrl, manifest, cache, progress, emit, signal }) {
     Object.assign(this, { baseUrl, manifest, cache, progress, emit, signal });
     this.pending = new Map();
+    this.decoder = null; // Promise of brotli(): how files with a .br body are fetched here
     this.decoding = null; // the Worker decoding brotli bodies: { widener, busy, timer }
   }
 

@@ -1,7 +1,6 @@
 // load(): fetch the manifest, plan the attempts once (platform chain, adapter, refusals, bundle),
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
-import { hostDecodes } from './brotli.js';
 import { planVariant, variantModel } from './chunks.js';
 import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
@@ -35,8 +34,6 @@ export async function load(options = {}) {
   const base = packageBase(options.baseUrl);
   const baseUrl = base.url;
   const manifest = await fetchManifest(baseUrl, signal, { how: base.how, emit });
-  // Whether the host decodes .br bodies (brotli.js): asked now, beside the adapter probe; files.js awaits it.
-  hostDecodes(baseUrl, manifest, { signal }).catch(() => {});
 
   const nav = globalThis.navigator || {};
   const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
