@@ -38,7 +38,7 @@ from pipeline.web.npm import PACKAGE_JSON, package_json
 
 # Files no static host serves to the loader (report.json: listed by packages of earlier pack versions).
 NOT_EXPORTED = frozenset({"report.json", "index.html", DEMO_SCRIPT})
-# --bodies: what the target host does with a `.br` file (see the module's docstring).
+# --bodies: which body of each file the copy keeps (see the module's docstring).
 BODIES = ("br", "raw")
 
 
