@@ -90,7 +90,9 @@ test('probeHost reads the HEAD answer: Content-Encoding or the .br size says the
   const plain = await ask(answer(200, { 'Content-Length': '1000' }));
   assert.deepEqual(plain, { decodes: false, how: 'HEAD https://h.test/m: Content-Length 1000, its decoded size' });
   assert.equal((await ask(answer(404), { ...entry, stored: 'br' })).decodes, false);
-  // cannot say: a 404 where the file should be, no length (compressed on the fly), a failed request
+  // gzip on the fly is more than the .br body
+  assert.deepEqual(await ask(answer(200, { 'Content-Encoding': 'gzip' })), { decodes: false, how: 'HEAD https://h.test/m: Content-Encoding gzip, not its .br body' });
+  // cannot say: a 404 where the file should be, no length, a failed request
   assert.equal((await ask(answer(404))).decodes, null);
   assert.match((await ask(answer(200, {}))).how, /Content-Length absent, neither its \.br size \(300\) nor its own \(1000\)/);
   assert.equal((await ask(async () => { throw new TypeError('network error'); })).decodes, null);

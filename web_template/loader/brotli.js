@@ -11,8 +11,9 @@
 // serves files as they are); a 404 where an export keeps only `X.br` says the same. HEAD and not
 // Resource Timing on a first download: it decides before any body moves, and Content-Length is
 // readable cross-origin (a CORS-safelisted header) where Resource Timing's sizes read 0 without
-// Timing-Allow-Origin. Any other answer (no length: a host compressing on the fly; HEAD refused)
-// keeps the browser's own decoding; a file missing under one name is then fetched under the other.
+// Timing-Allow-Origin. A host that compresses on the fly (gzip) sends more than the `.br` body: the
+// loader fetches that. Any other answer (no length, HEAD refused) keeps the browser's own
+// decoding; either way a file missing under one name is fetched under the other.
 
 import { PackLoadError, messageOf } from './errors.js';
 
@@ -61,6 +62,8 @@ export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fet
   if (!response.ok) return { decodes: null, how: `HEAD ${url}: HTTP ${response.status}` };
   const encoding = response.headers.get('Content-Encoding');
   if (encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}` };
+  // compressed on the fly (gzip, say): not from its .br body, which is smaller; a 404 for X.br goes back to X
+  if (encoding && !/^\s*identity\s*$/i.test(encoding)) return { decodes: false, how: `HEAD ${url}: Content-Encoding ${encoding}, not its .br body` };
   const length = Number(response.headers.get('Content-Length'));
   if (length === br.size) return { decodes: true, how: `HEAD ${url}: Content-Length ${length}, its .br size` };
   if (length === entry.size) return { decodes: false, how: `HEAD ${url}: Content-Length ${length}, its decoded size` };
