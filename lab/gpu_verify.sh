@@ -178,7 +178,7 @@ verify)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$GPU_BROWSER_CHROME" --version
   echo "GPU_BROWSER_FLAGS=$GPU_BROWSER_FLAGS"
-  python3 -c 'from pipeline.verify.browser.chromium import launch_flags; print("pack --gpu flags:", " ".join(launch_flags(gpu=True)))'
+  python3 -c 'from pipeline.verify.engines.browser.chromium import launch_flags; print("pack --gpu flags:", " ".join(launch_flags(gpu=True)))'
   t=$(date +%s)
   timeout 400 python3 -c 'import typer; from pipeline.commands.verify import verify; typer.run(verify)' \
     "$STASH/dist/gtcrn" --gpu --json >"$OUT/verify.json" 2>"$OUT/verify.err"
@@ -215,9 +215,9 @@ demo)
   timeout 200 python3 - "$STASH/dist/gtcrn" "$OUT" >"$OUT/demo.out" 2>&1 <<'EOF'
 import json, sys, time
 from pathlib import Path
-from pipeline.verify.browser import chromium
-from pipeline.verify.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.engines.browser import chromium
+from pipeline.verify.engines.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
+from pipeline.package_server import running_server
 
 package, out = Path(sys.argv[1]), Path(sys.argv[2])
 F16 = 'vulkan_enable_f16_on_nvidia'
@@ -282,9 +282,9 @@ select)
   timeout "${PACK_GPU_SELECT_S:-540}" python3 -P - "$OUT" "${pkgs[@]}" >"$OUT/select.out" 2>&1 <<'EOF'
 import json, sys, time
 from pathlib import Path
-from pipeline.verify.browser import chromium
-from pipeline.verify.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.engines.browser import chromium
+from pipeline.verify.engines.browser.chromium import gpu_errors, launch_browser, new_watched_page, probe_adapter
+from pipeline.package_server import running_server
 
 out, packages = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
 results = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'flags': chromium.launch_flags(gpu=True), 'packages': {}}

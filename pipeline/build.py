@@ -1,13 +1,16 @@
 """`pack build`: recipe → repaired, converted, verified, compressed package in dist/<name>/.
 
-Stages run in pipeline order, one function each, and return what they found (files, steps,
-checks); the manifest (`PackageContents.manifest`, pipeline/assets/package.py) and report.json
-(`make_record`, pipeline/report/record.py) are each made from those and written exactly once, at
-the end: the manifest first, then report.json (its sizes count the manifest's bytes). The browser
-stage is handed the manifest in memory (served as the staging folder's manifest.json), so no
-provisional manifest is ever written. The package is assembled in a temporary folder beside its
-destination and renamed into place at the end, so a build that stops on bad input (PackError,
-exit 2) leaves nothing half-written.
+A build is a table of keyed stages (`build_table`, run by pipeline/stage_table.py): fetch, repair,
+samples, convert, models, host_verify, webgpu_kernels, files, browser_verify, judge, write. Each
+reads its slice of the `BuildSettings` and the artefacts earlier stages put in the ledger, and
+returns what it makes; each is keyed by the one key function (pipeline/keys.py), chained from the
+stages it reads, so the last stage's key names the whole package: a passed package stored under it
+(pipeline/reuse.py, shared through pipeline/shared_cache.py) is linked into place instead of built.
+The manifest and report.json are each written exactly once, by the last stage: the manifest first,
+then report.json (its sizes count the manifest's bytes). The browser stage is handed the manifest
+in memory (served as the staging folder's manifest.json), so no provisional manifest is ever
+written. The package is assembled in a temporary folder beside its destination and renamed into
+place at the end, so a build that stops on bad input (PackError, exit 2) leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -15,11 +18,9 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -45,15 +46,18 @@ from pipeline.report.record import Record, Refusal, make_record, read_record, wr
 from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
-from pipeline.reuse import KILL_AT_ENV, BuildInputs, as_data, browser_version, code_key, library_versions, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
+from pipeline.keys import as_data
+from pipeline.reuse import KILL_AT_ENV, browser_version, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
+from pipeline.shared_cache import begin_traffic, check_shared_store, traffic_line as shared_traffic_line
+from pipeline.stage_table import Ledger, Stage, StageRun, run_stage, stage_keys
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.urls import mask_url
-from pipeline.verify.browser.run_plan import plan_runs
-from pipeline.verify.checks import contradicted_kernel_errors, layout_verdict, self_reference_checks, skipped_runs, webgpu_failures
+from pipeline.verify.engines.browser.run_plan import plan_runs
+from pipeline.verify.judgement.checks import contradicted_kernel_errors, layout_verdict, self_reference_checks, skipped_runs, webgpu_failures
 from pipeline.verify.stages import fp16_evaluators, host_checks, onnxruntime_refusal, webgpu_kernel_stage
-from pipeline.verify.thresholds import threshold_table
-from pipeline.verify.host import run_model
+from pipeline.verify.judgement.thresholds import threshold_table
+from pipeline.verify.engines.host import run_model
 
 
 @dataclass
@@ -77,6 +81,7 @@ class BuildResult:
     report: Record
     reused: str | None = None  # the build key, when a stored package with the same inputs was linked into place
     lock: Path | None = None  # the lock file the build read or wrote, when there is one (the summary names it)
+    shared: str | None = None  # what the build read from and wrote to the shared cache (one line), when it did
 
     @property
     def exit_code(self) -> int:
@@ -99,23 +104,6 @@ def stage_boundary(name: str) -> None:
     rebuild trips on."""
     if os.environ.get(KILL_AT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class Timer:
-    """Wall time per stage, in report.json `timings` as `<stage>_s`."""
-
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        stage_boundary(name)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            key = f"{name}_s"  # a stage entered twice (assets) adds up
-            self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
 
 
 def load_build_recipe(options: BuildOptions) -> Recipe:
@@ -245,7 +233,7 @@ def _browser_verify(staging: Path, contents: PackageContents, thresholds: Thresh
     layout, the same package is tried with `preferredLayout: 'NCHW'` in its in-memory manifest
     (onnxruntime-web 1.30's NHWC transform breaks some real graphs, GTCRN's Conv among them); the
     package keeps it when it fails fewer WebGPU runs (checks.layout_verdict), and the step records both figures."""
-    from pipeline.verify.browser.grid import browsers_for, exit_policy, verify_on_grid
+    from pipeline.verify.engines.browser.grid import browsers_for, exit_policy, verify_on_grid
 
     ep_options = contents.ep_options
     steps = []
@@ -297,10 +285,60 @@ def _refused_pairs(manifest: Manifest) -> list[Refusal] | None:
     return refusals or None
 
 
-def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock_entry: dict | None) -> BuildInputs:
-    """Everything this build's result depends on (pipeline/reuse.py)."""
-    from pipeline.verify.browser.chromium import chromium_path
+# --- the settings a build's result depends on, and the stage table ------------------------------
 
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Everything a build's result depends on besides the source bytes (which the fetch keys):
+    each stage reads a slice of it (`Stage.settings`) and its key holds that slice."""
+
+    recipe: dict[str, Any]  # the recipe as data: no machine paths, files as their sha256
+    options: dict[str, Any]  # the options that change results
+    lock: dict | None  # the lock entry as this build reads it
+    runtime: str  # onnxruntime-web's version (a local build: with its shipped files' sha256)
+    browser: str | None  # the Chromium that verifies (None: --no-browser)
+    environment: dict[str, str]  # the PACK_* settings that change results
+
+
+# Recipe keys no stage reads as a result input: where the recipe file lies (its content is what
+# counts), and the how-to line shown when a recipe has no public source.
+RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source_instructions")
+
+
+def _recipe_slice(*names: str) -> Callable[[BuildSettings], dict]:
+    def read(settings: BuildSettings) -> dict:
+        return {name: settings.recipe[name] for name in names}
+
+    read.recipe_keys = names  # type: ignore[attr-defined]  # tests/test_build_stages.py checks every key is read
+    return read
+
+
+def _slice(*recipe_keys: str, **others: Callable[[BuildSettings], Any]) -> Callable[[BuildSettings], dict]:
+    recipe = _recipe_slice(*recipe_keys)
+
+    def read(settings: BuildSettings) -> dict:
+        return {**recipe(settings), **{name: pick(settings) for name, pick in others.items()}}
+
+    read.recipe_keys = recipe_keys  # type: ignore[attr-defined]
+    return read
+
+
+def build_settings(recipe: Recipe, options: BuildOptions, lock_entry: dict | None) -> BuildSettings:
+    from pipeline.verify.engines.browser.chromium import chromium_path
+
+    recipe_data = as_data(recipe)
+    recipe_data["path"] = recipe.path.name if recipe.path else None
+    recipe_data["source"] = mask_url(recipe.source) if recipe.source else recipe.source  # a re-signed URL is the same source
+    for name, spec in recipe_data["inputs"].items():  # an input's sample file counts by its bytes
+        given = recipe.inputs[name].file
+        spec["file"] = file_sha256(given) if given is not None and Path(given).is_file() else spec["file"]
+    runtime = recipe.runtime_version
+    if recipe.runtime_path is not None:  # a local build: its bundles are what runs
+        local = local_runtime(Path(recipe.runtime_path))  # only the files a package ships, not the build tree
+        shipped = sorted({path for bundle in local.bundles.values() for path in (bundle.module, bundle.wasm, bundle.glue) if path is not None})
+        runtime += ":" + "".join(file_sha256(path) for path in shipped)
+    recipe_data["runtime_path"] = None  # keyed by the files above
     options_data = {
         "inputs_npz": file_sha256(options.inputs_npz) if options.inputs_npz and options.inputs_npz.is_file() else None,
         "input_shapes": sorted(options.input_shapes),
@@ -308,28 +346,194 @@ def _build_inputs(recipe: Recipe, options: BuildOptions, fetched, lock_entry: di
         "gpu": options.gpu,
         "source_given": mask_url(options.source) if options.source else None,
     }
-    runtime = recipe.runtime_version
-    if recipe.runtime_path is not None:  # a local build: its bundles are what runs
-        local = local_runtime(Path(recipe.runtime_path))  # only the files a package ships, not the build tree
-        shipped = sorted({path for bundle in local.bundles.values() for path in (bundle.module, bundle.wasm, bundle.glue) if path is not None})
-        runtime += ":" + "".join(file_sha256(path) for path in shipped)
-    # the source's bytes are hashed: its URL counts as masked, so a signed URL signed again reuses the build
-    recipe_data = {**as_data(recipe), "source": mask_url(recipe.source) if recipe.source else recipe.source}
-    return BuildInputs(
-        source=source_hashes(fetched.path, fetched.sha256),
-        recipe=recipe_data,
-        options=options_data,
-        lock={"entry": lock_entry},
-        runtime=runtime,
-        code=code_key(),
-        libraries=library_versions(),
-        browser=browser_version(chromium_path()) if options.browser else None,
-        environment=pack_settings(),
+    return BuildSettings(recipe_data, options_data, lock_entry, runtime, browser_version(chromium_path()) if options.browser else None, pack_settings())
+
+
+@dataclass
+class _Build:
+    """One build's context: what every stage function may use besides the ledger."""
+
+    options: BuildOptions
+    progress: Progress
+    out_dir: Path
+    staging: Path | None = None
+
+
+def _stage_fetch(build: _Build, ledger: Ledger) -> dict:
+    recipe, options, progress = ledger["recipe"], build.options, build.progress
+    request = source_request(recipe, options)
+    lock = lock_for(recipe, options.lock)
+    fetched = fetch_source(request, lock, progress)
+    recipe.source = request.uri
+    return {"fetched": fetched}
+
+
+def _stage_repair(build: _Build, ledger: Ledger) -> dict:
+    recipe, fetched = ledger["recipe"], ledger["fetched"]
+    build.progress.note(f"loading and repairing {fetched.path.name}")
+    model = load_model(fetched.path)
+    source_sha = hashlib.sha256(model_bytes(model)).hexdigest()
+    settings = repair_settings(recipe, build.progress)
+    model, steps = _repair(model, recipe, settings)
+    return {"model": model, "source_sha": source_sha, "pass_settings": settings, "repair_steps": steps}
+
+
+def _stage_samples(build: _Build, ledger: Ledger) -> dict:
+    return {"feeds": make_feeds(ledger["model"], ledger["recipe"], build.options.inputs_npz)}
+
+
+def _stage_convert(build: _Build, ledger: Ledger) -> dict:
+    recipe, model, source_path = ledger["recipe"], ledger["model"], ledger["fetched"].path
+    build.progress.note(f"precision: {recipe.ships()} variants of {recipe.name}")
+    context = _fp16_context(model, ledger["feeds"], recipe, build.options, source_path, build.progress)
+    made = make_variants(model, recipe, ledger["source_sha"], context, ledger["pass_settings"])
+    if recipe.source_precision and not build.options.source and made.precision != recipe.source_precision:
+        raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
+    return {"made": made}
+
+
+def _stage_models(build: _Build, ledger: Ledger) -> dict:
+    recipe, made = ledger["recipe"], ledger["made"]
+    models = write_models(build.staging, recipe, made.variants, made.reference, ledger["feeds"], build.progress)
+    return {"models": models, "contents": replace(start_package(recipe), models=models, ep_options=models.ep_options)}
+
+
+def _stage_host_verify(build: _Build, ledger: Ledger) -> dict:
+    reference, checks = _host_verify(ledger["models"], ledger["made"], ledger["feeds"], ledger["recipe"], ledger["fetched"].path, build.progress)
+    return {"reference": reference, "host_checks": checks}
+
+
+def _stage_webgpu_kernels(build: _Build, ledger: Ledger) -> dict:
+    contents, models = ledger["contents"], ledger["models"]
+    kernels = webgpu_kernel_stage(ledger["made"].variants, ledger["reference"], ledger["feeds"], ledger["recipe"], build.progress, models.check_paths, contents.ep_options.get("webgpu", {}))
+    if kernels.ep_options:
+        contents = replace(contents, ep_options={**contents.ep_options, "webgpu": kernels.ep_options})
+    return {"kernels": kernels, "contents": contents}
+
+
+def _stage_files(build: _Build, ledger: Ledger) -> dict:
+    """The sample, the runtime, the thresholds and the loader: the rest of what the package lists."""
+    recipe, made, staging, progress = ledger["recipe"], ledger["made"], build.staging, build.progress
+    sample = write_sample(staging, recipe, made.reference, ledger["feeds"], ledger["reference"], progress)
+    runtime = write_runtime(staging, recipe, progress)
+    contents = replace(ledger["contents"], sample=sample, runtime=runtime)
+    thresholds = threshold_table(made.variants, ledger["reference"], recipe, ledger["models"].variant_for)
+    rendered = render_loader(staging, contents.manifest(license=recipe.license), sample_rate=_sample_rate(recipe))
+    return {"contents": replace(contents, plain=plain_files(staging, rendered)), "thresholds": thresholds}
+
+
+def _stage_browser_verify(build: _Build, ledger: Ledger) -> dict:
+    contents, recipe, options = ledger["contents"], ledger["recipe"], build.options
+    if not options.browser:
+        return {"browser": _browser_skipped(contents.manifest()), "contents": contents}
+    browser = _browser_verify(build.staging, contents, ledger["thresholds"], recipe.license, ledger["reference"], options.gpu, build.progress, options.grid)
+    return {"browser": browser, "contents": replace(contents, ep_options=browser.ep_options)}
+
+
+def _stage_judge(build: _Build, ledger: Ledger) -> dict:
+    """The verdict from every check, the loader's choice, refused EPs out of the chains: the final manifest."""
+    recipe, made, browser, contents = ledger["recipe"], ledger["made"], ledger["browser"], ledger["contents"]
+    kernels = ledger["kernels"]
+    checks = ledger["host_checks"] + contradicted_kernel_errors(kernels.checks, browser.checks) + browser.checks
+    verification = _verification(checks)
+    if recipe.verify_require:
+        verification["require"] = list(recipe.verify_require)
+    measurements = measurements_from(browser.report)
+    select, why = default_select(recipe.loader_select, [m["steadyMs"] for m in measurements])
+    contents = replace(contents, loader={**contents.loader, "select": select})
+    kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
+    final = dict(thresholds=ledger["thresholds"], measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
+    judged = contents.manifest(verification=verification, **final)  # the runs decide; `passed` follows
+    refusals = _refused_pairs(judged)
+    eps_refused = refused_eps(judged)
+    if eps_refused:  # an EP refused leaves the chains that keep another (the loader loads a smaller bundle)
+        verification["refusedEps"] = eps_refused
+        contents = replace(contents, chains=chains_without_refused_eps(judged))
+        judged = contents.manifest(verification=verification, **final)
+    passed, verdict = package_verdict(judged)
+    if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
+        passed = False
+        verdict.append("remote browsers: endpoints ended in error beyond the exit policy (docs/remote.md)")
+    manifest = contents.manifest(verification={**verification, "passed": passed}, **final)
+    return {"checks": checks, "manifest": manifest, "verdict": {"passed": passed, "verdict": verdict, "refused": refusals, "loader": {"select": select, "why": why}}}
+
+
+def _stage_write(build: _Build, ledger: Ledger) -> dict:
+    """manifest.json once, then report.json (its sizes count the manifest's bytes), then report.html."""
+    recipe, made, fetched, browser, verdict = ledger["recipe"], ledger["made"], ledger["fetched"], ledger["browser"], ledger["verdict"]
+    staging, manifest = build.staging, ledger["manifest"]
+    manifest_size = write_manifest(staging, manifest).stat().st_size  # the one write of the manifest
+    report = make_record(
+        name=recipe.name,
+        passed=verdict["passed"],
+        verdict=verdict["verdict"],
+        refused=verdict["refused"],
+        checks=ledger["checks"],
+        steps=ledger["repair_steps"] + made.steps + ledger["kernels"].steps + browser.steps,
+        timings={f"{name}_s": seconds for name, seconds in ledger["timings"].items()},
+        source={"uri": public_uri(recipe.source), "file": fetched.path.name, "sha256": ledger["source_sha"], "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
+        license=recipe.license,
+        variants_refused=made.refused,
+        sample_rate=_sample_rate(recipe),
+        webgpu_kernels=ledger["kernels"].facts,
+        browser=browser.report,
+        loader=verdict["loader"],
+        delivery=delivery_sizes(manifest, manifest_size),
     )
+    write_record(staging, report)  # after the manifest, once: not in manifest.files (pipeline/report)
+    write_report(staging, ReportData(browser.outputs), build.progress)  # report.html: not in manifest.files either
+    return {"report": report}
+
+
+def _environment(settings: BuildSettings) -> dict:
+    return settings.environment
+
+
+# The build, in run order. Each stage's settings slice names the recipe keys it reads; the rest of a
+# slice is options, the lock entry, the runtime, the browser or the PACK_* settings. A stage's code
+# is what computes its result (keys.code_hash); its key chains from the stages that made what it reads.
+def build_table(build: _Build) -> list[Stage]:
+    def bound(function: Callable[[_Build, Ledger], dict]) -> Callable[[Ledger], dict]:
+        return lambda ledger: function(build, ledger)
+
+    def source_files(ledger: Ledger) -> dict[str, str]:
+        fetched = ledger["fetched"]
+        return source_hashes(fetched.path, fetched.sha256)
+
+    return [
+        Stage("fetch", bound(_stage_fetch), _slice("name", "source", "source_sha256", "source_size", "source_opset", "source_precision",
+                                                   source_given=lambda s: s.options["source_given"], lock=lambda s: s.lock),
+              reads=("recipe",), makes=("fetched",), code=("pipeline.source",), content=source_files),
+        Stage("repair", bound(_stage_repair), _slice("repairs_auto", "repairs", "runtime_version", "runtime_path", runtime=lambda s: s.runtime),
+              reads=("fetched",), makes=("model", "source_sha", "pass_settings", "repair_steps"), code=("pipeline.graph", "pipeline.runtime"), libraries=("onnx",)),
+        Stage("samples", bound(_stage_samples), _slice("inputs", "seed", inputs_npz=lambda s: s.options["inputs_npz"], input_shapes=lambda s: s.options["input_shapes"]),
+              reads=("model",), makes=("feeds",), code=("pipeline.assets.samples", "pipeline.assets.patterns"), libraries=("numpy",)),
+        Stage("convert", bound(_stage_convert), _slice("variants", "variants_stated", "fp16_block_ops", "fp16_keep_nodes", "fp16_search", "fp16_search_trials", "fp16_search_seconds", "outputs", lock=lambda s: s.lock, environment=_environment),
+              reads=("model", "feeds", "source_sha", "pass_settings"), makes=("made",), code=("pipeline.precision", "pipeline.verify"), libraries=("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy")),
+        Stage("models", bound(_stage_models), _slice("chunk_mib", "max_file_mib", "description", "chains", "watchdog_ms", "prewarm", "wasm_variant"),
+              reads=("made", "feeds"), makes=("models", "contents"), code=("pipeline.assets",), libraries=("onnx", "brotli")),
+        Stage("host_verify", bound(_stage_host_verify), _slice("outputs"),
+              reads=("models", "made", "feeds"), makes=("reference", "host_checks"), code=("pipeline.verify",), libraries=("onnxruntime", "numpy")),
+        Stage("webgpu_kernels", bound(_stage_webgpu_kernels), _slice("outputs", environment=_environment),
+              reads=("contents", "models", "made", "reference", "feeds"), makes=("kernels", "contents"), code=("pipeline.verify",), libraries=("onnxruntime", "onnxruntime-ep-webgpu", "numpy")),
+        Stage("files", bound(_stage_files), _slice("license", "max_file_mib", "runtime_version", "runtime_path", runtime=lambda s: s.runtime),
+              reads=("contents", "made", "feeds", "reference", "models"), makes=("contents", "thresholds"), code=("pipeline.assets", "pipeline.web", "pipeline.web_template", "pipeline.verify.judgement.thresholds"), libraries=("brotli", "jinja2")),
+        Stage("browser_verify", bound(_stage_browser_verify), _slice(browser=lambda s: s.browser, enabled=lambda s: s.options["browser"], gpu=lambda s: s.options["gpu"]),
+              reads=("contents", "thresholds", "reference"), makes=("browser", "contents"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
+        Stage("judge", bound(_stage_judge), _slice("verify_require", "loader_select", "license"),
+              reads=("contents", "made", "browser", "kernels", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"), code=("pipeline.manifest", "pipeline.verify.judgement.checks", "pipeline.web.select")),
+        Stage("write", bound(_stage_write), _slice("name", environment=_environment),
+              reads=("manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "fetched", "source_sha"), makes=("report",),
+              code=("pipeline.report", "pipeline.manifest", "pipeline.build", "pipeline.stage_table"), libraries=("jinja2", "numpy")),
+    ]
+
+
+def _sample_rate(recipe: Recipe) -> int | None:
+    return next((int(s.pattern_options["sample_rate"]) for s in recipe.inputs.values() if "sample_rate" in s.pattern_options), None)
 
 
 def _reuse_stored(key: str, options: BuildOptions, recipe: Recipe) -> BuildResult | None:
-    """A stored package of a passed build with the same inputs, linked into place; None when none."""
+    """A stored package of a passed build with the same key, linked into place; None when none."""
     stored = stored_package(key)
     if stored is None:
         return None
@@ -349,110 +553,48 @@ def _make_out_dir(out_dir: Path) -> None:
         raise PackError(f"--out {out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
 
 
-def build(options: BuildOptions, progress: Progress) -> BuildResult:
-    timer = Timer()
-    with timer.stage("fetch"):
-        recipe = load_build_recipe(options)
-        request = source_request(recipe, options)
-        lock = lock_for(recipe, options.lock)
-        # the lock as this build reads it: a pin the fetch writes now is an output (the report says
-        # "pinned now"), and the next build, which checks against it, is another build
-        lock_read = lock.entry(recipe.name)
-        fetched = fetch_source(request, lock, progress)
-        recipe.source = request.uri
-        source_path = fetched.path
-    # Remote browsers are no input pack can hash (the device behind a URL changes): never reused.
-    inputs_key = _build_inputs(recipe, options, fetched, lock_read).key() if options.reuse and reuse_enabled() and options.grid is None else None
-    if inputs_key is not None:
-        reused = _reuse_stored(inputs_key, options, recipe)
-        if reused is not None:
-            progress.note(f"nothing changed since the stored build {inputs_key[:12]}: its package is linked into place")
-            return reused
-    with timer.stage("repair"):
-        progress.note(f"loading and repairing {source_path.name}")
-        model = load_model(source_path)
-        source_sha = hashlib.sha256(model_bytes(model)).hexdigest()
-        settings = repair_settings(recipe, progress)
-        model, repair_steps = _repair(model, recipe, settings)
-    with timer.stage("samples"):
-        feeds = make_feeds(model, recipe, options.inputs_npz)
-    with timer.stage("convert"):
-        progress.note(f"precision: {', '.join(recipe.variants)} variants of {recipe.name}")
-        context = _fp16_context(model, feeds, recipe, options, source_path, progress)
-        made = make_variants(model, recipe, source_sha, context, settings)
-        if recipe.source_precision and not options.source and made.precision != recipe.source_precision:
-            raise PackError(f"{recipe.path}: key 'source.precision' says {recipe.source_precision}, but {source_path.name} is {made.precision} ({made.precision_reason}); fix the key")
 
+
+def build(options: BuildOptions, progress: Progress) -> BuildResult:
+    """Run the stage table: the fetch, then (unless a stored package has the last stage's key) the
+    rest, with the package assembled in a staging folder renamed into place at the end."""
+    check_shared_store()  # a shared cache named but unusable is bad input: before any work
+    begin_traffic()
+    result = _run_build(options, progress)
+    return replace(result, shared=shared_traffic_line())
+
+
+def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
+    run = _Build(options, progress, options.out_dir)
+    table = build_table(run)
+    record = StageRun()
+    recipe = load_build_recipe(options)
+    lock_read = lock_for(recipe, options.lock).entry(recipe.name)  # as this build reads it: a pin the fetch writes is an output
+    ledger: Ledger = {"recipe": recipe}
+    run_stage(table[0], ledger, record, stage_boundary)
+    settings = build_settings(recipe, options, lock_read)
+    keys = stage_keys(table, settings, ledger)
+    # Remote browsers are no input pack can hash (the device behind a URL changes): never reused.
+    package_key = keys[table[-1].name] if options.reuse and reuse_enabled() and options.grid is None else None
+    if package_key is not None:
+        reused = _reuse_stored(package_key, options, recipe)
+        if reused is not None:
+            progress.note(f"nothing changed since the stored build {package_key[:12]}: its package is linked into place")
+            return reused
+    staged = table.index(next(stage for stage in table if stage.name == "models"))
+    for stage in table[1:staged]:
+        run_stage(stage, ledger, record, stage_boundary)
     destination = options.out_dir / recipe.name
     _make_out_dir(options.out_dir)
-    sample_rate = next((int(s.pattern_options["sample_rate"]) for s in recipe.inputs.values() if "sample_rate" in s.pattern_options), None)
     with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
-        with timer.stage("assets"):
-            models = write_models(staging, recipe, made.variants, made.reference, feeds, progress)
-            contents = replace(start_package(recipe), models=models, ep_options=models.ep_options)
-        with timer.stage("host_verify"):
-            reference, host = _host_verify(models, made, feeds, recipe, source_path, progress)
-        with timer.stage("webgpu_kernels"):
-            kernels = webgpu_kernel_stage(made.variants, reference, feeds, recipe, progress, models.check_paths, contents.ep_options.get("webgpu", {}))
-            if kernels.ep_options:
-                contents = replace(contents, ep_options={**contents.ep_options, "webgpu": kernels.ep_options})
-        with timer.stage("assets"):
-            sample = write_sample(staging, recipe, made.reference, feeds, reference, progress)
-            runtime = write_runtime(staging, recipe, progress)
-            contents = replace(contents, sample=sample, runtime=runtime)
-            thresholds = threshold_table(made.variants, reference, recipe, models.variant_for)
-            rendered = render_loader(staging, contents.manifest(license=recipe.license), sample_rate=sample_rate)
-            contents = replace(contents, plain=plain_files(staging, rendered))
-        with timer.stage("browser_verify"):
-            if options.browser:
-                browser = _browser_verify(staging, contents, thresholds, recipe.license, reference, options.gpu, progress, options.grid)
-                contents = replace(contents, ep_options=browser.ep_options)
-            else:
-                browser = _browser_skipped(contents.manifest())
-        checks = host + contradicted_kernel_errors(kernels.checks, browser.checks) + browser.checks
-        verification = _verification(checks)
-        if recipe.verify_require:
-            verification["require"] = list(recipe.verify_require)
-        measurements = measurements_from(browser.report)
-        select, why = default_select(recipe.loader_select, [m["steadyMs"] for m in measurements])
-        contents = replace(contents, loader={**contents.loader, "select": select})
-        kept = next((v.kept_fp32 for v in made.variants if v.name == "fp16" and v.kept_fp32), None)
-        final = dict(thresholds=thresholds, measurements=measurements, license=recipe.license, fp16={"keptFp32": kept} if kept else None)
-        judged = contents.manifest(verification=verification, **final)  # the runs decide; `passed` follows
-        refusals = _refused_pairs(judged)
-        eps_refused = refused_eps(judged)
-        if eps_refused:  # an EP refused leaves the chains that keep another (the loader loads a smaller bundle)
-            verification["refusedEps"] = eps_refused
-            contents = replace(contents, chains=chains_without_refused_eps(judged))
-            judged = contents.manifest(verification=verification, **final)
-        passed, verdict = package_verdict(judged)
-        if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
-            passed = False
-            verdict.append("remote browsers: endpoints ended in error beyond the exit policy (docs/remote.md)")
-        manifest = contents.manifest(verification={**verification, "passed": passed}, **final)
-        manifest_size = write_manifest(staging, manifest).stat().st_size  # the one write of the manifest
-        report = make_record(
-            name=recipe.name,
-            passed=passed,
-            verdict=verdict,
-            refused=refusals,
-            checks=checks,
-            steps=repair_steps + made.steps + kernels.steps + browser.steps,
-            timings=timer.timings,
-            source={"uri": public_uri(recipe.source), "file": source_path.name, "sha256": source_sha, "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
-            license=recipe.license,
-            variants_refused=made.refused,
-            sample_rate=sample_rate,
-            webgpu_kernels=kernels.facts,
-            browser=browser.report,
-            loader={"select": select, "why": why},
-            delivery=delivery_sizes(manifest, manifest_size),
-        )
-        write_record(staging, report)  # after the manifest, once: not in manifest.files (pipeline/report)
-        write_report(staging, ReportData(browser.outputs), progress)  # report.html: not in manifest.files either
-        if inputs_key is not None and report["passed"]:
+        run.staging = staging
+        ledger["timings"] = record.seconds  # the write stage reports every stage's time (its own as far as it got)
+        for stage in table[staged:]:
+            run_stage(stage, ledger, record, stage_boundary)
+        report = ledger["report"]
+        if package_key is not None and report["passed"]:
             stage_boundary("store")
-            store_package(inputs_key, staging)
+            store_package(package_key, staging)
         stage_boundary("finish")
         _finish(staging, destination)
     return BuildResult(destination, report, lock=lock_path(recipe, options.lock))

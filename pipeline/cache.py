@@ -259,6 +259,8 @@ def atomic_output(path: Path, entry: bool = False) -> Iterator[BinaryIO]:
         note_written(error, Path(tmp))
         Path(tmp).unlink(missing_ok=True)
         raise
+    if entry:
+        share_entry(path, digest)
 
 
 def atomic_write(path: Path, data: bytes, entry: bool = False) -> None:
@@ -320,7 +322,7 @@ def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
     or to the hash recorded when it was written. None when it is not there, or when it failed the
     check: then it is removed with one warning, and the caller makes it again."""
     if not path.is_file():
-        return None
+        return _shared_entry(path, sha256)
     if _entry_fault(path, sha256) is None:
         return path
     with _entries_locked(path.parent):
@@ -330,7 +332,54 @@ def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
         _discard(path, fault)
         _recorded_hash_file(path).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
-    return None
+    return _shared_entry(path, sha256)
+
+
+# The shared store (pipeline/shared_cache.py) behind the local cache: a local miss reads through
+# it, a committed entry is written back. Nothing happens unless PACK_CACHE_URL names one.
+
+
+def _shared_name(path: Path, folder: bool = False) -> str | None:
+    from pipeline.shared_cache import object_name, shared_store
+
+    return object_name(cache_root(), path, folder) if shared_store() is not None else None
+
+
+def share_entry(path: Path, sha256: str) -> None:
+    """Write the committed file entry `path` (its bytes hash to `sha256`) back to the shared store."""
+    name = _shared_name(path)
+    if name is not None:
+        from pipeline.shared_cache import put_file
+
+        put_file(name, path, sha256)
+
+
+def _shared_entry(path: Path, sha256: str | None) -> Path | None:
+    """The entry read from the shared store and committed here as if made here; None when it has none."""
+    name = _shared_name(path)
+    if name is None:
+        return None
+    from pipeline.shared_cache import fetch_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        digest = fetch_file(name, Path(scratch), sha256)
+        if digest is None:
+            return None
+        os.chmod(scratch, file_mode())
+        with _entries_locked(path.parent):
+            if sha256 is None:
+                atomic_write(_recorded_hash_file(path), f"{digest}\n".encode("ascii"))
+            os.replace(scratch, path)
+        remember_digest(path, "sha256", digest)
+        return path
+    except BaseException as error:
+        note_written(error, Path(scratch))
+        raise
+    finally:
+        Path(scratch).unlink(missing_ok=True)
 
 
 def _entry_fault(path: Path, sha256: str | None) -> str | None:
@@ -359,16 +408,22 @@ def _listing_sha256(files: dict) -> str:
 
 @contextmanager
 def folder_commit(folder: Path) -> Iterator[None]:
-    """Held while a sealed scratch folder is renamed onto the entry `folder`."""
+    """Held while a sealed scratch folder is renamed onto the entry `folder`; the entry is then
+    written back to the shared store."""
     with _entries_locked(folder.parent):
         yield
+    name = _shared_name(folder, folder=True)
+    if name is not None and (folder / FOLDER_SEAL).is_file():
+        from pipeline.shared_cache import put_folder
+
+        put_folder(name, folder)
 
 
 def sealed_folder(folder: Path) -> bool:
     """Whether `folder` holds a whole folder entry: sealed, with every recorded file there with its
     sha256, and nothing else. A folder that fails is removed with one warning (False: make it again)."""
     if not folder.is_dir():
-        return False
+        return _shared_folder(folder)
     if _folder_fault(folder) is None:
         return True
     with _entries_locked(folder.parent):
@@ -377,7 +432,35 @@ def sealed_folder(folder: Path) -> bool:
             return folder.is_dir()
         _discard(folder, fault)
         shutil.rmtree(folder, ignore_errors=True)
-    return False
+    return _shared_folder(folder)
+
+
+def _shared_folder(folder: Path) -> bool:
+    """The folder entry read from the shared store, checked against its seal and renamed into place."""
+    name = _shared_name(folder, folder=True)
+    if name is None:
+        return False
+    from pipeline.shared_cache import discard_object, fetch_folder
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = folder.with_name(f".{folder.name}.{os.getpid()}-shared")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        if not fetch_folder(name, scratch):
+            return False
+        fault = _folder_fault(scratch)
+        if fault is not None:
+            discard_object(name, fault)
+            return False
+        with _entries_locked(folder.parent):
+            if not folder.is_dir():
+                os.rename(scratch, folder)
+        return folder.is_dir()
+    except BaseException as error:
+        note_written(error, scratch)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _folder_fault(folder: Path) -> str | None:

@@ -29,13 +29,13 @@ class CommandEntry:
 # One entry per command, in the order `pack --help` lists them.
 COMMANDS: dict[str, CommandEntry] = {
     "build": CommandEntry("pipeline.commands.build:build", "Build a verified, compressed browser package from a recipe or a model.", "BUILD_EXAMPLES"),
-    "recipes": CommandEntry("pipeline.commands.build:recipes", "List the built-in recipes, one line each: what they ship, the source's size, licence and URL.", "Example:  pack recipes --json"),
+    "recipes": CommandEntry("pipeline.commands.build:recipes", "List the built-in recipes, one line each: what they ship, the source's size, licence and URL.", "RECIPES_EXAMPLES"),
     "publish": CommandEntry("pipeline.commands.publish:publish", "Publish packages to S3 or R2: hashed files, then manifest, then loader; unchanged objects are skipped.", "Example:  pack publish dist/ --bucket my-models --public-url https://models.example.com --dry-run"),
     "verify": CommandEntry("pipeline.commands.verify:verify", "Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails).", "Example:  pack verify dist/my-model --json > verify.json"),
     "inspect": CommandEntry("pipeline.commands.graph:inspect", "Opset, sizes, ops, inputs/outputs, hazards and their repairs, fp16 readiness, CPU fallback.", "Example:  pack inspect model.onnx --no-browser"),
     "diagnose": CommandEntry("pipeline.commands.graph:diagnose", "Run the model on each bundle x EP and name the first node whose output parts from the host.", "Example:  pack diagnose model.onnx --ep webgpu --dim batch=1"),
     "serve": CommandEntry("pipeline.commands.serve:serve", "Serve built packages locally as production does (brotli, media types, COOP/COEP); Ctrl-C stops.", "Example:  pack serve dist/ --port 8000   (then open http://127.0.0.1:8000/<name>/index.html)"),
-    "export": CommandEntry("pipeline.commands.export:export", "Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page.", "Example:  pack export dist/gtcrn web/public/models/gtcrn --variants fp32"),
+    "export": CommandEntry("pipeline.commands.export:export", "Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page.", "Example:  pack export dist/gtcrn web/public/models/gtcrn --variants fp32 --host nginx --url-path /models/gtcrn/"),
     "report": CommandEntry("pipeline.commands.report:report", "Re-render report.html of a built package: checks, pictures and sound of every output, repairs, sizes, timings.", "Example:  pack report dist/gtcrn --open"),
 }
 

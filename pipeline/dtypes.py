@@ -2,7 +2,7 @@
 manifest.json, onnxruntime-web (`Tensor.type`) and the browser pages use ("float32", "int64", ...).
 
 onnxruntime-web, numpy and the manifest share these names for every type pack supports; the
-in-page side maps the same names to typed arrays (pipeline/verify/browser/page/runner.js).
+in-page side maps the same names to typed arrays (pipeline/verify/engines/browser/page/runner.js).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ Written atomically (temporary file and rename) with sorted keys and indent 2.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -50,6 +51,16 @@ class LockFile:
     def put(self, recipe_name: str, section: str, value: dict) -> None:
         if self.path is None:
             return
+        from pipeline.cache import cache_dir, made_once
+
+        # Builds running at once (`pack build A B --jobs 2`, CI jobs on one machine) share a lock
+        # file: each read-modify-write holds an exclusive lock, so no build's entry is lost. The
+        # lock lives in the cache, keyed by the file's real path, to leave nothing beside it.
+        held = cache_dir("lock-writes") / hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()
+        with made_once(held):
+            self._put(recipe_name, section, value)
+
+    def _put(self, recipe_name: str, section: str, value: dict) -> None:
         data = self._read()
         data.setdefault(recipe_name, {})[section] = value
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -138,7 +138,7 @@ class LoaderSettings(TypedDict):
     select: Literal["measured", "chain"]
 
 
-# thresholds[ep][variant][output][metric] = bound (metric names of pipeline/verify/metrics.py)
+# thresholds[ep][variant][output][metric] = bound (metric names of pipeline/verify/judgement/metrics.py)
 Thresholds = dict[str, dict[str, dict[str, dict[str, float]]]]
 
 
@@ -435,7 +435,10 @@ def read_manifest(package_dir: Path) -> Manifest:
     # unchanged package neither loads jsonschema nor walks the schema again.
     from pipeline.cache import cache_dir
 
-    verdict = hashlib.sha256(f"{_schema_text()}\0{text}".encode("utf-8")).hexdigest()
+    from pipeline.keys import stage_key
+
+    sha = lambda value: hashlib.sha256(value.encode("utf-8")).hexdigest()  # noqa: E731
+    verdict = stage_key("manifest-valid", inputs={"schema": sha(_schema_text()), "manifest": sha(text)}, libraries=("jsonschema",))
     try:
         memo = cache_dir("valid-manifests") / verdict
         known = memo.is_file()
@@ -647,7 +650,7 @@ def _merged_device_runs(per_device: list[list[Run]]) -> list[Run]:
 
 def adapter_runs(checks: list[dict]) -> list[AdapterRuns]:
     """`verification.adapters`: per adapter class of the browsers that verified the package (checks
-    tagged by pipeline/verify/browser/grid.py), the browser runs on it: what passed and what
+    tagged by pipeline/verify/engines/browser/grid.py), the browser runs on it: what passed and what
     failed there. A run failed on any browser of the class is failed for the class."""
     classes: dict[str, tuple[dict, set, list[dict]]] = {}
     for check in checks:

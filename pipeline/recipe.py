@@ -23,8 +23,8 @@ from pipeline.runtime import is_exact_version, local_runtime
 # through importlib.resources so a wheel lists them too; always a plain folder on disk.
 RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
-OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/verify/metrics.py)
-VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py); opt-in
+OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/verify/judgement/metrics.py)
+VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py)
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
 # Weight chunks: the strictest common static host caps a file at 20 MB (jsDelivr; Cloudflare Pages
@@ -85,6 +85,9 @@ class Recipe:
     inputs: dict[str, InputSpec] = field(default_factory=dict)
     outputs: dict[str, OutputSpec] = field(default_factory=dict)
     variants: list[str] = field(default_factory=lambda: ["fp16", "fp32"])
+    # False: the recipe lists no `variants`, so fp16w is added where its rule holds
+    # (pipeline/precision/variants.py fp16w_by_default); a list the recipe states is what ships.
+    variants_stated: bool = False
     fp16_block_ops: list[str] = field(default_factory=list)
     fp16_keep_nodes: list[str] = field(default_factory=list)  # node names always kept in fp32
     fp16_search: bool = True  # search for nodes to keep in fp32 when fp16 misses a threshold
@@ -105,10 +108,11 @@ class Recipe:
     max_file_mib: float = DEFAULT_MAX_FILE_MIB  # [assets] max_file_mib: largest file the package lists
 
     def ships(self) -> str:
-        """The variants a build of the published file makes: 'fp16+fp32', 'fp32', 'quantized as-is'."""
+        """The variants a build of the published file makes: 'fp16+fp32', 'fp32', 'quantized as-is';
+        ' (+fp16w)' when the recipe lists none: added where the weights dominate the model."""
         if self.source_precision == "quantized":
             return "quantized as-is"
-        return "+".join(self.variants)
+        return "+".join(self.variants) + ("" if self.variants_stated else " (+fp16w)")
 
     @property
     def base_dir(self) -> Path:
@@ -273,7 +277,7 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
 
     variants = r.choice_list(data, "", "variants", VARIANTS)
     if variants is not None:
-        recipe.variants = variants
+        recipe.variants, recipe.variants_stated = variants, True
 
     fp16 = r.table(data.get("fp16", {}), "fp16", ("block_ops", "keep_nodes", "search", "search_trials", "search_seconds"))
     block = fp16.get("block_ops", [])

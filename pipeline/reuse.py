@@ -1,30 +1,23 @@
 """Reusing a finished build when nothing it depends on has changed.
 
-`BuildInputs` is the one settings object a build's result depends on: the source bytes (and its
-external data), the recipe as data, the options that change results, the lock entries the build
-reads, the runtime, pack's own code and package data, the libraries that compute or check, the
-browser that verifies, and the `PACK_*` settings. Its key names a stored copy of a package that
-passed; a rebuild with the same key links that copy into place instead of building again, so an
-unchanged rebuild is byte-identical (manifest and report included) and costs about one hash of
-the source. Failed builds are never stored: a failure is re-checked on every build.
+The build's last stage key (pipeline/build.py, chained through every stage: the source bytes and
+their external data, the recipe as data, the options that change results, the lock entry, the
+runtime, each stage's code and libraries, the browser, the `PACK_*` settings) names a stored copy
+of a package that passed; a rebuild with the same key links that copy into place instead of
+building again, so an unchanged rebuild is byte-identical (manifest and report included) and costs
+about one hash of the source. Failed builds are never stored: a failure is re-checked on every build.
 `PACK_BUILD_REUSE=off` (or `pack build --no-reuse`) builds from scratch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, is_dataclass
-from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
-from typing import Any
 
-import pipeline
 from pipeline.cache import atomic_write, cache_dir, cached_entry, file_sha256, folder_commit, folder_mode, note_written, remembered_digest, remove_orphans, seal_folder, sealed_folder
 from pipeline.errors import PackError
 
@@ -33,29 +26,11 @@ REUSE_ENV = "PACK_BUILD_REUSE"
 KILL_AT_ENV = "PACK_TEST_KILL_AT_STAGE"
 # Settings that do not change a build's result: where caches live, reuse itself, the fault hook.
 _NEUTRAL_ENV = {"PACK_CACHE_DIR", REUSE_ENV, KILL_AT_ENV}
-# What computes or checks a result besides pack's own code.
-_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy", "brotli", "playwright", "jinja2")
 _HASHED_NAME = re.compile(r"\.[0-9a-f]{16}\.")
 
 
 def reuse_enabled() -> bool:
     return os.environ.get(REUSE_ENV, "").strip().lower() not in ("off", "0", "false", "no")
-
-
-@dataclass(frozen=True)
-class BuildInputs:
-    source: dict[str, str]  # file name -> sha256: the model and its external data files
-    recipe: dict[str, Any]
-    options: dict[str, Any]
-    lock: dict[str, Any]
-    runtime: str
-    code: str
-    libraries: dict[str, str]
-    browser: str | None
-    environment: dict[str, str]
-
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def source_hashes(model_path: Path, known_sha256: str | None) -> dict[str, str]:
@@ -98,47 +73,6 @@ def _external_data_names(model_path: Path, sha256: str) -> list[str]:
     return names
 
 
-@lru_cache(maxsize=1)
-def code_key() -> str:
-    """A hash of every file of the installed pipeline package (code, templates, page code, recipes, schema)."""
-    package_dir = Path(pipeline.__file__).resolve().parent
-    digest = hashlib.sha256()
-    files = sorted(p for p in package_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    for path in files:
-        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    # web_template/ and recipes/ are package data mapped from the repository root in a source checkout.
-    from importlib import resources
-
-    for data_package in ("pipeline.web_template", "pipeline.recipes"):
-        try:
-            root = resources.files(data_package)
-        except ModuleNotFoundError:
-            continue
-        for entry in sorted(_walk(root), key=lambda item: item[0]):
-            digest.update(f"{data_package}/{entry[0]}".encode() + b"\0" + entry[1] + b"\0")
-    return digest.hexdigest()
-
-
-def _walk(root, prefix: str = ""):
-    for child in root.iterdir():
-        name = f"{prefix}{child.name}"
-        if child.is_dir():
-            if child.name != "__pycache__":
-                yield from _walk(child, name + "/")
-        else:
-            yield name, child.read_bytes()
-
-
-def library_versions() -> dict[str, str]:
-    versions = {"pack": pipeline.__version__}
-    for name in _LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
-
-
 def browser_version(executable: str | None) -> str | None:
     if executable is None:
         return None
@@ -150,19 +84,6 @@ def browser_version(executable: str | None) -> str | None:
 
 def pack_settings() -> dict[str, str]:
     return {name: value for name, value in sorted(os.environ.items()) if name.startswith("PACK_") and name not in _NEUTRAL_ENV}
-
-
-def as_data(value: Any) -> Any:
-    """A recipe or option object as JSON-able data (paths as strings)."""
-    if is_dataclass(value):
-        return {key: as_data(item) for key, item in asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(key): as_data(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_data(item) for item in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def stored_package(key: str) -> Path | None:

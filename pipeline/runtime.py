@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.keys import stage_key
 from pipeline.cache import FOLDER_SEAL, atomic_write, cached_entry, folder_commit, seal_folder, sealed_folder
 from pipeline.cache import cache_dir as pipeline_cache_dir
 from pipeline.errors import PackError
@@ -79,7 +80,7 @@ def max_ir_version(runtime: Runtime, progress: Progress | None = None) -> int:
     """The newest ONNX IR version this release loads, measured once per release: a wasm session is
     created under Node on a one-node model stamped IR 3..14 (`runtime_probe.mjs`). Stored beside an
     installed release; for a local build, in the cache keyed by its wasm module's hash."""
-    stored = runtime.root / _IR_PROBE_FILE if not runtime.local else cache_dir() / "runtime-probes" / f"{_file_sha256(runtime.bundles['wasm'].module)}.json"
+    stored = runtime.root / _IR_PROBE_FILE if not runtime.local else cache_dir() / "runtime-probes" / f"{stage_key('ir-probe', inputs={'wasm': _file_sha256(runtime.bundles['wasm'].module)}, code=('pipeline.runtime',))}.json"
     # beside an installed release the folder's seal checks it; in the cache, its own record
     present = cached_entry(stored) is not None if runtime.local else stored.is_file()
     if present:

@@ -13,6 +13,9 @@ apt_install() {
 
 command -v chromium >/dev/null || { echo "setup: installing Debian's chromium"; apt_install chromium; }
 command -v npm >/dev/null || { echo "setup: installing npm"; apt_install nodejs npm; }
+# Real servers for the host configurations `pack export --host` writes (tests/test_publish_hosts.py);
+# never started as services here: the tests run each on a free port with their own configuration.
+{ [ -x /usr/sbin/nginx ] && [ -x /usr/sbin/apache2 ]; } || { echo "setup: installing nginx-light and apache2"; apt_install nginx-light apache2; }
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -23,8 +23,8 @@ from pipeline.assets.files import describe_file
 from pipeline.manifest import make_manifest, write_manifest
 from pipeline.web.render import render_loader
 from pipeline.runtime import resolve_runtime
-from pipeline.verify.host import reference_outputs
-from pipeline.verify.thresholds import BROWSER_EPS, check_bounds
+from pipeline.verify.engines.host import reference_outputs
+from pipeline.verify.judgement.thresholds import BROWSER_EPS, check_bounds
 
 RUNTIME_VERSION = "1.30.0"
 # onnx 1.23 writes IR version 14 by default; onnxruntime-web 1.30 reads up to 13.

@@ -1,6 +1,8 @@
 """Shared test set-up: one pack cache for the whole run (downloads, brotli, runtime), so tests that
-build packages reuse each other's work; CI starts it empty in its clean clone, but for the brotli
-encodings of onnxruntime-web's files (.ci/run, scripts/ci_brotli_seed.py).
+build packages reuse each other's work; CI starts it empty in its clean clone, with a shared cache
+behind it that outlives the clone (.ci/run names a folder in PACK_CACHE_URL): only this suite cache
+reads and writes it, so a test's private cache (faults, cold starts, poisoned results) stays private
+and no test process started by a test sees it.
 
 Test modules are named by the pipeline stage they prove, `test_<stage>_<what>.py`: source
 (`recipes_sources`), graph, fp16 (precision), verify and browser (verify/browser), assets, report,
@@ -19,6 +21,32 @@ pytest_plugins = ["loader_helpers", "publish_helpers"]
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PACK_CACHE_DIR", str(REPO / ".cache" / "pack"))
+SUITE_CACHE = Path(os.environ["PACK_CACHE_DIR"]).expanduser().absolute()
+SUITE_SHARED_URL = os.environ.pop("PACK_CACHE_URL", None) or None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache_behind_the_suite_cache():
+    """The run's shared cache (if .ci/run named one) behind the suite cache only, in this process."""
+    if SUITE_SHARED_URL is None:
+        yield
+        return
+    import pipeline.shared_cache as shared
+    from pipeline.cache import cache_root
+
+    own = shared.shared_store
+    suite_store = shared.store_from_url(SUITE_SHARED_URL)
+
+    def store():
+        named = own()  # a test that names its own store gets it
+        if named is not None or os.environ.get(shared.SHARED_ENV):
+            return named
+        dropped = SUITE_SHARED_URL in shared._dropped
+        return suite_store if not dropped and cache_root().absolute() == SUITE_CACHE else None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared, "shared_store", store)
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from pipeline.verify.session_worker import main
+from pipeline.verify.engines.session_worker import main
 
 if __name__ == "__main__":
     if sys.argv[4] in os.environ.get("PACK_TEST_CRASH_LEVELS", "").split(","):

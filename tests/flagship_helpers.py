@@ -96,7 +96,7 @@ REPORT_READ = {"lama": "image", "wavtokenizer-decode": "waveform"}
 
 
 def read_report(package: Path, drawn_as: str) -> None:
-    from pipeline.verify.browser.chromium import launch_browser
+    from pipeline.verify.engines.browser.chromium import launch_browser
     from report_helpers import check_report_page
 
     with launch_browser() as browser:

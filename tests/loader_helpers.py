@@ -25,7 +25,7 @@ from onnxconverter_common import float16
 from browser_helpers import IR_VERSION, Variant, write_package
 from pipeline.manifest import write_manifest as validated_write
 from pipeline.web.render import render_loader
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.judgement.thresholds import threshold_for
 
 ALL_PLATFORMS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 IMAGE_SHAPE = [1, 3, 64, 64]
@@ -188,7 +188,7 @@ def write_manifest(package: Path, manifest: dict) -> None:
 @pytest.fixture(scope="module")
 def browser():
     """One headless Chromium per test module (import this fixture into the module)."""
-    from pipeline.verify.browser.chromium import launch_browser
+    from pipeline.verify.engines.browser.chromium import launch_browser
 
     with launch_browser() as launched:
         yield launched

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.verify import node_audit_worker
+from pipeline.verify.engines import node_audit_worker
 
 if __name__ == "__main__":
     plan = json.loads(Path(sys.argv[1]).read_text())

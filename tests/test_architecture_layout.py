@@ -65,9 +65,9 @@ def test_every_module_reaches_only_its_own_stage_earlier_stages_and_shared_modul
 
 def test_the_layout_check_sees_a_late_import_through_a_shared_module(tmp_path) -> None:
     # The check itself: a shared module importing verify/ inside a function is an arrow up the pipeline.
-    graph = {"pipeline.recipe": {"pipeline.verify.metrics"}, "pipeline.verify.metrics": set(), "pipeline.graph.x": {"pipeline.recipe"}}
-    assert "pipeline.verify.metrics" in _reachable("pipeline.graph.x", graph)
-    assert _rank("pipeline.recipe") == -1 and _rank("pipeline.verify.metrics") > _rank("pipeline.graph.x")
+    graph = {"pipeline.recipe": {"pipeline.verify.judgement.metrics"}, "pipeline.verify.judgement.metrics": set(), "pipeline.graph.x": {"pipeline.recipe"}}
+    assert "pipeline.verify.judgement.metrics" in _reachable("pipeline.graph.x", graph)
+    assert _rank("pipeline.recipe") == -1 and _rank("pipeline.verify.judgement.metrics") > _rank("pipeline.graph.x")
 
 
 def test_one_mount_prefix_and_no_page_code_in_python_strings() -> None:
@@ -83,9 +83,9 @@ def test_one_mount_prefix_and_no_page_code_in_python_strings() -> None:
 
 
 def test_check_records_are_made_in_one_module() -> None:
-    # a report.json check entry is built by pipeline/verify/checks.py `check()` only: no other
+    # a report.json check entry is built by pipeline/verify/judgement/checks.py `check()` only: no other
     # module writes one as a dict literal
-    owner = PIPELINE / "verify" / "checks.py"
+    owner = PIPELINE / "verify" / "judgement" / "checks.py"
     found = []
     for path in PIPELINE.rglob("*.py"):
         if path == owner:
@@ -105,6 +105,6 @@ def test_check_records_are_made_in_one_module() -> None:
 
 def test_the_runner_page_uses_the_loaders_tensor_code() -> None:
     # page/runner.js imports web_template/loader/tensors.js (mounted at /__pack__/loader/), no copy of it
-    page = (PIPELINE / "verify" / "browser" / "page" / "runner.js").read_text()
+    page = (PIPELINE / "verify" / "engines" / "browser" / "page" / "runner.js").read_text()
     assert "from '../loader/tensors.js'" in page
     assert "Float32Array" not in page and "function decodeTensors" not in page

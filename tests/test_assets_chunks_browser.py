@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX
-from pipeline.verify.browser.server import running_server
+from pipeline.package_server import running_server
 from static_helpers import first_visit, plain_static_server
 
 pytestmark = pytest.mark.browser

@@ -33,3 +33,25 @@ def test_first_visit_per_chain_and_the_trials_of_the_measured_choice(tmp_path):
     assert sizes["repeat_visit"] == {"bytes": 0, "revalidated": ["manifest.json", "loader.js"], "bytes_after_republish": 1000 + size("loader.js")}
     lines = delivery_lines(sizes)
     assert lines[1].startswith("  first visit desktop [webgpu, wasm]: ") and "trials then fetch" in lines[1]
+
+
+def test_first_visit_skips_refused_variants_and_counts_adapters_without_shader_f16(tmp_path):
+    """fp16 needs shader-f16: a desktop visit also says what an adapter without it fetches (fp16w,
+    the loader's next choice); a refused fp16w is never counted, fp32 is then what they get."""
+    manifest = copy.deepcopy(write_package(tmp_path / "dist").manifest)
+    manifest["runtime"]["bundles"]["webgpu"] = manifest["runtime"]["bundles"]["wasm"]
+    manifest["variants"]["fp16"]["requires"] = ["shader-f16"]
+    manifest["variants"]["fp16w"] = {**manifest["variants"]["fp32"], "precision": "fp16w", "model": manifest["variants"]["fp16"]["model"], "widen": "fp16-initializers"}
+    manifest["variantFor"] = {"webgpu": ["fp16", "fp16w", "fp32"], "wasm": ["fp16w", "fp32"]}
+    manifest["executionProviders"] = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"]}
+    sizes = delivery_sizes(manifest, 1000)["first_visit"]
+    desktop, apple = sizes["desktop"], sizes["apple-mobile"]
+    assert desktop["variant"] == "fp16" and desktop["without_features"]["variant"] == "fp16w" and desktop["without_features"]["lacking"] == ["shader-f16"]
+    assert desktop["without_features"]["bytes"] == desktop["bytes"]  # same model file here: only the choice differs
+    assert apple["variant"] == "fp16w" and "without_features" not in apple
+    assert "without shader-f16 the fp16w model: " in delivery_lines({"package": {"bytes": 1, "files": 1, "hosted_bytes": 1}, "first_visit": sizes, "repeat_visit": {"bytes": 0, "revalidated": [], "bytes_after_republish": 0}})[1]
+    manifest["verification"]["runs"] = [{"stage": "host", "bundle": "*", "ep": "*", "variant": "fp16w", "status": "failed", "detail": "rel_l2 0.2 > 0.005"}]
+    refused = delivery_sizes(manifest, 1000)["first_visit"]
+    assert refused["desktop"]["without_features"]["variant"] == refused["apple-mobile"]["variant"] == "fp32"
+    size = lambda variant: manifest["files"][manifest["variants"][variant]["model"]]["size"]  # noqa: E731
+    assert refused["apple-mobile"]["bytes"] - apple["bytes"] == size("fp32") - size("fp16w") != 0

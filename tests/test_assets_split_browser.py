@@ -5,6 +5,8 @@ trials run), joins and checks; a file that cannot be split fails the build with 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ from typer.testing import CliRunner
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, browser, pages  # noqa: F401 (fixtures)
 from pipeline.assets.chunks import MIB
 from pipeline.cli import app
-from pipeline.verify.browser.server import running_server
+from pipeline.package_server import running_server
 
 pytestmark = pytest.mark.browser
 
@@ -110,6 +112,46 @@ def test_the_loader_fetches_the_parts_only_when_the_sample_is_asked_for(browser,
     assert manifest["sample"]["file"] not in fetched
     assert ran["x"] == ran["y"] == np.prod(SHAPE) and ran["differ"] == 0, ran
     assert ran["first"][1] == 2 * ran["first"][0]
+
+
+# npm as a CDN. jsDelivr serves an npm package's files up to 20 MB each (read as 10^6 bytes, the
+# stricter reading) and packages up to 150 MB; unpkg states no per-file cap, so jsDelivr's bounds
+# hold for both. Both serve a file at /npm/<name>@<version>/<path> (unpkg: /<name>@<version>/<path>)
+# exactly as the tarball holds it: no .br copies, no Content-Encoding mapping of ours.
+JSDELIVR_FILE_BYTES, JSDELIVR_PACKAGE_BYTES = 20_000_000, 150_000_000
+
+
+def npm_tarball(package: Path) -> dict:
+    """What `npm pack` puts in the tarball (npm's own reading of package.json `files`)."""
+    result = subprocess.run(["npm", "pack", "--dry-run", "--json", "--ignore-scripts"], cwd=package, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(result.stdout)[0]
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm")
+def test_the_npm_package_fits_the_cdns_caps_and_loads_through_base_url_from_their_path_layout(browser, pages, split_package, tmp_path):  # noqa: F811
+    tarball = npm_tarball(split_package)
+    files = {entry["path"]: entry["size"] for entry in tarball["files"]}
+    manifest = json.loads((split_package / "manifest.json").read_text())
+    assert set(manifest["files"]) | {"manifest.json", "package.json"} <= set(files) and not [path for path in files if path.endswith(".br")]
+    assert max(files.values()) <= JSDELIVR_FILE_BYTES and tarball["unpackedSize"] <= JSDELIVR_PACKAGE_BYTES, (max(files.values()), tarball["unpackedSize"])
+    # the CDN: the tarball's files at /npm/<name>@<version>/, nothing else
+    base = f"npm/{tarball['name']}@{tarball['version']}/"
+    for path in files:
+        (tmp_path / base / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(split_package / path, tmp_path / base / path)
+    with running_server(tmp_path, {TEST_PREFIX: pages}) as server:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(server.url + TEST_PREFIX[1:] + "blank.html")
+            loaded = page.evaluate(LOAD_AND_RUN, {"base": server.url + base, "options": {"prewarm": False}, "run": False})
+            assert loaded["ok"], loaded
+            ran = page.evaluate(SAMPLE_THEN_RUN)
+        finally:
+            context.close()
+        served = [r for r in server.requests if r.path.startswith("/" + base)]
+    assert served and all(r.status == 200 and r.encoding is None for r in served), [(r.path, r.status, r.encoding) for r in served]
+    assert ran["x"] == ran["y"] == np.prod(SHAPE) and ran["differ"] == 0 and ran["first"][1] == 2 * ran["first"][0], ran
 
 
 def many_small_constants_model() -> onnx.ModelProto:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "scripts" / "bench"
@@ -64,7 +64,7 @@ def test_bench_build_smoke():
     figures = smoke("bench_build.py")
     assert figures["passed"] is True
     assert positive(figures["first_build_s"]) and positive(figures["noop_rebuild_s"])
-    assert {"convert_s", "assets_s", "host_verify_s"} <= set(figures["timings"])
+    assert {"convert_s", "models_s", "files_s", "host_verify_s"} <= set(figures["timings"])
     assert "loader.js" in figures["files"] and any(path.endswith(".onnx") for path in figures["files"])
     assert all(positive(f["size"]) for f in figures["files"].values())
 
@@ -126,7 +126,7 @@ def test_measure_fp16_metrics_smoke():
 def test_measure_fp16w_smoke():
     (row,) = smoke("measure_fp16w.py")
     assert row["name"] == "lama" and row["fp16w_bytes"] < row["fp32_bytes"] and row["narrowed"] > 0
-    assert row["outputs"] and all(o["rel_l2"] < 6.2e-4 for o in row["outputs"])  # fp16w's host bound (pipeline/verify/thresholds.py)
+    assert row["outputs"] and all(o["rel_l2"] < 6.2e-4 for o in row["outputs"])  # fp16w's host bound (pipeline/verify/judgement/thresholds.py)
 
 
 @smoke_test("bench_node_audit.py")

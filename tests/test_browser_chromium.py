@@ -9,8 +9,8 @@ import pytest
 
 from browser_helpers import Variant, negative_step_slice_model, reference_of, thresholds_for, write_package
 from pipeline.errors import PackError
-from pipeline.verify.browser.chromium import chromium_path, launch_browser, launch_flags
-from pipeline.verify.browser.harness import verify_in_browser
+from pipeline.verify.engines.browser.chromium import chromium_path, launch_browser, launch_flags
+from pipeline.verify.engines.browser.harness import verify_in_browser
 
 
 def test_gpu_flags_select_a_hardware_vulkan_adapter_with_f16() -> None:

@@ -78,7 +78,7 @@ def test_pack_verify_reruns_the_checks_on_the_built_package(built) -> None:
 def test_report_draws_the_spectrum_frame_and_shows_the_last_verification(built) -> None:
     """report.html after the build and the `pack verify` above: enh [1, 257, 1, 2] is complex
     spectrum bins, drawn as a spectrum, never played; the caches are tensors (error histograms)."""
-    from pipeline.verify.browser.chromium import launch_browser
+    from pipeline.verify.engines.browser.chromium import launch_browser
     from report_helpers import check_report_page
 
     package, report = built

@@ -14,8 +14,8 @@ from browser_helpers import (
     ALL_PLATFORMS, Variant, conv_model, cpu_fallback_model, matmul_models, negative_step_slice_model,
     reference_of, thresholds_for, write_package,
 )
-from pipeline.verify.browser.chromium import launch_browser
-from pipeline.verify.browser.harness import verify_in_browser
+from pipeline.verify.engines.browser.chromium import launch_browser
+from pipeline.verify.engines.browser.harness import verify_in_browser
 
 pytestmark = pytest.mark.browser
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.verify.browser.chromium import ConsoleLine
-from pipeline.verify.browser.logs import failure_signals, names_missing_feature, parse_placement, slowest_kernels
+from pipeline.verify.engines.browser.chromium import ConsoleLine
+from pipeline.verify.engines.browser.logs import failure_signals, names_missing_feature, parse_placement, slowest_kernels
 
 PLACEMENT = [
     "2026-11-30 04:06:36.981489 [I:onnxruntime:, webgpu_execution_provider.cc:665 GetCapability] webgpu kernel not found in registries for Op type: Det node name: det0",
@@ -83,7 +83,7 @@ def test_missing_feature_errors_are_recognised() -> None:
 
 
 def test_plan_runs_every_variant_on_every_ep_of_each_shipped_bundle() -> None:
-    from pipeline.verify.browser.run_plan import plan_runs
+    from pipeline.verify.engines.browser.run_plan import plan_runs
 
     manifest = {
         "variants": {"fp16": {}, "fp32": {}},

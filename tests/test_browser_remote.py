@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.manifest import read_manifest, write_manifest
-from pipeline.verify.browser.grid import exit_policy, verify_on_endpoints
-from pipeline.verify.browser.remote import CONNECT, Endpoint
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.engines.browser.grid import exit_policy, verify_on_endpoints
+from pipeline.verify.engines.browser.remote import CONNECT, Endpoint
+from pipeline.package_server import running_server
 from tests import remote_helpers
 from browser_helpers import Variant, negative_step_slice_model, reference_of, thresholds_for, write_package
 
@@ -144,7 +144,7 @@ def test_endpoint_policy_and_dead_or_silent_endpoints_never_hang(package, refere
     assert len(dead_outcome.errors) == 2 and all(e.startswith("cannot connect (") and "ECONNREFUSED" in e for e in dead_outcome.errors)
     assert TOKEN not in json.dumps(result.report) + json.dumps(result.checks)
     assert {c["status"] for c in result.checks} == {"error"} and len(result.checks) == 4
-    from pipeline.verify.browser.grid import GridSettings
+    from pipeline.verify.engines.browser.grid import GridSettings
 
     assert exit_policy(result, GridSettings(tuple(endpoints)))[0] is True  # nothing finished
     result.outcomes[0].finished = True  # as if the first had finished
@@ -174,7 +174,7 @@ def test_a_failure_on_one_adapter_class_steers_the_loader_on_that_class_only(pac
     """(d) In this Chromium (SwiftShader: vendor google, architecture swiftshader) the loader skips
     webgpu/fp32 when the manifest says it failed on google/swiftshader adapters; the same manifest
     with the failure on another vendor's adapters plans webgpu/fp32 first on this adapter."""
-    from pipeline.verify.browser.chromium import launch_browser
+    from pipeline.verify.engines.browser.chromium import launch_browser
     from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
 
     pages = blank_pages_dir(tmp_path / "pages")
@@ -206,7 +206,7 @@ def test_a_failure_on_one_adapter_class_steers_the_loader_on_that_class_only(pac
 
 
 def test_endpoint_options_parse_and_never_print_tokens(package):
-    from pipeline.verify.browser.remote import CDP, LOCAL, parse_endpoints
+    from pipeline.verify.engines.browser.remote import CDP, LOCAL, parse_endpoints
 
     endpoints = parse_endpoints([f"wss://grid.example:443/playwright?token={TOKEN}, local", "ws://10.0.0.2:3000/"], ["http://10.0.0.3:9222"])
     assert [e.kind for e in endpoints] == [CONNECT, LOCAL, CONNECT, CDP]
@@ -276,7 +276,7 @@ def test_manifest_records_per_adapter_class_and_merges_devices(package):
 def test_cdp_endpoint_gets_the_local_package_through_the_connection(package, tmp_path):
     """--cdp: a Chromium reached only over CDP, in a namespace that cannot reach this machine's
     loopback, loads the package's files from pack's local server: answered here, per request."""
-    from pipeline.verify.browser.remote import CDP, open_browser
+    from pipeline.verify.engines.browser.remote import CDP, open_browser
 
     reason = remote_helpers.available()
     if reason:
@@ -325,7 +325,7 @@ def test_build_verification_and_measurements_take_every_browser():
 def test_a_budget_spent_mid_run_is_an_error_not_a_verdict(package, references):
     """The per-endpoint budget also ends a browser that works: its unfinished runs are `error`
     ("time budget spent"), never `failed` by a cut-short watchdog."""
-    from pipeline.verify.browser.remote import LOCAL
+    from pipeline.verify.engines.browser.remote import LOCAL
 
     start = time.monotonic()
     result = verify_on_endpoints(package, references, thresholds_for(package), [Endpoint(LOCAL)], budget_s=1)

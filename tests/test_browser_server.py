@@ -10,7 +10,7 @@ from pathlib import Path
 import brotli
 import pytest
 
-from pipeline.verify.browser.server import running_server, serve_package
+from pipeline.package_server import running_server, serve_package
 
 
 def _get(url: str, accept_br: bool = True, method: str = "GET"):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from browser_helpers import Variant, negative_step_slice_model, write_package
 from pipeline.cli import app
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 
 runner = CliRunner()
 

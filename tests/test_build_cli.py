@@ -138,10 +138,10 @@ def test_the_browser_stage_is_served_the_manifest_from_memory_and_it_is_written_
     from contextlib import nullcontext
 
     import pipeline.build
-    import pipeline.verify.browser.grid as grid
+    import pipeline.verify.engines.browser.grid as grid
     from pipeline.manifest import write_manifest
-    from pipeline.verify.browser.harness import BrowserResult
-    from pipeline.verify.browser.run_plan import plan_runs
+    from pipeline.verify.engines.browser.harness import BrowserResult
+    from pipeline.verify.engines.browser.run_plan import plan_runs
 
     served = []
 
@@ -180,14 +180,14 @@ def test_the_browser_stage_is_served_the_manifest_from_memory_and_it_is_written_
 
 def test_rebuild_reuses_cached_work(conv_file, tmp_path, monkeypatch):
     import pipeline.precision.variants
-    import pipeline.verify.host
+    import pipeline.verify.engines.host
 
     assert build(str(conv_file), "--no-browser", "--out", str(tmp_path / "a")).exit_code == 0
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("recomputed work that the cache holds")
 
-    monkeypatch.setattr(pipeline.verify.host, "_run_uncached", must_not_run)
+    monkeypatch.setattr(pipeline.verify.engines.host, "_run_uncached", must_not_run)
     monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", must_not_run)
     monkeypatch.setattr("pipeline.assets.files._compress", must_not_run)
     result = build(str(conv_file), "--no-browser", "--no-reuse", "--out", str(tmp_path / "b"))

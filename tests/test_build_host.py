@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.verify.host as host
+import pipeline.verify.engines.host as host
 from pipeline.cli import app
 from build_helpers import conv_model, save
 

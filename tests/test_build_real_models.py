@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.manifest import variant_files
 
 pytestmark = pytest.mark.network_registry
 runner = CliRunner()
@@ -41,8 +42,16 @@ def test_isnet_fp16_is_handled_as_already_fp16(tmp_path, monkeypatch):
     assert any("already fp16" in r.get("what", "") for s in report["steps"] for r in s["records"])
     assert manifest["variants"]["fp16"]["requires"] == ["shader-f16"]
     assert manifest["variants"]["fp32"]["precision"] == "fp32"  # upcast fallback
-    host_fp16 = [c for c in report["checks"] if c["stage"] == "host" and c["variant"] == "fp16"]
-    assert host_fp16 and all(c["status"] == "passed" for c in host_fp16)
+    # the recipe lists no variants: fp16w by default (its weights are the whole model), the fp16
+    # bytes as they are, widened to fp32 for the wasm EP and GPUs without shader-f16
+    assert manifest["variants"]["fp16w"]["widen"] == "fp16-initializers"
+    assert manifest["variantFor"] == {"webgpu": ["fp16", "fp16w", "fp32"], "wasm": ["fp16w", "fp32"]}
+    host = {(c["variant"], c["status"]) for c in report["checks"] if c["stage"] == "host"}
+    assert host == {("fp16", "passed"), ("fp16w", "passed"), ("fp32", "passed")}, host
+    visits = report["delivery"]["first_visit"]
+    assert visits["apple-mobile"]["variant"] == visits["desktop"]["without_features"]["variant"] == "fp16w"
+    model_bytes = {v: sum(manifest["files"][path]["size"] for path in variant_files(manifest["variants"][v])) for v in ("fp16w", "fp32")}
+    assert 0.49 < model_bytes["fp16w"] / model_bytes["fp32"] < 0.51, model_bytes
     assert code == 0
 
 

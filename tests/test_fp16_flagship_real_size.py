@@ -19,8 +19,9 @@ from pathlib import Path
 import onnx
 import pytest
 
+from pipeline.assets.package import max_file_bytes
 from pipeline.recipe import RECIPES_DIR, load_recipe_file
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 
 DATA = Path(__file__).resolve().parent / "data" / "flagship_real"
 CASES = {name: case for name, case in json.loads((DATA / "cases.json").read_text()).items() if not name.startswith("_")}
@@ -119,6 +120,25 @@ def test_nodes_kept_in_fp32_are_listed_with_their_cost(name, built):
     assert all(k["node"] and k["op"] and k["why"] for k in kept)
     listed = json.dumps(step)  # each kept node, and the cost of their fp32 weights (sizes)
     assert all(k["node"] in listed for k in kept) and "all_fp16_ideal_bytes" in listed, listed[:2000]
+
+
+@needs_kernels
+def test_no_real_size_package_lists_a_file_over_the_host_cap(built):
+    """[assets] max_file_mib (default 20: jsDelivr's cap) on the same builds: no listed file is
+    larger, and HTDemucs' sample at its real size (its 7.8 s inputs and both outputs, ~68 MB) and
+    the webgpu runtime's .wasm ship in parts, listed instead of the whole."""
+    cap = max_file_bytes(load_recipe_file(RECIPES_DIR / "htdemucs.toml"))
+    for name in sorted(CASES):
+        code, report, manifest, output = built(name)
+        assert code == 0, output[-3000:]
+        over = {path: entry["size"] for path, entry in manifest["files"].items() if entry["size"] > cap}
+        assert not over, (name, over)
+    manifest = built("htdemucs")[2]
+    split = manifest["split"]
+    sample = split[manifest["sample"]["file"]]
+    assert sample["size"] > 3 * cap and len(sample["parts"]) >= 4, sample
+    assert any(path.startswith("ort/") and path.endswith(".wasm") for path in split), sorted(split)
+    assert not set(split) & set(manifest["files"])
 
 
 @needs_kernels

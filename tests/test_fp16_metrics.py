@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.verify.metrics import compare, judge
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.judgement.metrics import compare, judge
+from pipeline.verify.judgement.thresholds import threshold_for
 
 
 def _image(seed: int = 0) -> np.ndarray:
@@ -136,7 +136,7 @@ def test_pack_verify_reads_back_exactly_the_bounds_the_build_checked():
     from dataclasses import dataclass
 
     from pipeline.recipe import OutputSpec, Recipe
-    from pipeline.verify.thresholds import BROWSER_EPS, check_bounds, recorded_thresholds, threshold_table
+    from pipeline.verify.judgement.thresholds import BROWSER_EPS, check_bounds, recorded_thresholds, threshold_table
 
     @dataclass
     class Variant:

@@ -14,7 +14,7 @@ import pytest
 from pipeline.commands.summary import fp16_kept_lines
 from pipeline.manifest import chains_without_refused_eps, package_verdict, refused_eps
 from pipeline.recipe import Recipe
-from pipeline.verify.checks import contradicted_kernel_errors
+from pipeline.verify.judgement.checks import contradicted_kernel_errors
 from pipeline.verify.stages import _fp16_judge
 from tests.test_manifest import _manifest
 
@@ -179,7 +179,7 @@ def test_the_producers_of_a_discrete_op_rank_first():
     from onnx import TensorProto, helper, numpy_helper
 
     from pipeline.precision.ranking import rank_nodes
-    from pipeline.verify.host import run_model
+    from pipeline.verify.engines.host import run_model
 
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["h"], name="encoder"),

@@ -16,7 +16,7 @@ from pipeline.lockfile import LockFile, lock_for
 from pipeline.precision.ranking import rank_nodes
 from pipeline.precision.search import search_keep_set
 from pipeline.recipe import Recipe
-from pipeline.verify.host import run_model
+from pipeline.verify.engines.host import run_model
 from build_helpers import save
 from fp16_models import OVERFLOW_KEPT, overflow_model
 
@@ -239,7 +239,7 @@ def test_search_on_the_webgpu_kernel_check_keeps_what_fp16_kernels_need(tmp_path
     """Issue 11 must-have 5 with the real `webgpu-kernels` stage (onnxruntime's WebGPU EP on
     lavapipe), where it is set up: fp16 kernels overflow in ReduceSumSquare, which the CPU EP
     computes in fp32, so the search keeps `energy_sum` as well as the clamped constant."""
-    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    webgpu_kernels = pytest.importorskip("pipeline.verify.engines.webgpu_kernels")
     reason = webgpu_kernels.unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -289,14 +289,14 @@ def test_over_the_whole_run_limit_the_node_audit_judges_the_search(tmp_path, mon
     host, and its whole run on WebGPU kernels is not verifiable: without the node audit as an
     evaluator no search starts and the stage's audit fails the long MatMul; with it, the audit
     names the MatMul, the search keeps it in fp32 (without bisecting) and the stage passes fp16."""
-    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    webgpu_kernels = pytest.importorskip("pipeline.verify.engines.webgpu_kernels")
     if webgpu_kernels.unavailable_reason():
         pytest.skip(webgpu_kernels.unavailable_reason())
     from pipeline.precision.kept_nodes import Fp16Context
     from pipeline.precision.variants import make_variants
     from pipeline.progress import Progress
     from pipeline.verify.stages import fp16_evaluators, webgpu_kernel_checks
-    from pipeline.verify.thresholds import threshold_for
+    from pipeline.verify.judgement.thresholds import threshold_for
 
     monkeypatch.setenv("PACK_WEBGPU_KERNELS_MAX_GMAC", "0")
     monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))  # conversions: each arm from scratch
@@ -337,7 +337,7 @@ def test_a_failure_only_the_webgpu_kernels_show_is_ranked_and_searched_there(tmp
     """Issue 26 must-have 4: the loudness head passes the host (the CPU EP computes fp16 in fp32)
     and is NaN on fp16 WebGPU kernels; the nodes whose fp16 output turns NaN/Inf there, against the
     fp32 intermediates, rank first, and the search keeps what fixes it."""
-    webgpu_kernels = pytest.importorskip("pipeline.verify.webgpu_kernels")
+    webgpu_kernels = pytest.importorskip("pipeline.verify.engines.webgpu_kernels")
     if webgpu_kernels.unavailable_reason():
         pytest.skip(webgpu_kernels.unavailable_reason())
     from pipeline.precision.fp16 import convert_with_keeps

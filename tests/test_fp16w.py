@@ -25,9 +25,10 @@ from pipeline.cli import app
 from pipeline.errors import PackError
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.fp16w import FLOAT16, WIDEN, keeps_fp32, narrow_initializers, widen_model_bytes, widened_model_file
+from pipeline.precision.variants import FP16W_MIN_SAVED_BYTES, fp16w_by_default, make_variants
 from pipeline.recipe import parse_recipe
-from pipeline.verify.metrics import compare, judge
-from pipeline.verify.thresholds import threshold_for
+from pipeline.verify.judgement.metrics import compare, judge
+from pipeline.verify.judgement.thresholds import threshold_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGSHIP = ROOT / "tests" / "data" / "flagship"
@@ -245,6 +246,62 @@ def test_build_ships_fp16w_with_half_the_bytes_and_checks_the_widened_model(tmp_
     assert f"of fp32's {sizes['fp32'] / 1e6:.3f} MB raw; host y: max_abs_of_range" in line and "(<= 0.005)" in line, line
 
 
+def _dense(inner: int, outer: int) -> onnx.ModelProto:
+    """y = x @ W, W [inner, outer] float32: a model whose bytes are its weights."""
+    w = (np.random.default_rng(5).standard_normal((inner, outer)) / np.sqrt(inner)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="dense")], "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, inner])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, outer])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_default_rule_wants_dominant_weights_and_a_meaningful_saving():
+    mib = FP16W_MIN_SAVED_BYTES
+    assert fp16w_by_default(3 * mib, 3 * mib // 2 - 1000) == "by default: weights 100% of the fp32 model, 1.5 MiB saved"
+    assert fp16w_by_default(4 * mib, mib) is not None  # weights exactly half the model
+    assert fp16w_by_default(4 * mib + 4, mib) is None  # weights just under half: a graph of many small ops
+    assert fp16w_by_default(2 * mib, mib - 1) is None  # all weights, but under 1 MiB saved
+    assert fp16w_by_default(0, 0) is None
+
+
+def test_a_recipe_without_variants_ships_fp16w_where_weights_dominate_and_a_listed_set_turns_it_off(tmp_path, monkeypatch):
+    """2.6 MB of MatMul weights: fp16w by default, checked on the host like any variant and put
+    ahead of fp32 for wasm and WebGPU; `variants` without fp16w turns it off; the 4 kB conv gets
+    none (under the rule's 1 MiB), and its step says why."""
+    monkeypatch.setenv("PACK_WEBGPU_KERNELS", "off")
+    onnx.save(_dense(1024, 640), str(tmp_path / "dense.onnx"))
+    (tmp_path / "dense.toml").write_text('[source]\nuri = "dense.onnx"\n')
+    result = runner.invoke(app, ["build", str(tmp_path / "dense.toml"), "--no-browser", "--out", str(tmp_path / "dist")])
+    assert result.exit_code == 0, result.output
+    package = tmp_path / "dist" / "dense"
+    manifest = read_manifest(package)
+    assert sorted(manifest["variants"]) == ["fp16", "fp16w", "fp32"] and manifest["variants"]["fp16w"]["widen"] == WIDEN
+    assert manifest["variantFor"] == {"webgpu": ["fp16", "fp16w", "fp32"], "wasm": ["fp16w", "fp32"]}
+    report = json.loads((package / "report.json").read_text())
+    host = {c["variant"]: c["status"] for c in report["checks"] if c["stage"] == "host"}
+    assert host == {"fp16": "passed", "fp16w": "passed", "fp32": "passed"}, report["checks"]
+    assert {(r["stage"], r["variant"]): r["status"] for r in manifest["verification"]["runs"]}[("host", "fp16w")] == "passed"
+    [step] = [s for s in report["steps"] if s["name"] == "fp16w_narrow"]
+    assert step["records"][0]["default"] == "by default: weights 100% of the fp32 model, 1.3 MiB saved", step
+    visits = report["delivery"]["first_visit"]
+    assert visits["apple-mobile"]["variant"] == "fp16w" and visits["desktop"]["variant"] == "fp16"
+
+    recipe = parse_recipe({"source": {"uri": "dense.onnx"}}, tmp_path / "dense.toml")
+    assert not recipe.variants_stated and recipe.ships() == "fp16+fp32 (+fp16w)"
+    stated = parse_recipe({"source": {"uri": "dense.onnx"}, "variants": ["fp16", "fp32"]}, tmp_path / "dense.toml")
+    assert stated.variants_stated and stated.ships() == "fp16+fp32"
+    assert [v.name for v in make_variants(_dense(1024, 640), stated, "dense-stated").variants] == ["fp16", "fp32"]
+    small = make_variants(_scaled_conv(), recipe, "scaled-default")
+    assert [v.name for v in small.variants] == ["fp16", "fp32"] and "fp16w" not in small.refused
+    [step] = [s for s in small.steps if s["name"] == "fp16w_narrow"]
+    assert step["records"][0]["default"].startswith("not shipped: saves 1,728 B of "), step
+
+
 # ---------------------------------------------------------------------------------------------
 # In the browser
 
@@ -259,7 +316,7 @@ def fp16w_package(tmp_path_factory) -> Path:
 
 @pytest.mark.browser
 def test_loader_widens_in_a_worker_runs_within_bounds_on_both_eps_and_the_measured_choice_picks_it(browser, fp16w_package, pages):
-    from pipeline.verify.browser.server import running_server
+    from pipeline.package_server import running_server
 
     manifest = read_manifest(fp16w_package)
     files = {name: manifest["files"][v["model"]] for name, v in manifest["variants"].items()}

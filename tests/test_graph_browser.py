@@ -11,7 +11,7 @@ import pytest
 
 from graph_helpers import FFC_FLIP_MODEL, FFC_MODEL, decoder_head_model, neg_slice_model, random_inputs, run_host
 from pipeline.graph import repairs
-from pipeline.verify.browser.models import BrowserModelRunner, measure_cpu_fallback
+from pipeline.verify.engines.browser.models import BrowserModelRunner, measure_cpu_fallback
 from pipeline.verify.diagnose import diagnose, random_feeds
 from pipeline.runtime import resolve_runtime
 

@@ -22,7 +22,8 @@ from pipeline.errors import PackError
 from pipeline.graph import repairs
 from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.base import PassSettings
-from pipeline.precision.variants import conversion_code_key, conversion_sources
+from pipeline.keys import _code_hash, code_hash, code_sources
+from pipeline.precision.variants import CONVERSION_CODE
 from pipeline.recipe import Recipe
 
 PASSES_DIR = Path(repairs.__file__).resolve().parent / "passes"
@@ -175,19 +176,22 @@ def test_conversion_key_follows_every_module_the_conversion_imports(tmp_path):
     package_dir = Path(repairs.__file__).resolve().parent.parent
     copy = tmp_path / "pipeline"
     shutil.copytree(package_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    names = {p.relative_to(copy).as_posix() for p in conversion_sources(copy)}
+    names = {p.relative_to(copy).as_posix() for p in code_sources(CONVERSION_CODE, copy)}
     assert {"graph/passes/util.py", "graph/passes/base.py", "graph/repairs.py", "precision/fp16.py", "runtime.py"} <= names
-    key = conversion_code_key(copy)
-    assert key == conversion_code_key(copy)
+    key = code_hash(CONVERSION_CODE, copy)
+    assert key == code_hash(CONVERSION_CODE, copy)
     for edited in ("graph/passes/util.py", "graph/passes/base.py", "runtime.py"):
         path = copy / edited
         original = path.read_text()
         path.write_text(original + "\n# edited\n")
-        assert conversion_code_key(copy) != key, edited
+        _code_hash.cache_clear()
+        assert code_hash(CONVERSION_CODE, copy) != key, edited
         path.write_text(original)
-    assert conversion_code_key(copy) == key
+    _code_hash.cache_clear()
+    assert code_hash(CONVERSION_CODE, copy) == key
     (copy / "publish" / "plan.py").write_text("# not part of the conversion\n")
-    assert conversion_code_key(copy) == key
+    _code_hash.cache_clear()
+    assert code_hash(CONVERSION_CODE, copy) == key
 
 
 def test_fp16_conversion_keeps_the_ir_version_the_build_capped():

@@ -15,8 +15,8 @@ import pytest
 
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, decode_output, image_sample, make_package, read_manifest, reference
 from pipeline.runtime import resolve_runtime
-from pipeline.verify.browser.chromium import new_watched_page, probe_adapter
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.engines.browser.chromium import new_watched_page, probe_adapter
+from pipeline.package_server import running_server
 
 pytestmark = pytest.mark.browser
 

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from pipeline.cache import cache_root
 from pipeline.cli import app
-from pipeline.verify.browser.chromium import launch_browser
+from pipeline.verify.engines.browser.chromium import launch_browser
 from publish_helpers import isolate_aws_env, new_bucket, run_json, use_test_credentials
 
 pytestmark = [pytest.mark.browser, pytest.mark.network_registry]

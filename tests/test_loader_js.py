@@ -1,5 +1,5 @@
 """The loader's ES modules under node's own test runner (tests/js), and its output comparison
-(web_template/loader/compare.js) against pipeline/verify/metrics.py on the same arrays."""
+(web_template/loader/compare.js) against pipeline/verify/judgement/metrics.py on the same arrays."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.verify.metrics import compare
+from pipeline.verify.judgement.metrics import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 JS_TESTS = ROOT / "tests" / "js"
@@ -84,7 +84,7 @@ def test_compare_js_finds_the_same_degenerate_references_as_the_python_metrics()
     """degenerateReference (compare.js) and degenerate_reference (metrics.py) agree on which
     references cannot tell a right output from a wrong one, and an exact match reads "identical"
     in both, without infinite dB figures."""
-    from pipeline.verify.metrics import degenerate_reference, format_metrics
+    from pipeline.verify.judgement.metrics import degenerate_reference, format_metrics
 
     rng = np.random.default_rng(1)
     references = {

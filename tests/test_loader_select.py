@@ -68,7 +68,7 @@ def measured_package(tmp_path_factory) -> Path:
 
 
 def _serve(package: Path, pages: Path):
-    from pipeline.verify.browser.server import running_server
+    from pipeline.package_server import running_server
 
     return running_server(package, {TEST_PREFIX: pages})
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX, blank_pages_dir
 from pipeline.cli import app
-from pipeline.verify.browser.chromium import launch_browser
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.engines.browser.chromium import launch_browser
+from pipeline.package_server import running_server
 from build_helpers import conv_model, save
 
 runner = CliRunner()

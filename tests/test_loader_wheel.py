@@ -37,7 +37,7 @@ def test_wheel_install_renders_the_loader_and_lists_recipes(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     # what a browser check and a manifest check read at run time travels in the wheel too
-    assert {"pipeline/manifest.schema.json", "pipeline/verify/browser/page/runner.js", "pipeline/verify/browser/page/runner.html",
+    assert {"pipeline/manifest.schema.json", "pipeline/verify/engines/browser/page/runner.js", "pipeline/verify/engines/browser/page/runner.html",
             "pipeline/web_template/loader/policy.js", "pipeline/recipes/lama.toml"} <= names
 
     venv = tmp_path / "venv"

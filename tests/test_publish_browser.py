@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.manifest import file_parts
-from pipeline.verify.browser.chromium import launch_browser, new_watched_page
+from pipeline.verify.engines.browser.chromium import launch_browser, new_watched_page
 from build_helpers import conv_model, save
 from publish_helpers import new_bucket, run_json
 

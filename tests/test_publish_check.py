@@ -7,7 +7,7 @@ import json
 
 from pipeline.publish.check import PROBE_ORIGIN, check_origins, check_package
 from pipeline.publish.upload_plan import plan_package
-from pipeline.publish.s3 import Target
+from pipeline.s3 import Target
 from publish_helpers import new_bucket, run_cli, write_package
 
 APP = "https://app.example.com"

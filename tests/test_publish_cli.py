@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.publish.upload_plan import plan_package
-from pipeline.publish.s3 import Target, make_client
+from pipeline.s3 import Target, make_client
 from build_helpers import conv_model, save
 from publish_helpers import ACCESS_KEY, SECRET_KEY, assert_manifests_complete, bucket_snapshot, decoded_body, isolate_aws_env, new_bucket, run_cli, run_json, write_package
 

@@ -10,7 +10,8 @@ import pytest
 from publish_helpers import write_package
 
 from pipeline.errors import PackError
-from pipeline.publish.upload_plan import IMMUTABLE_CACHE, SHORT_CACHE, Stage, find_packages, plan_package
+from pipeline.http_headers import IMMUTABLE_CACHE, SHORT_CACHE
+from pipeline.publish.upload_plan import Stage, find_packages, plan_package
 
 
 def test_plan_lists_one_object_per_decoded_name_with_headers(tmp_path):

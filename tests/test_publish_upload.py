@@ -12,9 +12,10 @@ from botocore.config import Config
 from publish_helpers import ACCESS_KEY, SECRET_KEY, assert_manifests_complete, bucket_snapshot, decoded_body, new_bucket, run_json, write_package
 
 from pipeline.progress import Progress
-from pipeline.publish.upload_plan import IMMUTABLE_CACHE, SHORT_CACHE, plan_package
+from pipeline.http_headers import IMMUTABLE_CACHE, SHORT_CACHE
+from pipeline.publish.upload_plan import plan_package
 from pipeline.publish.publisher import publish
-from pipeline.publish.s3 import Target, make_client
+from pipeline.s3 import Target, make_client
 
 MIB = 1024 * 1024
 
@@ -293,7 +294,7 @@ def test_the_client_reads_botocore_models_as_botocore_does_and_parses_each_once(
     import botocore.loaders
 
     from pipeline.cache import is_entry_record
-    from pipeline.publish import s3
+    from pipeline import s3
 
     monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
     root = os.path.join(os.path.dirname(botocore.loaders.__file__), "data")

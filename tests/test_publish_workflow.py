@@ -1,14 +1,19 @@
 """pack's GitHub Action (action.yml) passes only options and environment variables the CLI reads,
-and the example release workflow uses it with its inputs and secrets from the CI's store."""
+and the example workflows use it with its inputs and secrets from the CI's store: the release
+workflow, and the catalog workflow (a matrix from `pack recipes --matrix`, builds with the shared
+cache, one publish after them all)."""
 
 from __future__ import annotations
 
+import json
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import yaml
+from typer.testing import CliRunner
 
-from pipeline.cli import COMMANDS, load_command
+from pipeline.cli import COMMANDS, app, load_command
 
 REPO = Path(__file__).resolve().parent.parent
 ACTION = REPO / "action.yml"
@@ -90,3 +95,66 @@ def test_example_workflow_uses_the_action_with_secrets_from_the_store():
     assert re.fullmatch(r"\$\{\{ secrets\.\w+ \}\}", step["with"]["endpoint-url"])
     later = "\n".join(str(s.get("env", "")) for s in job["steps"][job["steps"].index(step) + 1 :])
     assert "steps.pack.outputs.loader-url" in later
+
+
+CATALOG = REPO / "docs" / "examples" / "catalog-workflow.yml"
+
+
+def _uses(job: dict, action: str) -> list[dict]:
+    return [step for step in job["steps"] if step.get("uses", "").split("@")[0].endswith(action)]
+
+
+def _needs(job: dict) -> list[str]:
+    needs = job.get("needs", [])
+    return [needs] if isinstance(needs, str) else needs
+
+
+def test_catalog_workflow_builds_the_recipes_matrix_with_the_shared_cache_and_publishes_once():
+    workflow = yaml.safe_load(CATALOG.read_text())
+    jobs = workflow["jobs"]
+    commands = _commands()
+    ran: dict[str, list[str]] = {}
+    for job_name, job in jobs.items():
+        for step in job["steps"]:
+            for name, rest in _invocations(step.get("run", "")):
+                flags, _ = _options(commands[name])
+                used = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest))
+                assert used <= flags, f"`pack {name}` has no {sorted(used - flags)}"
+                ran.setdefault(name, []).append(job_name)
+    # the matrix: what `pack recipes --matrix` prints, passed on as the job's output
+    (matrix_name,) = ran["recipes"]
+    (recipes_step,) = [step for step in jobs[matrix_name]["steps"] if "pack recipes" in step.get("run", "")]
+    assert re.search(r'echo "matrix=\$\(pack recipes [^)]*--matrix[^)]*\)" >> "\$GITHUB_OUTPUT"', recipes_step["run"])
+    assert jobs[matrix_name]["outputs"]["matrix"] == f"${{{{ steps.{recipes_step['id']}.outputs.matrix }}}}"
+    printed = json.loads(CliRunner().invoke(app, ["recipes", "--matrix", "--public"]).stdout)
+    assert printed["include"] and all(set(entry) == {"recipe"} for entry in printed["include"])
+    # one build job per recipe: pack's Action with the shared cache, the package uploaded
+    (build_name,) = [name for name, job in jobs.items() if _uses(job, "/pack")]
+    build = jobs[build_name]
+    assert _needs(build) == [matrix_name]
+    assert build["strategy"]["matrix"] == f"${{{{ fromJSON(needs.{matrix_name}.outputs.matrix) }}}}"
+    (step,) = _uses(build, "/pack")
+    action = yaml.safe_load(ACTION.read_text())
+    assert set(step["with"]) <= set(action["inputs"]) and "bucket" not in step["with"]  # builds only; publishing is once, at the end
+    assert step["with"]["recipe"] == "${{ matrix.recipe }}" and step["with"]["cache-url"].startswith("s3://")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        assert re.fullmatch(r"\$\{\{ secrets\.\w+ \}\}", step["env"][name])  # from the CI's store
+    # the Action hands cache-url to `pack build` as the variable its --cache-url reads
+    action_build = next(s for s in action["runs"]["steps"] if s.get("id") == "build")
+    assert action_build["env"]["PACK_CACHE_URL"] == "${{ inputs.cache-url }}"
+    assert "PACK_CACHE_URL" in _options(commands["build"])[1]
+    (upload,) = _uses(build, "actions/upload-artifact")
+    assert upload["with"]["path"].rstrip("/") == step["with"]["out"] and build["steps"].index(upload) > build["steps"].index(step)
+    # publish: after every build job, all the packages downloaded into one folder, `pack publish` once
+    (publish_name,) = ran["publish"]
+    assert publish_name not in (build_name, matrix_name)
+    publish = jobs[publish_name]
+    assert build_name in _needs(publish)
+    (download,) = _uses(publish, "actions/download-artifact")
+    assert fnmatch(upload["with"]["name"].replace("${{ matrix.recipe }}", "gtcrn"), download["with"]["pattern"]) and download["with"]["merge-multiple"] is True
+    (publish_step,) = [s for s in publish["steps"] if "pack publish" in s.get("run", "")]
+    assert publish_step["run"].split()[2].rstrip("/") == download["with"]["path"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert re.fullmatch(r"\$\{\{ secrets\.\w+ \}\}", publish_step["env"][name])
+    _, publish_env = _options(commands["publish"])
+    assert {k for k in publish_step["env"] if k.startswith("PACK_")} <= publish_env

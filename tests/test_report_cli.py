@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.verify.browser.harness import KEPT_OUTPUT_ELEMENTS, kept_output
+from pipeline.verify.engines.browser.harness import KEPT_OUTPUT_ELEMENTS, kept_output
 from build_helpers import conv_model, save
 from publish_helpers import bucket_snapshot, new_bucket, run_json, write_package
 
@@ -45,12 +45,12 @@ def test_a_no_browser_build_writes_a_report_with_every_check_and_the_host_fp16_o
 
 
 def test_pack_report_rerenders_from_the_package_without_running_anything(no_browser_package, monkeypatch) -> None:
-    import pipeline.verify.host
+    import pipeline.verify.engines.host
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("pack report ran a model: the host outputs are in report.data.npz")
 
-    monkeypatch.setattr(pipeline.verify.host, "run_model", must_not_run)
+    monkeypatch.setattr(pipeline.verify.engines.host, "run_model", must_not_run)
     (no_browser_package / "report.html").unlink()
     result = runner.invoke(app, ["report", str(no_browser_package), "--json"])
     assert result.exit_code == 0, result.output

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.manifest import package_verdict
-from pipeline.verify.checks import output_checks, output_failures, refused_by_build
-from pipeline.verify.metrics import compare, degenerate_reference, format_metrics, verdict
+from pipeline.verify.judgement.checks import output_checks, output_failures, refused_by_build
+from pipeline.verify.judgement.metrics import compare, degenerate_reference, format_metrics, verdict
 from build_helpers import conv_model, model_from_text, save
 
 runner = CliRunner()

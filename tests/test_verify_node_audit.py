@@ -19,10 +19,10 @@ from pipeline.commands.summary import webgpu_kernel_lines
 from pipeline.manifest import runs_from_checks
 from pipeline.progress import Progress
 from pipeline.precision.fp16 import convert_with_keeps
-from pipeline.verify import node_audit, node_slicing, webgpu_kernels
+from pipeline.verify.engines import node_audit, node_slicing, webgpu_kernels
 from pipeline.verify.stages import webgpu_kernel_checks
-from pipeline.verify.host import reference_outputs
-from pipeline.verify.thresholds import node_bounds, threshold_for
+from pipeline.verify.engines.host import reference_outputs
+from pipeline.verify.judgement.thresholds import node_bounds, threshold_for
 
 REASON = webgpu_kernels.unavailable_reason()
 needs_kernels = pytest.mark.skipif(REASON is not None, reason=f"webgpu-kernels not available: {REASON}")

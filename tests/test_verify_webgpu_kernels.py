@@ -19,9 +19,9 @@ from pipeline.cli import app
 from pipeline.assets.chunks import runnable_model
 from pipeline.progress import Progress
 from pipeline.sample_file import read_sample
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 from pipeline.verify.stages import webgpu_kernel_checks
-from pipeline.verify.host import reference_outputs
+from pipeline.verify.engines.host import reference_outputs
 from pipeline.verify.package import package_kernel_checks
 
 runner = CliRunner()
@@ -200,7 +200,7 @@ def test_nchw_is_adopted_when_it_fixes_a_variant_that_nhwc_fails_though_another_
     that only NHWC breaks (a Silero VAD export: fp32 passes with NCHW, fp16 misses its bound either way)."""
     from pipeline.progress import Progress
     from pipeline.verify import stages
-    from pipeline.verify import webgpu_kernels as kernels
+    from pipeline.verify.engines import webgpu_kernels as kernels
 
     monkeypatch.setattr(kernels, "unavailable_reason", lambda: None)
     monkeypatch.setattr(kernels, "adapter_name", lambda: "lavapipe")

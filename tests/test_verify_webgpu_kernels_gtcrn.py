@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.verify import webgpu_kernels
+from pipeline.verify.engines import webgpu_kernels
 
 pytestmark = pytest.mark.network_registry
 REASON = webgpu_kernels.unavailable_reason()

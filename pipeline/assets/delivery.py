@@ -4,9 +4,11 @@
   manifest; the build's reports, which it does not list, aside), and what a host stores (one object per listed file, the `.br` body where there is one).
 - first visit, per platform chain: what the loader fetches before the first result: manifest.json,
   loader.js and its modules, the runtime bundle the chain loads (`chain_bundle`), and the model
-  of the chain's first choice (its first EP's first variant; with its weight chunks, if any). Raw bytes, and bytes on the wire
+  of the chain's first choice (its first EP's first variant the build did not refuse; with its weight chunks, if any). Raw bytes, and bytes on the wire
   (the brotli body where the package has one; hosts serve those with Content-Encoding: br). With
-  `select: measured` the trials fetch the sample and the other candidates' models as well.
+  `select: measured` the trials fetch the sample and the other candidates' models as well. Where
+  that variant needs adapter features (fp16: `shader-f16`), `without_features` is the same visit
+  on an adapter without them (the first variant that needs none: fp16w, else fp32).
 - repeat visit: content-hashed files come from Cache Storage (keyed by sha256), so nothing is
   downloaded; manifest.json and the loader's files (short cache) are revalidated, and only
   re-downloaded when a re-publish changed them.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.manifest import Manifest, chain_bundle, file_parts, variant_files
+from pipeline.manifest import Manifest, chain_bundle, file_parts, refused, variant_files
 
 def _is_loader_file(path: str) -> bool:
     return path == "loader.js" or (path.startswith("loader/") and path.endswith(".js"))
@@ -27,11 +29,15 @@ def _wire(entry: dict[str, Any]) -> int:
     return int(encoded["size"]) if encoded else int(entry["size"])
 
 
-def _first_variant(manifest: Manifest, chain: list[str]) -> str | None:
+def _first_variant(manifest: Manifest, chain: list[str], bundle: str, features: bool = True) -> str | None:
+    """The loader's first choice on the chain (policy.js chooseVariant, no priors): the first
+    variant of the first EP that has one the build did not refuse; `features`: the adapter has
+    every feature a variant requires (else only variants that require none)."""
     for ep in chain:
-        order = manifest["variantFor"].get(ep) or []
-        if order:
-            return order[0]
+        for variant in manifest["variantFor"].get(ep) or []:
+            needs = ep == "webgpu" and manifest["variants"][variant].get("requires")
+            if (features or not needs) and refused(manifest, bundle, ep, variant) is None:
+                return variant
     return None
 
 
@@ -50,17 +56,23 @@ def delivery_sizes(manifest: Manifest, manifest_bytes: int) -> dict[str, Any]:
     for platform, chain in manifest["executionProviders"].items():
         bundle_key = chain_bundle(chain)
         bundle = manifest["runtime"]["bundles"][bundle_key]
-        variant = _first_variant(manifest, chain)
-        model = variant_files(manifest["variants"][variant]) if variant else []  # graph and weight chunks
-        paths = [*loader, *file_parts(manifest, bundle["module"]), *file_parts(manifest, bundle["wasm"]), *model]
-        visit = {
-            "chain": list(chain),
-            "bundle": bundle_key,
-            "variant": variant,
-            "files": len(paths) + 1,
-            "bytes": manifest_bytes + sum(int(files[path]["size"]) for path in paths),
-            "wire_bytes": manifest_bytes + sum(_wire(files[path]) for path in paths),
-        }
+        runtime = [*loader, *file_parts(manifest, bundle["module"]), *file_parts(manifest, bundle["wasm"])]
+
+        def fetched(variant: str | None) -> dict[str, Any]:
+            paths = [*runtime, *(variant_files(manifest["variants"][variant]) if variant else [])]  # graph and weight chunks
+            return {
+                "variant": variant,
+                "files": len(paths) + 1,
+                "bytes": manifest_bytes + sum(int(files[path]["size"]) for path in paths),
+                "wire_bytes": manifest_bytes + sum(_wire(files[path]) for path in paths),
+            }
+
+        variant = _first_variant(manifest, chain, bundle_key)
+        model = variant_files(manifest["variants"][variant]) if variant else []
+        visit = {"chain": list(chain), "bundle": bundle_key, **fetched(variant)}
+        plain = _first_variant(manifest, chain, bundle_key, features=False)
+        if plain != variant:
+            visit["without_features"] = {"lacking": list(manifest["variants"][variant].get("requires") or []), **fetched(plain)}
         if manifest["loader"].get("select") == "measured":
             runnable = [ep for ep in chain if bundle_key != "wasm" or ep == "wasm"]
             models = {path for ep in runnable for v in manifest["variantFor"].get(ep) or [] for path in variant_files(manifest["variants"][v])} - set(model)
@@ -95,6 +107,9 @@ def delivery_lines(delivery: dict[str, Any] | None) -> list[str]:
     for platform, visit in delivery["first_visit"].items():
         trials = visit.get("trials")
         extra = f"; measured choice's trials then fetch {_mb(trials['bytes'])} ({_mb(trials['wire_bytes'])} on the wire)" if trials and trials["files"] else ""
+        plain = visit.get("without_features")
+        if plain:
+            extra += f"; without {', '.join(plain['lacking'])} the {plain['variant']} model: {_mb(plain['bytes'])}, {_mb(plain['wire_bytes'])} on the wire"
         lines.append(
             f"  first visit {platform} [{', '.join(visit['chain'])}]: {_mb(visit['bytes'])}, {_mb(visit['wire_bytes'])} on the wire "
             f"({visit['files']} files: {visit['bundle']} runtime bundle, {visit['variant']} model){extra}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import brotli
 
+from pipeline.keys import stage_key
 from pipeline.cache import atomic_write, cache_dir, cached_entry, file_sha256, made_once, remember_digest
 from pipeline.manifest import FileEntry
 from pipeline.media_types import media_type
@@ -57,7 +58,8 @@ def _compress(data: bytes, quality: int, label: str, progress: Progress) -> byte
 def brotli_encode(data: bytes, sha256: str, suffix: str, label: str, progress: Progress, kind: str | None = None) -> bytes:
     """Brotli bytes, cached by content hash so unchanged files are never recompressed."""
     quality = _brotli_quality(len(data), suffix, kind)
-    cached = cache_dir("brotli") / f"{sha256}.q{quality}.br"
+    # the encoding is the brotli library's alone: keyed by its version, the quality and the bytes
+    cached = cache_dir("brotli") / f"{stage_key('brotli', {'quality': quality}, {'file': sha256}, libraries=('brotli',))}.br"
     if cached_entry(cached):
         return cached.read_bytes()
     with made_once(cached):  # the runtime's .wasm takes a minute at q11: compress it once per cache

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from pipeline.verify.browser.remote import DEFAULT_BUDGET_S  # a light module: Playwright loads only when connecting
+from pipeline.verify.engines.browser.remote import DEFAULT_BUDGET_S  # a light module: Playwright loads only when connecting
 
 BrowserOption = Annotated[Optional[list[str]], typer.Option(
     "--browser", envvar="PACK_BROWSERS", show_envvar=True,
@@ -33,8 +33,8 @@ RemoteChromiumOption = Annotated[Optional[str], typer.Option(
 
 def grid_settings(browsers: list[str] | None, cdps: list[str] | None, *, require_all: bool, budget_s: int, remote_chromium: str | None):
     """GridSettings for the options given, or None when none names an endpoint (the local browser)."""
-    from pipeline.verify.browser.grid import GridSettings
-    from pipeline.verify.browser.remote import parse_endpoints
+    from pipeline.verify.engines.browser.grid import GridSettings
+    from pipeline.verify.engines.browser.remote import parse_endpoints
 
     endpoints = parse_endpoints(browsers, cdps)
     if not endpoints:

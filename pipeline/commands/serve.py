@@ -1,6 +1,6 @@
 """`pack serve`: preview packages locally exactly as production serves them.
 
-It reuses the verification server (pipeline/verify/browser/server.py): brotli bodies with
+It reuses the verification server (pipeline/package_server.py): brotli bodies with
 `Content-Encoding: br` for clients that accept it, the manifest's media types, and the
 cross-origin isolation headers (COOP/COEP) that wasm threads need. A page opened from file://
 gets none of these, which is why the demo page needs a server.
@@ -41,7 +41,7 @@ def serve(
     ] = None,
 ) -> None:
     """Serve built packages locally as production does (brotli, media types, COOP/COEP); Ctrl-C stops."""
-    from pipeline.verify.browser.server import StaticServer
+    from pipeline.package_server import StaticServer
 
     from pipeline.publish.cors import validate_origins
 

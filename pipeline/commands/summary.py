@@ -12,14 +12,14 @@ import typer
 from pipeline.assets.delivery import delivery_lines
 
 if TYPE_CHECKING:
-    from pipeline.verify.browser.harness import BrowserResult
+    from pipeline.verify.engines.browser.harness import BrowserResult
     from pipeline.verify.package import PackageVerification
 
 MARKS = {"passed": "ok  ", "failed": "FAIL", "not-verifiable": "n/v ", "skipped": "skip", "error": "ERR ", "refused": "refd"}
 
 
 def check_line(check: dict) -> str:
-    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+    from pipeline.verify.judgement.metrics import format_metrics  # numpy: loaded only where a check is printed
 
     bundle = check.get("bundle")
     run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle != check["ep"] else "")
@@ -203,7 +203,7 @@ def variant_lines(report: dict, manifest: dict) -> list[str]:
     variants = manifest.get("variants") or {}
     if not any(spec.get("widen") for spec in variants.values()):
         return []
-    from pipeline.verify.metrics import format_metrics  # numpy: loaded only where a check is printed
+    from pipeline.verify.judgement.metrics import format_metrics  # numpy: loaded only where a check is printed
 
     from pipeline.manifest import variant_files
 
@@ -293,9 +293,15 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
     for entry in (manifest.get("verification") or {}).get("refusedEps") or []:
         now = ", ".join(f"{platform} {' > '.join(chains.get(platform, []))}" for platform in entry["platforms"])
         echo(f"REFUSED EP: {entry['ep']} (no variant passed on it: {entry['evidence']}); chains now: {now}")
-    verdict = "PASSED" if report["passed"] else "FAILED"
-    echo(f"{verdict}: {sum(c['status'] == 'passed' for c in report['checks'])} passed, {sum(c['status'] == 'failed' for c in report['checks'])} failed, {sum(c['status'] == 'not-verifiable' for c in report['checks'])} not verifiable, {sum(c['status'] == 'skipped' for c in report['checks'])} skipped"
-         + (f", {errors} error" if (errors := sum(c['status'] == 'error' for c in report['checks'])) else ""))
+    echo(f"{'PASSED' if report['passed'] else 'FAILED'}: {check_counts(report)}")
+
+
+def check_counts(report: dict) -> str:
+    """`4 passed, 0 failed, 0 not verifiable, 6 skipped`: a build's checks by status (its last line;
+    a catalog build's line per package)."""
+    counts = {status: sum(c["status"] == status for c in report["checks"]) for status in ("passed", "failed", "not-verifiable", "skipped", "error")}
+    errors = f", {counts['error']} error" if counts["error"] else ""
+    return f"{counts['passed']} passed, {counts['failed']} failed, {counts['not-verifiable']} not verifiable, {counts['skipped']} skipped{errors}"
 
 
 def verify_lines(verification: PackageVerification) -> list[str]:

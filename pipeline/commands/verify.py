@@ -39,7 +39,7 @@ def verify(
         # Imported here: the browser harness and onnxruntime load only when this command runs.
         from pipeline.assets.chunks import runnable_model
         from pipeline.commands.summary import verify_lines
-        from pipeline.verify.browser.run_plan import load_manifest
+        from pipeline.verify.engines.browser.run_plan import load_manifest
         from pipeline.verify.package import verify_package
 
         grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)

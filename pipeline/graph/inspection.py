@@ -2,7 +2,7 @@
 
 Host-side facts (opset, IR version, sizes, op histogram, inputs and outputs, hazards with the
 repair for each, fp16 readiness) come from the file alone. Which nodes land on the CPU instead of
-WebGPU is measured in the browser by pipeline/verify/browser/models.py (`measure_cpu_fallback`,
+WebGPU is measured in the browser by pipeline/verify/engines/browser/models.py (`measure_cpu_fallback`,
 called by the command on `repaired(model)`); this module only prints what it found.
 """
 

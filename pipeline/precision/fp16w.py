@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pipeline.keys import stage_key
 from pipeline.cache import atomic_write, cache_dir, cached_entry
 from pipeline.errors import PackError
 
@@ -297,7 +298,7 @@ def widened_model_file(shipped: Path) -> Path:
         data = shipped.read_bytes()
     except OSError as error:
         raise PackError(f"{shipped}: cannot read the fp16w model ({error.strerror or error}); rebuild the package") from None
-    key = hashlib.sha256(Path(__file__).read_bytes() + b"\0" + data).hexdigest()  # this code and the bytes
+    key = stage_key("fp16w-widen", inputs={"shipped": hashlib.sha256(data).hexdigest()}, code=("pipeline.precision.fp16w",), libraries=("numpy",))
     target = cache_dir("work", "fp16w-" + key) / "widened.onnx"
     if not cached_entry(target):
         try:

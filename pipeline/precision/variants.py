@@ -3,22 +3,21 @@
 fp32 sources are converted to fp16 (cached per source bytes, settings, conversion code and the nodes
 kept in fp32, which kept_nodes.py decides); sources
 already in fp16 ship as fp16 with an upcast fp32 fallback; quantized sources ship as they are.
+A float source also ships fp16w (its fp32 graph, weights stored as fp16) when the recipe lists it,
+or, when the recipe lists no variants, where `fp16w_by_default` says it saves a meaningful share.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass, field
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable
 
 import onnx
 
-import pipeline
 from pipeline.cache import atomic_write, cache_dir, cached_entry
+from pipeline.keys import stage_key
 from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.base import PassSettings
 from pipeline.precision.detect import detect_precision
@@ -28,13 +27,18 @@ from pipeline.precision.converter_errors import name_unnamed_nodes
 from pipeline.precision.kept_nodes import Fp16Context, fp16_with_kept_nodes
 from pipeline.recipe import Recipe
 
-# Cached conversions are keyed by the code that makes them too: every module of these folders and
-# the top-level pipeline modules they import, pack's version, and the onnx libraries' versions.
-# Editing any of them invalidates the cache without a version to remember to bump.
-_CONVERSION_FOLDERS = ("graph", "precision")
-_CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime")
-# `from pipeline.x import ...` / `import pipeline.x` at any indentation (late imports count too).
-_PIPELINE_IMPORT = re.compile(r"^\s*(?:from|import)\s+pipeline\.(\w+)", re.MULTILINE)
+# Cached conversions are keyed by the code that makes them too (pipeline/keys.py: every module
+# of these packages and the top-level pipeline modules they import) and the onnx libraries'
+# versions. Editing any of them invalidates the cache without a version to remember to bump.
+CONVERSION_CODE = ("pipeline.graph", "pipeline.precision")
+CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "numpy")
+# fp16w by default (recipe without `variants`): the weights it halves are at least half the fp32
+# model's bytes, so the wasm EP and GPUs without shader-f16 download at most 3/4 of fp32 (a graph
+# of many small ops would gain little), and it saves at least 1 MiB: below that the saving is
+# under half the smallest first visit (the wasm runtime, 2.4 MB on the wire) while the variant
+# still costs a full verification in every stage.
+FP16W_MIN_WEIGHT_SHARE = 0.5
+FP16W_MIN_SAVED_BYTES = 1 << 20
 
 
 @dataclass
@@ -49,29 +53,11 @@ class Variant:
     kept_initializers: list[dict] = field(default_factory=list)  # fp16w: float32 initializers left float32
 
 
-def conversion_sources(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> list[Path]:
-    """The files whose text the conversion runs: every .py under the conversion folders, and each
-    top-level pipeline module one of them imports."""
-    sources = sorted(p for folder in _CONVERSION_FOLDERS for p in (package_dir / folder).rglob("*.py"))
-    imported = {name for source in sources for name in _PIPELINE_IMPORT.findall(source.read_text(encoding="utf-8"))}
-    top_level = sorted(package_dir / f"{name}.py" for name in imported if (package_dir / f"{name}.py").is_file())
-    return sources + top_level
-
-
-def conversion_code_key(package_dir: Path = Path(pipeline.__file__).resolve().parent) -> str:
-    """A hash of the conversion's code (file names and text) and the versions of pack and the onnx libraries."""
-    digest = hashlib.sha256()
-    for source in conversion_sources(package_dir):
-        digest.update(source.relative_to(package_dir).as_posix().encode() + b"\0" + source.read_bytes() + b"\0")
-    versions = [pipeline.__version__, *(metadata.version(name) for name in _CONVERSION_LIBRARIES)]
-    return hashlib.sha256(json.dumps([digest.hexdigest(), versions]).encode()).hexdigest()
-
-
 def _work_key(source_bytes_sha: str, recipe: Recipe, settings: PassSettings) -> str:
     """The conversion's input is the *repaired* source: its key holds everything the repairs depend
-    on (their settings: the runtime's IR cap) beside the source bytes and the code."""
-    config = json.dumps([conversion_code_key(), source_bytes_sha, recipe.repairs_auto, recipe.repairs, asdict(settings), sorted(recipe.fp16_block_ops)])
-    return hashlib.sha256(config.encode()).hexdigest()
+    on (their settings: the runtime's IR cap) beside the source bytes, the code and the libraries."""
+    read = {"repairs_auto": recipe.repairs_auto, "repairs": recipe.repairs, "pass_settings": settings, "fp16_block_ops": sorted(recipe.fp16_block_ops)}
+    return stage_key("convert", read, {"source": source_bytes_sha}, CONVERSION_CODE, CONVERSION_LIBRARIES)
 
 
 def _cached_fp16(model: onnx.ModelProto, key: str, block_ops: list[str], keep: dict[str, str], refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> tuple[onnx.ModelProto | None, list[dict], str | None, dict[str, str]]:
@@ -128,15 +114,40 @@ class VariantSet:
     refused: dict[str, str] = field(default_factory=dict)  # variant name -> why it is not shipped
 
 
-def _fp16w_variant(reference: onnx.ModelProto, made: "VariantSet") -> None:
-    """fp16w: the fp32 graph, its float32 initializers stored as fp16 (fp16w.py); the loader widens them."""
+def fp16w_by_default(model_bytes: int, bytes_saved: int) -> str | None:
+    """Why a recipe without `variants` ships fp16w, or None when it saves too little: the one rule
+    (FP16W_MIN_WEIGHT_SHARE, FP16W_MIN_SAVED_BYTES). `bytes_saved` is what narrowing the fp32
+    model of `model_bytes` saves: half its narrowed weights."""
+    share = 2 * bytes_saved / model_bytes if model_bytes else 0.0
+    if share < FP16W_MIN_WEIGHT_SHARE or bytes_saved < FP16W_MIN_SAVED_BYTES:
+        return None
+    return f"by default: weights {share:.0%} of the fp32 model, {bytes_saved / (1 << 20):.1f} MiB saved"
+
+
+def _fp16w_variant(reference: onnx.ModelProto, made: "VariantSet", listed: bool) -> None:
+    """fp16w: the fp32 graph, its float32 initializers stored as fp16 (fp16w.py); the loader widens
+    them. `listed`: the recipe lists it; else it ships only where fp16w_by_default holds."""
     narrowed = narrow_initializers(reference)
     if isinstance(narrowed, str):
-        made.refused["fp16w"] = narrowed
-        made.steps.append({"name": "fp16w_narrow", "changed": False, "records": [], "refused": narrowed})
+        if listed:
+            made.refused["fp16w"] = narrowed
+            made.steps.append({"name": "fp16w_narrow", "changed": False, "records": [], "refused": narrowed})
+        else:
+            made.steps.append({"name": "fp16w_narrow", "changed": False, "records": [{"default": f"not shipped: {narrowed}"}]})
         return
     origin = f"fp32 graph, {narrowed.narrowed} initializers stored as fp16" + (f", {len(narrowed.kept)} kept float32" if narrowed.kept else "")
-    made.steps.append({"name": "fp16w_narrow", "changed": narrowed.narrowed > 0, "records": [{"what": origin, "bytes_saved": narrowed.bytes_saved, "kept": narrowed.kept}]})
+    record = {"what": origin, "bytes_saved": narrowed.bytes_saved, "kept": narrowed.kept}
+    if not listed:
+        why = fp16w_by_default(reference.ByteSize(), narrowed.bytes_saved)
+        record["default"] = why or (
+            f"not shipped: saves {narrowed.bytes_saved:,} B of {reference.ByteSize():,} (by default fp16w ships when the weights are "
+            f"at least {FP16W_MIN_WEIGHT_SHARE:.0%} of the model and it saves at least {FP16W_MIN_SAVED_BYTES >> 20} MiB; list it in `variants` to ship it anyway)"
+        )
+        if why is None:
+            made.steps.append({"name": "fp16w_narrow", "changed": False, "records": [record]})
+            return
+        origin += f" ({why})"
+    made.steps.append({"name": "fp16w_narrow", "changed": narrowed.narrowed > 0, "records": [record]})
     made.variants.append(Variant("fp16w", "fp16w", narrowed.model, origin, widen=WIDEN, kept_initializers=narrowed.kept))
 
 
@@ -153,8 +164,8 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
         made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
         if "fp16" in recipe.variants:
             made.variants.append(Variant("fp16", "fp16", model, "source (already fp16)", ["shader-f16"]))
-        if "fp16w" in recipe.variants:
-            _fp16w_variant(reference, made)
+        if "fp16w" in recipe.variants or not recipe.variants_stated:
+            _fp16w_variant(reference, made, "fp16w" in recipe.variants)
         if "fp32" in recipe.variants:
             made.steps.append(upcast)
             made.variants.append(Variant("fp32", "fp32", reference, "upcast from the fp16 source"))
@@ -164,8 +175,8 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
         fp16 = _fp16_variant(model, recipe, source_sha, made, context, settings)
         if fp16 is not None:
             made.variants.append(fp16)
-    if "fp16w" in recipe.variants:
-        _fp16w_variant(model, made)
+    if "fp16w" in recipe.variants or not recipe.variants_stated:
+        _fp16w_variant(model, made, "fp16w" in recipe.variants)
     if "fp32" in recipe.variants or not made.variants:
         made.variants.append(Variant("fp32", "fp32", model, "source"))
     return made

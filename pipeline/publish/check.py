@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import brotli
 
 from pipeline.publish.upload_plan import PackagePlan, PlannedObject, Stage
-from pipeline.publish.s3 import Target, is_r2
+from pipeline.s3 import Target, is_r2
 
 # Sent when no app origin is known (no --cors, no --check-origin): a page on some other origin.
 PROBE_ORIGIN = "https://pack-check.example"

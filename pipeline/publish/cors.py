@@ -12,7 +12,7 @@ from typing import Any
 import botocore.exceptions
 
 from pipeline.errors import PackError
-from pipeline.publish.s3 import Target, describe_error
+from pipeline.s3 import Target, describe_error
 
 RULE_ID = "pack-publish"
 _ORIGIN = re.compile(r"^(\*|https?://(\*\.)?[A-Za-z0-9.-]+(:\d+)?)$")

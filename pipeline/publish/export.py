@@ -13,7 +13,9 @@ One body per file (BODIES):
   http.server, GitHub Pages-style hosting) the loader finds `X` missing, fetches `X.br` itself and
   decodes it (`DecompressionStream('brotli')`, else the package's brotli decoder: runtime.decoder).
 - "raw": decoded files only, no encodings (and no decoder): for an app that serves the files
-  through something other than the loader, at the decoded size (GTCRN: 0.86 of its package folder).
+  through something other than the loader, and the default of `--host` for the hosts whose
+  configuration names each file by its decoded name (Netlify, Cloudflare Pages, Vercel), at the
+  decoded size (GTCRN: 0.86 of its package folder).
 
 The manifest is rewritten for what was kept, package.json (npm) lists exactly the bodies kept,
 and both are validated (pipeline/manifest.py) before anything is written; the copy appears at its
@@ -27,7 +29,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.assets.files import describe_file
 from pipeline.cache import staging_folder, swap_into_place
@@ -128,12 +130,18 @@ def variant_for_of(manifest: Manifest, ep: str) -> list[str]:
     return list(manifest["variantFor"].get(ep) or [])
 
 
-def export_package(source: Path, destination: Path, variants: list[str] | None, bodies: str = "br") -> Exported:
-    """Validate the package at `source`, then write its app copy to `destination`."""
+def export_package(
+    source: Path, destination: Path, variants: list[str] | None, bodies: str = "br",
+    extra: Callable[[Manifest], dict[str, bytes]] | None = None,
+) -> Exported:
+    """Validate the package at `source`, then write its app copy to `destination`. `extra` gives
+    files to write beside it (a host's configuration) from the exported manifest: they are not
+    part of the package, so the manifest does not list them."""
     if bodies not in BODIES:
         raise PackError(f"--bodies {bodies!r}: not one of {', '.join(BODIES)}")
     plan = plan_package(source)  # every file checked against its sha256, every .br against its file
     manifest = export_manifest(plan, variants, bodies)
+    extra_files = extra(manifest) if extra else {}
     _check_destination(destination, source)
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +163,8 @@ def export_package(source: Path, destination: Path, variants: list[str] | None, 
             written.append((PACKAGE_JSON, (staging / PACKAGE_JSON).stat().st_size))
         manifest_path = write_manifest(staging, manifest)
         written.append(("manifest.json", manifest_path.stat().st_size))
+        for name, data in extra_files.items():
+            (staging / name).write_bytes(data)
         swap_into_place(staging, destination)
     return Exported(destination, manifest, written, list(manifest["variants"]), bodies)
 

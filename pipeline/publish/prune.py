@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import PackError
 from pipeline.progress import Progress
-from pipeline.publish.s3 import Target, describe_error
+from pipeline.s3 import Target, describe_error
 from pipeline.report import REPORT_HTML, REPORT_JSON
 from pipeline.publish.transfer import list_keys
 

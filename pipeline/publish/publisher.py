@@ -19,7 +19,7 @@ from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.publish.upload_plan import PackagePlan, PlannedObject, Stage
 from pipeline.publish.prune import PruneResult, prune
-from pipeline.publish.s3 import Target, describe_error
+from pipeline.s3 import Target, describe_error
 from pipeline.publish.remembered import Memory
 from pipeline.publish.transfer import UploadFailed, is_current, list_package, stored_objects, upload_batch
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 from pipeline.errors import PackError
 from pipeline.publish.remembered import Headers, Listed, Memory, Seen
 from pipeline.publish.upload_plan import PlannedObject
-from pipeline.publish.s3 import TRANSFER_THREADS, Target, describe_error
+from pipeline.s3 import TRANSFER_THREADS, Target, describe_error
 
 MIB = 1024 * 1024
 MIN_PART_SIZE = 5 * MIB  # S3 and R2 refuse smaller parts (except the last)

@@ -21,15 +21,11 @@ from typing import Any
 import brotli
 
 from pipeline.manifest import Manifest, Run, failed_runs, read_manifest
+from pipeline.http_headers import SHORT_CACHE, cache_control
 from pipeline.media_types import content_type
 from pipeline.cache import file_sha256, remembered_digest
 from pipeline.errors import PackError
 from pipeline.report import REPORT_FILES, REPORT_HTML, REPORT_JSON
-
-IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
-# Short so that a new manifest/loader reaches browsers within a minute; must-revalidate keeps
-# caches from serving a stale manifest that could name objects a later --prune removed.
-SHORT_CACHE = "public, max-age=60, must-revalidate"
 
 _HASHED_NAME = re.compile(r"^.+\.([0-9a-f]{16})\.[^./]+$")
 _READ_CHUNK = 1 << 20
@@ -196,7 +192,7 @@ def _plan_listed_file(root: Path, path: str, entry: Any) -> PlannedObject:
     if entry["cache"] == "immutable" and not match:
         raise PackError(f"{where}: cache 'immutable' but the name carries no content hash; rebuild the package")
     media = content_type(path, entry.get("mediaType"))
-    cache = IMMUTABLE_CACHE if entry["cache"] == "immutable" else SHORT_CACHE
+    cache = cache_control(entry["cache"])
     stage = stage_of(path, entry["cache"])
 
     brotli_entry = (entry.get("encodings") or {}).get("br")

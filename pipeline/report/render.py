@@ -25,8 +25,8 @@ from pipeline.report import REPORT_HTML, figures
 from pipeline.report.data import ReportData, load, save
 from pipeline.report.record import read_record
 from pipeline.sample_file import read_sample
-from pipeline.verify.browser.harness import run_label
-from pipeline.verify.metrics import LOWER_BOUNDS, compare, format_metrics
+from pipeline.verify.engines.browser.harness import run_label
+from pipeline.verify.judgement.metrics import LOWER_BOUNDS, compare, format_metrics
 
 STATUS_ORDER = {"failed": 0, "refused": 1, "not-verifiable": 2, "skipped": 3, "passed": 4}
 DEFAULT_SAMPLE_RATE = 16000
@@ -78,7 +78,7 @@ def write_report(package: Path, data: ReportData | None = None, progress: Progre
 def _add_host_outputs(package: Path, manifest: dict, feeds: dict[str, np.ndarray], data: ReportData) -> bool:
     """Each shipped variant's outputs on onnxruntime CPU (cached runs), unless kept already."""
     from pipeline.assets.chunks import runnable_model
-    from pipeline.verify.host import run_model
+    from pipeline.verify.engines.host import run_model
 
     added = False
     for name, variant in sorted(manifest["variants"].items()):

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pipeline.cache import cache_dir, cached_entry, file_sha256
+from pipeline.cache import cache_dir, cached_entry, file_sha256, share_entry
 from pipeline.errors import PackError, is_environment_error
 from pipeline.progress import Progress
 from pipeline.urls import mask_url, scrub
@@ -105,6 +105,7 @@ def download(url: str, sha256: str | None, progress: Progress, sha256_origin: st
         raise DownloadMismatch(url, actual, sha256, sha256_origin)
     target = target or cache_dir("downloads") / actual
     partial.rename(target)
+    share_entry(target, actual)
     return target
 
 

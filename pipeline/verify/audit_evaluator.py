@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pipeline.verify import node_audit
-from pipeline.verify.node_audit import NodeVerdict
+from pipeline.verify.engines import node_audit
+from pipeline.verify.engines.node_audit import NodeVerdict
 
 NCHW = {"preferredLayout": "NCHW"}
 

@@ -23,8 +23,8 @@ import onnxruntime
 from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.util import copy_model, infer_shapes, node_label
 from pipeline.progress import Progress
-from pipeline.verify.browser.models import BrowserModelRunner, ModelRun
-from pipeline.verify.metrics import compare
+from pipeline.verify.engines.browser.models import BrowserModelRunner, ModelRun
+from pipeline.verify.judgement.metrics import compare
 
 COMBOS: tuple[tuple[str, str], ...] = (("root", "webgpu"), ("root", "wasm"), ("webgpu", "webgpu"), ("webgpu", "wasm"))
 # fp32 kernels on WebGPU differ from the CPU by rounding only; a wrong slice or layout is O(1).

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Callable
 from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.sample_file import read_sample
-from pipeline.verify.checks import Check, any_failed, refused_by_build, tagged
-from pipeline.verify.thresholds import FLOAT_PRECISIONS, recorded_kernel_thresholds, recorded_thresholds
+from pipeline.verify.judgement.checks import Check, any_failed, refused_by_build, tagged
+from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, recorded_kernel_thresholds, recorded_thresholds
 
 if TYPE_CHECKING:
     import numpy as np
 
     from pipeline.runtime import Runtime
-    from pipeline.verify.browser.grid import GridSettings
-    from pipeline.verify.browser.harness import BrowserResult
+    from pipeline.verify.engines.browser.grid import GridSettings
+    from pipeline.verify.engines.browser.harness import BrowserResult
 
 # The most faithful variant available is the reference when a package ships no fp32 one.
 REFERENCE_PRECISIONS = ("fp32", "fp16")
@@ -80,10 +80,10 @@ def verify_package(package: Path, manifest: dict, model_file: ModelFile, *, runt
                    gpu: bool = False, bundle: str | None = None, watchdog_ms: int | None = None, progress: Progress | None = None) -> PackageVerification:
     """The browser checks of `package` (on each of `runtimes` when given, else on the shipped one,
     on `grid`'s browsers when given) and its webgpu-kernels checks, against a host reference."""
-    from pipeline.verify.browser.chromium import launch_browser
-    from pipeline.verify.browser.grid import exit_policy, verify_on_grid
-    from pipeline.verify.browser.harness import verify_in_browser
-    from pipeline.verify.host import reference_outputs
+    from pipeline.verify.engines.browser.chromium import launch_browser
+    from pipeline.verify.engines.browser.grid import exit_policy, verify_on_grid
+    from pipeline.verify.engines.browser.harness import verify_in_browser
+    from pipeline.verify.engines.host import reference_outputs
 
     progress = progress or Progress.quiet()
     feeds = read_sample(package, manifest)[0]

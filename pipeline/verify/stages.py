@@ -18,10 +18,10 @@ from pipeline.precision.kept_nodes import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
-from pipeline.verify import node_audit, webgpu_kernels
-from pipeline.verify.checks import Check, check, layout_verdict, output_checks, output_failures
-from pipeline.verify.host import HostRun, run_model
-from pipeline.verify.thresholds import FLOAT_PRECISIONS, ep_thresholds, output_kind, recipe_bounds, search_bounds
+from pipeline.verify.engines import node_audit, webgpu_kernels
+from pipeline.verify.judgement.checks import Check, check, layout_verdict, output_checks, output_failures
+from pipeline.verify.engines.host import HostRun, run_model
+from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, ep_thresholds, output_kind, recipe_bounds, search_bounds
 
 # Ops whose kernels onnxruntime's NHWC layout transform rewrites on WebGPU.
 LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "Resize", "InstanceNormalization", "BatchNormalization", "DepthToSpace", "SpaceToDepth", "GridSample"})
@@ -83,7 +83,7 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
     checks a package as shipped (`retry_layout=False`).
 
     A variant too heavy to run whole on lavapipe is audited node by node against
-    `reference_model` (default: the `fp32` variant's file); see pipeline.verify.node_audit."""
+    `reference_model` (default: the `fp32` variant's file); see pipeline.verify.engines.node_audit."""
     ep_options = dict(ep_options or {})
     reference_model = reference_model or models.get("fp32")
     reason = webgpu_kernels.unavailable_reason()
@@ -218,7 +218,7 @@ def fp16_evaluators(reference: Callable[[], dict[str, np.ndarray]], feeds: dict[
     # The host's failures are ranked from the host's own fp32 run (ranking.rank_nodes): no divergence run
     evaluators = [Evaluator("host cpu", host, host.failures)]
     try:
-        from pipeline.verify import webgpu_kernels
+        from pipeline.verify.engines import webgpu_kernels
     except ImportError:
         return evaluators
     if webgpu_kernels.unavailable_reason() is None:

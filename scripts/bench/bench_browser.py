@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from browser_helpers import IR_VERSION, Variant, negative_step_slice_model, reference_of, thresholds_for, write_package  # noqa: E402
-from pipeline.verify.browser.chromium import launch_browser  # noqa: E402
-from pipeline.verify.browser.harness import verify_in_browser  # noqa: E402
+from pipeline.verify.engines.browser.chromium import launch_browser  # noqa: E402
+from pipeline.verify.engines.browser.harness import verify_in_browser  # noqa: E402
 
 FIXED_COST_TARGET_S = 5.0
 

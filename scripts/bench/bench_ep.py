@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.errors import PackError  # noqa: E402
 from pipeline.runtime import runtime_from_option  # noqa: E402
-from pipeline.verify.browser import logs  # noqa: E402
-from pipeline.verify.browser.run_plan import load_manifest  # noqa: E402
-from pipeline.verify.browser.pages import BrowserRunner  # noqa: E402
+from pipeline.verify.engines.browser import logs  # noqa: E402
+from pipeline.verify.engines.browser.run_plan import load_manifest  # noqa: E402
+from pipeline.verify.engines.browser.pages import BrowserRunner  # noqa: E402
 
 WATCHDOG_MS = 120_000
 STEADY_BUDGET_MS = 20_000

@@ -71,8 +71,8 @@ def make_model(blocks: int, plants: int, width: int, seed: int = 0) -> tuple[onn
 
 
 def passes(reference: list[np.ndarray], actual: list[np.ndarray]) -> bool:
-    from pipeline.verify.metrics import compare, judge
-    from pipeline.verify.thresholds import threshold_for
+    from pipeline.verify.judgement.metrics import compare, judge
+    from pipeline.verify.judgement.thresholds import threshold_for
 
     threshold = threshold_for("tensor", "fp16", "cpu")
     return all(judge(compare(r, a), threshold)[0] for r, a in zip(reference, actual))
@@ -85,7 +85,7 @@ def run_pack(model: onnx.ModelProto, feeds: dict, trials: int, seconds: float) -
     from pipeline.progress import Progress
     from pipeline.recipe import Recipe
     from pipeline.verify.stages import fp16_evaluators, onnxruntime_refusal
-    from pipeline.verify.host import run_model
+    from pipeline.verify.engines.host import run_model
 
     with tempfile.TemporaryDirectory() as tmp:
         reference_file = Path(tmp) / "ref.onnx"
@@ -195,10 +195,10 @@ def make_hazard_model(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndar
 
 def judge_everywhere(model: onnx.ModelProto | None, reference: onnx.ModelProto, feeds: dict) -> dict[str, list[str]]:
     """Outputs a model fails on the host CPU and on the webgpu-kernels stage (where set up)."""
-    from pipeline.verify import webgpu_kernels
-    from pipeline.verify.host import run_model
-    from pipeline.verify.metrics import compare, judge
-    from pipeline.verify.thresholds import threshold_for
+    from pipeline.verify.engines import webgpu_kernels
+    from pipeline.verify.engines.host import run_model
+    from pipeline.verify.judgement.metrics import compare, judge
+    from pipeline.verify.judgement.thresholds import threshold_for
 
     if model is None:
         return {"host": ["no model"], "webgpu-kernels": ["no model"]}

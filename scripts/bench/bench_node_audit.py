@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 from pipeline.assets.chunks import runnable_model  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.sample_file import read_sample  # noqa: E402
-from pipeline.verify import node_audit, webgpu_kernels  # noqa: E402
+from pipeline.verify.engines import node_audit
+from pipeline.verify.engines import webgpu_kernels  # noqa: E402
 
 
 def bench(package: Path, runs: int, out=sys.stdout) -> dict:

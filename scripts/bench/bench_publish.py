@@ -41,7 +41,7 @@ from pipeline.cache import remember_digest  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.publish.upload_plan import plan_package  # noqa: E402
 from pipeline.publish.publisher import publish  # noqa: E402
-from pipeline.publish.s3 import Target, make_client  # noqa: E402
+from pipeline.s3 import Target, make_client  # noqa: E402
 from tests.publish_helpers import ACCESS_KEY, SECRET_KEY, public_read_policy, write_package  # noqa: E402
 
 MIB = 1024 * 1024

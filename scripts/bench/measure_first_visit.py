@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.verify.browser.chromium import launch_browser  # noqa: E402
-from pipeline.verify.browser.server import running_server  # noqa: E402
+from pipeline.verify.engines.browser.chromium import launch_browser  # noqa: E402
+from pipeline.package_server import running_server  # noqa: E402
 
 
 def visit(page, url: str) -> dict:

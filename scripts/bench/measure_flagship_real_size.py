@@ -45,7 +45,7 @@ def build_args(name: str, out: Path) -> list[str]:
 
 
 def gmac(name: str) -> float:
-    from pipeline.verify.webgpu_kernels import estimated_macs
+    from pipeline.verify.engines.webgpu_kernels import estimated_macs
 
     model = onnx.load(str(DATA / f"{name}.onnx"), load_external_data=False)
     feeds = {}

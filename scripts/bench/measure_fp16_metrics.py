@@ -32,8 +32,8 @@ from pipeline.graph.model_io import load_model, model_bytes  # noqa: E402
 from pipeline.precision.fp16 import convert_with_keeps  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
 from pipeline.source import resolve_source  # noqa: E402
-from pipeline.verify.host import run_model  # noqa: E402
-from pipeline.verify.metrics import compare  # noqa: E402
+from pipeline.verify.engines.host import run_model  # noqa: E402
+from pipeline.verify.judgement.metrics import compare  # noqa: E402
 
 SHOWN = ("max_abs_of_range", "p999_abs_of_range", "block_mae_of_range", "one_level_share", "rel_l2", "psnr_db", "snr_db", "seg_snr_db")
 
@@ -60,7 +60,7 @@ def measure(target: str, kind: str | None, webgpu: bool = False) -> dict:
         reference, actual = run_model(files["fp32"], feeds).outputs, run_model(files["fp16"], feeds).outputs
         on_webgpu = None
         if webgpu:  # the fp16 variant on onnxruntime's WebGPU kernels (lavapipe): fp16 accumulation
-            from pipeline.verify.webgpu_kernels import run_on_webgpu
+            from pipeline.verify.engines.webgpu_kernels import run_on_webgpu
 
             run = run_on_webgpu(files["fp16"], feeds)
             on_webgpu, webgpu_error = run.outputs, run.error

@@ -1,7 +1,7 @@
 """fp16w side by side with fp32 on the flagship-architecture test exports (tests/data/flagship):
 bytes, the initializers narrowed and kept, and each float output's error on onnxruntime CPU for
 random inputs (seed 0), as the host check measures it. The figures behind fp16w's bounds
-(pipeline/verify/thresholds.py, docs/precision.md).
+(pipeline/verify/judgement/thresholds.py, docs/precision.md).
 
     .venv/bin/python scripts/bench/measure_fp16w.py [NAME ...] [--json]
     .venv/bin/python scripts/bench/measure_fp16w.py --smoke --json   # the LaMa export only
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.dtypes import NUMPY_DTYPES, name_of_onnx  # noqa: E402
 from pipeline.graph.model_io import model_bytes  # noqa: E402
 from pipeline.precision.fp16w import narrow_initializers, widen_model_bytes  # noqa: E402
-from pipeline.verify.metrics import compare  # noqa: E402
+from pipeline.verify.judgement.metrics import compare  # noqa: E402
 
 FLAGSHIP = ROOT / "tests" / "data" / "flagship"
 NAMES = ("lama", "migan", "vocos", "mdx", "mpsenet", "htdemucs", "scnet", "wavtokenizer")

@@ -24,8 +24,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from loader_helpers import TEST_PREFIX, blank_pages_dir  # noqa: E402
 from pipeline.publish.export import export_package  # noqa: E402
-from pipeline.verify.browser.chromium import launch_browser  # noqa: E402
-from pipeline.verify.browser.server import running_server  # noqa: E402
+from pipeline.verify.engines.browser.chromium import launch_browser  # noqa: E402
+from pipeline.package_server import running_server  # noqa: E402
 from static_helpers import first_visit, plain_static_server  # noqa: E402
 
 

@@ -29,7 +29,7 @@ test('a degenerate reference is not verifiable, never passed; a broken output st
   assert.equal(broken.passed, false);
 });
 
-test('figures as pipeline/verify/metrics.py computes them', () => {
+test('figures as pipeline/verify/judgement/metrics.py computes them', () => {
   const ref = f32([0, 1, 2, 3]);
   const act = f32([0, 1, 2, 3.3]);
   const m = compareTensor(ref, act, 'audio');

@@ -122,6 +122,36 @@ test('planAttempts with priors: fastest measured first, variants of an EP too', 
   assert.deepEqual(orderByPriors([{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }], new Map()), [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
 });
 
+// variantFor as pipeline/assets/package.py variant_for writes it for a package with fp16w.
+const withFp16w = (overrides = {}) =>
+  manifest({
+    variants: {
+      fp16: { precision: 'fp16', model: 'h', requires: ['shader-f16'] },
+      fp16w: { precision: 'fp16w', model: 'w', requires: [], widen: 'fp16-initializers' },
+      fp32: { precision: 'fp32', model: 'f', requires: [] },
+    },
+    variantFor: { webgpu: ['fp16', 'fp16w', 'fp32'], wasm: ['fp16w', 'fp32'] },
+    ...overrides,
+  });
+
+test('fp16w before fp32 on wasm and on WebGPU without shader-f16; fp32 only when fp16w is refused', () => {
+  const m = withFp16w();
+  const attempts = (manifest, options) => planAttempts(manifest, options).attempts;
+  assert.deepEqual(attempts(m, { chain: ['wasm'] }), [{ ep: 'wasm', variant: 'fp16w' }]);
+  assert.deepEqual(attempts(m, { chain: ['webgpu', 'wasm'], features: NONE }), [{ ep: 'webgpu', variant: 'fp16w' }, { ep: 'wasm', variant: 'fp16w' }]);
+  assert.deepEqual(attempts(m, { chain: ['webgpu', 'wasm'], features: F16 })[0], { ep: 'webgpu', variant: 'fp16' });
+  // build-time times of the same fp32 kernels differ by noise: fp32 measured faster does not win
+  const priors = new Map([['webgpu/fp32', 10], ['webgpu/fp16w', 11], ['wasm/fp32', 50]]);
+  assert.deepEqual(attempts(m, { chain: ['webgpu', 'wasm'], features: NONE, priors }), [{ ep: 'webgpu', variant: 'fp16w' }, { ep: 'wasm', variant: 'fp16w' }]);
+  // a faster kernel still wins (fp16 measured faster than fp32's kernels)
+  assert.equal(chooseVariant(m, 'webgpu', { features: F16, priors: new Map([['webgpu/fp32', 5], ['webgpu/fp16', 9]]) }).variant, 'fp16w');
+  // fp16w failed its checks: fp32, with the refusal reported; a failed variant is never picked
+  const refused = withFp16w({ verification: { browser: true, passed: true, runs: [{ stage: 'host', bundle: '*', ep: '*', variant: 'fp16w', status: 'failed', detail: 'rel_l2 0.2 > 0.005' }] } });
+  const plan = planAttempts(refused, { chain: ['webgpu', 'wasm'], features: NONE });
+  assert.deepEqual(plan.attempts, [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
+  assert.deepEqual(plan.skipped.map((s) => [s.ep, s.variant]), [['webgpu', 'fp16w'], ['wasm', 'fp16w']]);
+});
+
 test('candidatesFor: every unrefused variant the adapter can run, with its recorded status', () => {
   const m = manifest({ variantFor: { webgpu: ['fp16', 'fp32'], wasm: ['fp32', 'fp16'] }, verification: { runs: [run('webgpu', 'wasm', 'fp16', 'failed'), run('webgpu', 'webgpu', 'fp32', 'passed')] } });
   assert.deepEqual(candidatesFor(m, { chain: ['webgpu', 'wasm'], features: F16, bundle: 'webgpu' }), [

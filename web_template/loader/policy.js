@@ -126,11 +126,19 @@ function defaultOrder(manifest) {
   return ['fp32', ...Object.keys(manifest.variants || {}).sort()];
 }
 
-/** The recipe's variant order for an EP, fastest first where `priors` (ep/variant → ms) know. */
+/**
+ * The recipe's variant order for an EP, fastest first where `priors` (ep/variant → ms) know. A
+ * widened variant (fp16w) and fp32 run the same fp32 kernels, so they share the best of their
+ * times: the recipe's order (fp16w, half the download, first) stands, and build-time noise between
+ * two equal kernels never puts fp32 ahead.
+ */
 function variantOrder(manifest, ep, priors) {
   const order = [...new Set((manifest.variantFor && manifest.variantFor[ep]) || defaultOrder(manifest))];
   if (!priors) return order;
-  const time = (variant) => priors.get(`${ep}/${variant}`) ?? Infinity;
+  const spec = (variant) => (manifest.variants || {})[variant] || {};
+  const kernels = (variant) => (spec(variant).widen || spec(variant).precision === 'fp32' ? 'fp32' : variant);
+  const own = (variant) => priors.get(`${ep}/${variant}`) ?? Infinity;
+  const time = (variant) => Math.min(...order.filter((other) => kernels(other) === kernels(variant)).map(own));
   return order.map((variant, i) => [variant, i]).sort((a, b) => time(a[0]) - time(b[0]) || a[1] - b[1]).map(([v]) => v);
 }
 

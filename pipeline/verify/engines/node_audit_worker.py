@@ -1,4 +1,4 @@
-"""Child process of the node audit: `python -m pipeline.verify.node_audit_worker JOBS.json DONE.txt`.
+"""Child process of the node audit: `python -m pipeline.verify.engines.node_audit_worker JOBS.json DONE.txt`.
 
 JOBS.json lists sessions to run in order ({id, model, feeds, out, ep: cpu|webgpu}) and the WebGPU EP
 options. After each session it appends `ID STATUS` to DONE.txt (STATUS: a JSON object naming the
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.verify.webgpu_worker import placement, webgpu_device
+from pipeline.verify.engines.webgpu_worker import placement, webgpu_device
 
 
 def run_one(spec: dict, device, ep_options: dict, tmp: str) -> dict:

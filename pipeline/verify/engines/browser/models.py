@@ -21,9 +21,9 @@ import onnx
 
 from pipeline.cache import temporary_folder
 from pipeline.runtime import Runtime
-from pipeline.verify.browser import logs
-from pipeline.verify.browser.chromium import ConsoleLine
-from pipeline.verify.browser.pages import MODEL_PREFIX, BrowserRunner, RunnerPage, decode_tensor, encode_tensor
+from pipeline.verify.engines.browser import logs
+from pipeline.verify.engines.browser.chromium import ConsoleLine
+from pipeline.verify.engines.browser.pages import MODEL_PREFIX, BrowserRunner, RunnerPage, decode_tensor, encode_tensor
 
 RUNTIME_KEY = "ort"
 RUN_WATCHDOG_MS = 60_000

@@ -1,4 +1,4 @@
-"""Child process that runs one onnxruntime CPU session: `python -m pipeline.verify.session_worker
+"""Child process that runs one onnxruntime CPU session: `python -m pipeline.verify.engines.session_worker
 MODEL FEEDS.npz OUT.npz LEVEL`. It exists so that an onnxruntime crash (a segfault at session
 creation is real on some fp16 GRU models) kills this process, not the build."""
 

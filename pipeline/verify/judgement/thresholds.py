@@ -1,7 +1,7 @@
 """The bounds every check is judged against, per (stage, EP, variant, output kind): the defaults
 per output kind, precision and execution provider, the recipe's overrides, the widening of fp16 on
 WebGPU, the manifest's `thresholds` table and how `pack verify` reads it back. The check record
-and the comparison are pipeline/verify/checks.py; the figures pipeline/verify/metrics.py.
+and the comparison are pipeline/verify/judgement/checks.py; the figures pipeline/verify/judgement/metrics.py.
 
 Which bounds a check uses (`check_bounds`): the host stage (onnxruntime CPU) the cpu defaults; the
 browser on wasm the wasm defaults; the browser on webgpu and the `webgpu-kernels` stage the wasm
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.verify.metrics import LOWER_BOUNDS
+from pipeline.verify.judgement.metrics import LOWER_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.precision.variants import Variant

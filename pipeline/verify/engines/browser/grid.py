@@ -27,13 +27,13 @@ from pipeline.errors import PackError
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime
-from pipeline.verify.browser.chromium import launch_browser
-from pipeline.verify.browser.devices import adapter_class, device_key, device_label
-from pipeline.verify.browser.harness import BrowserResult, BudgetSpent, verify_in_browser
-from pipeline.verify.browser.run_plan import load_manifest, plan_runs
-from pipeline.verify.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser
-from pipeline.verify.browser.pages import BrowserLost, connection_lost
-from pipeline.verify.checks import Check, any_failed, check, tagged
+from pipeline.verify.engines.browser.chromium import launch_browser
+from pipeline.verify.engines.browser.devices import adapter_class, device_key, device_label
+from pipeline.verify.engines.browser.harness import BrowserResult, BudgetSpent, verify_in_browser
+from pipeline.verify.engines.browser.run_plan import load_manifest, plan_runs
+from pipeline.verify.engines.browser.remote import CONNECT_TIMEOUT_MS, DEFAULT_BUDGET_S, Endpoint, first_line, open_browser
+from pipeline.verify.engines.browser.pages import BrowserLost, connection_lost
+from pipeline.verify.judgement.checks import Check, any_failed, check, tagged
 
 ATTEMPTS = 2  # the first connection and one retry
 GRACE_S = 60  # connecting and closing, beyond the budget, before a worker is abandoned

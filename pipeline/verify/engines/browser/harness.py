@@ -4,7 +4,7 @@ For each platform chain of manifest["executionProviders"], the chain's bundle (w
 chain has webgpu, else wasm: ARCHITECTURE.md) runs each EP of the chain with every variant the
 package ships (the loader can be asked for any: run_plan.py). A run goes through the package's own loader.js on a fresh page of one
 shared browser, feeds the package's sample inputs and compares every output with the fp32 host
-reference (pipeline.verify.metrics). Besides exceptions, a run fails on WebGPU errors, onnxruntime
+reference (pipeline.verify.judgement.metrics). Besides exceptions, a run fails on WebGPU errors, onnxruntime
 error lines, output-size warnings, NaN/Inf and the watchdog. A variant that needs an adapter feature
 the adapter lacks (fp16 without shader-f16) is "not-verifiable", never "passed".
 """
@@ -22,11 +22,11 @@ from pipeline.errors import PackError
 from pipeline.manifest import Manifest, manifest_bytes, validate
 from pipeline.progress import Progress
 from pipeline.runtime import Runtime, resolve_runtime
-from pipeline.verify.browser import logs
-from pipeline.verify.browser.devices import device_facts
-from pipeline.verify.browser.run_plan import PlannedRun, load_manifest, plan_runs
-from pipeline.verify.browser.pages import BrowserRunner, RunnerPage, decode_tensor
-from pipeline.verify.checks import Check, any_failed, check, judged, rounded_metrics
+from pipeline.verify.engines.browser import logs
+from pipeline.verify.engines.browser.devices import device_facts
+from pipeline.verify.engines.browser.run_plan import PlannedRun, load_manifest, plan_runs
+from pipeline.verify.engines.browser.pages import BrowserRunner, RunnerPage, decode_tensor
+from pipeline.verify.judgement.checks import Check, any_failed, check, judged, rounded_metrics
 
 DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
@@ -73,7 +73,7 @@ def verify_in_browser(
     """Verify `package_dir` in headless Chromium against fp32 `references` (output name -> array).
 
     thresholds[ep][variant][output] bounds each comparison: the manifest's `thresholds` table
-    (pipeline/verify/thresholds.py: `threshold_table` in a build, `recorded_thresholds` in `pack verify`).
+    (pipeline/verify/judgement/thresholds.py: `threshold_table` in a build, `recorded_thresholds` in `pack verify`).
     Each run's times come from a pass with production settings (the loader's session options,
     default logging, no profiling); with `profile`, a second, labelled pass on the same page
     (verbose logs, onnxruntime's profiler, one run) gives the CPU-fallback placement and the

@@ -4,8 +4,8 @@ Every check of every stage is made here: the host and `webgpu-kernels` stages (s
 browser (browser/harness.py; browser/grid.py for an endpoint that ended in error), `pack build
 --no-browser` (skipped runs) and `pack verify` (package.py). A check names its stage, EP, variant,
 bundle (browser runs) and output (one check per output once a run has outputs; one check for the
-whole run when it has none), its status, the figures (pipeline/verify/metrics.py), the bounds they
-were judged against (pipeline/verify/thresholds.py) and, when it did not simply pass, why:
+whole run when it has none), its status, the figures (pipeline/verify/judgement/metrics.py), the bounds they
+were judged against (pipeline/verify/judgement/thresholds.py) and, when it did not simply pass, why:
 
     {"stage": "host" | "webgpu-kernels" | "browser", "ep": "cpu" | "webgpu" | "wasm", "variant": "fp16",
      "bundle": "webgpu", "output": "y", "status": "passed" | "failed" | "not-verifiable" | "skipped" | "error" | "refused",
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from pipeline.verify.metrics import verdict
-from pipeline.verify.thresholds import SELF_REFERENCE_BOUNDS
+from pipeline.verify.judgement.metrics import verdict
+from pipeline.verify.judgement.thresholds import SELF_REFERENCE_BOUNDS
 
 if TYPE_CHECKING:
     import numpy as np

@@ -29,14 +29,10 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
+from pipeline.http_headers import ISOLATION_HEADERS
 from pipeline.media_types import content_type
 
 MANIFEST = "manifest.json"
-ISOLATION_HEADERS = {
-    "Cross-Origin-Opener-Policy": "same-origin",
-    "Cross-Origin-Embedder-Policy": "require-corp",
-    "Cross-Origin-Resource-Policy": "cross-origin",
-}
 
 
 @dataclass

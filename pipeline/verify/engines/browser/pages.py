@@ -23,8 +23,8 @@ import numpy as np
 from pipeline.dtypes import NUMPY_DTYPES, name_of_numpy
 from pipeline.errors import PackError
 from pipeline.runtime import Runtime
-from pipeline.verify.browser.chromium import PAGE_DIR, gpu_errors, launch_browser, new_watched_page, probe_adapter, probe_device
-from pipeline.verify.browser.server import running_server
+from pipeline.verify.engines.browser.chromium import PAGE_DIR, gpu_errors, launch_browser, new_watched_page, probe_adapter, probe_device
+from pipeline.package_server import running_server
 
 MOUNT_PREFIX = "/__pack__/"
 PAGE_PREFIX = MOUNT_PREFIX + "page/"

@@ -7,22 +7,24 @@ the error or the signal; when a session crashes the child, lower optimisation le
 
 from __future__ import annotations
 
-import hashlib
-from importlib import metadata
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
+from pipeline.cache import atomic_output, cache_dir, cached_entry, file_sha256, remembered_digest, temporary_folder
 from pipeline.errors import PackError, raise_child_environment_error
+from pipeline.keys import arrays_sha256, stage_key
 
 OPT_LEVELS = ("all", "extended", "basic", "disabled")
-WORKER_MODULE = "pipeline.verify.session_worker"  # run as `python -m`; tests swap in a crashing one
+WORKER_MODULE = "pipeline.verify.engines.session_worker"  # run as `python -m`; tests swap in a crashing one
 RUN_TIMEOUT_S = 600
+_HOST_CODE = ("pipeline.verify.engines.host", WORKER_MODULE)  # the code a cached run's outputs come from
+_HOST_LIBRARIES = ("onnxruntime", "numpy")
 
 
 @dataclass
@@ -40,24 +42,17 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def _run_key(model_path: Path, feeds: dict[str, np.ndarray], salt: str = "") -> str:
-    """Cache key of one run: onnxruntime's version, `salt` (what else decides the result), the
-    model's bytes and the feeds."""
-    digest = hashlib.sha256(f"{metadata.version('onnxruntime')}|{salt}".encode())
-    with model_path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    for name in sorted(feeds):
-        array = np.ascontiguousarray(feeds[name])
-        digest.update(f"|{name}|{array.dtype}|{array.shape}|".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
+def run_key(stage: str, model_path: Path, feeds: dict[str, np.ndarray], settings: Any = None, code: tuple[str, ...] = _HOST_CODE, libraries: tuple[str, ...] = _HOST_LIBRARIES) -> str:
+    """Cache key of one run of `model_path` on `feeds` (pipeline/keys.py): the model's bytes, the
+    feeds, what else decides the result (`settings`), the code that runs it and the runtime's version."""
+    inputs = {"model": remembered_digest(model_path, "sha256", file_sha256), "feeds": arrays_sha256(feeds)}
+    return stage_key(stage, settings, inputs, code, libraries)
 
 
 def run_model(model_path: Path, feeds: dict[str, np.ndarray]) -> HostRun:
     """Outputs of `model_path` on `feeds`; successful runs are cached by model bytes, inputs and
     onnxruntime version, so a rebuild of unchanged inputs runs nothing."""
-    cached = cache_dir("host-runs") / f"{_run_key(model_path, feeds)}.npz"
+    cached = cache_dir("host-runs") / f"{run_key('host-run', model_path, feeds)}.npz"
     if cached_entry(cached):
         with np.load(cached, allow_pickle=False) as result:
             level = str(result["__level__"])

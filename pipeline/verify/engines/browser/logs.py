@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from pipeline.verify.browser.chromium import ConsoleLine
+from pipeline.verify.engines.browser.chromium import ConsoleLine
 
 _PLACED_ON = re.compile(r"Node\(s\) placed on \[(\w+)\]\. Number of nodes: (\d+)")
 _ALL_PLACED_ON = re.compile(r"All nodes placed on \[(\w+)\]\. Number of nodes: (\d+)")

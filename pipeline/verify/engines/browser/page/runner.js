@@ -1,5 +1,5 @@
 // The browser side of every browser run pack makes: served at /__pack__/page/runner.js (with
-// runner.html) by pipeline/verify/browser/pages.py, beside what runs.
+// runner.html) by pipeline/verify/engines/browser/pages.py, beside what runs.
 //
 // Two kinds of run:
 // - 'package': a built package through its own loader.js (what ships is what is verified), fed

@@ -7,7 +7,7 @@ what CPU-EP checks cannot: WebGPU kernels accumulate fp16 in fp16. scripts/setup
 into `.cache/mesa25/` beside the project (`$PACK_LAVAPIPE_DIR` overrides) and installs the plugin
 (pyproject extra `webgpu`); the system's Mesa is not used.
 
-Runs happen in a child process (pipeline.verify.webgpu_worker) with the Vulkan loader pointed at
+Runs happen in a child process (pipeline.verify.engines.webgpu_worker) with the Vulkan loader pointed at
 lavapipe, Mesa's shader cache kept under `$PACK_CACHE_DIR` (the first run of a model spends seconds
 compiling shaders), and results cached like host runs.
 """
@@ -22,17 +22,16 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.cache import atomic_output, cache_dir, cached_entry, temporary_folder
 from pipeline.errors import raise_child_environment_error
-from pipeline.verify.host import HostRun, _signal_name
-from pipeline.verify.host import _run_key as host_run_key
+from pipeline.verify.engines.host import HostRun, _signal_name
+from pipeline.verify.engines.host import run_key
 
-WORKER_MODULE = "pipeline.verify.webgpu_worker"  # run as `python -m`; tests swap in a crashing one
+WORKER_MODULE = "pipeline.verify.engines.webgpu_worker"  # run as `python -m`; tests swap in a crashing one
 # lavapipe's maxStorageBufferBindingSize: a tensor larger than this cannot be bound in a shader.
 MAX_BUFFER_BYTES = 128 << 20
 # lavapipe runs Conv/MatMul at ~1.5 GMAC/s on one idle core (docs/kernels.md: 10×Conv 64ch at 32²,
@@ -66,7 +65,7 @@ class WebGpuRun(HostRun):
 
 def lavapipe_dir() -> Path:
     configured = os.environ.get("PACK_LAVAPIPE_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parents[2] / ".cache" / "mesa25"
+    return Path(configured) if configured else Path(__file__).resolve().parents[3] / ".cache" / "mesa25"
 
 
 def mesa_version() -> str | None:
@@ -243,7 +242,7 @@ def node_macs(op: str, a: list[int] | None, b: list[int] | None, out: list[int] 
 def whole_run_limit(model_path: Path, feeds: dict[str, np.ndarray]) -> str | None:
     """Why `model_path` cannot run whole on lavapipe at the feeds' shapes (a tensor over its
     storage-buffer limit, or more work than it does in reasonable time), or None. The stage audits
-    such a model node by node instead (pipeline.verify.node_audit)."""
+    such a model node by node instead (pipeline.verify.engines.node_audit)."""
     too_big = oversized_tensor(model_path, feeds)
     if too_big:
         name, size = too_big
@@ -255,8 +254,8 @@ def whole_run_limit(model_path: Path, feeds: dict[str, np.ndarray]) -> str | Non
 
 
 def _run_key(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict) -> str:
-    salt = f"{metadata.version('onnxruntime-ep-webgpu')}|{mesa_version()}|{json.dumps(ep_options, sort_keys=True)}|"
-    return host_run_key(model_path, feeds, salt)
+    return run_key("webgpu-run", model_path, feeds, {"ep_options": ep_options, "mesa": mesa_version()},
+                   ("pipeline.verify.engines.webgpu_kernels", "pipeline.verify.engines.webgpu_worker"), ("onnxruntime", "onnxruntime-ep-webgpu", "numpy"))
 
 
 def run_on_webgpu(model_path: Path, feeds: dict[str, np.ndarray], ep_options: dict | None = None) -> WebGpuRun:

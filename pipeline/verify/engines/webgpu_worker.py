@@ -1,6 +1,6 @@
 """Child process that runs one session on onnxruntime's WebGPU EP (the `onnxruntime-ep-webgpu`
 plugin) on whatever Vulkan adapter the environment points at: `python -m
-pipeline.verify.webgpu_worker MODEL FEEDS.npz OUT.npz PLACEMENT.json [EP_OPTIONS_JSON]`. A crash in the plugin, Dawn
+pipeline.verify.engines.webgpu_worker MODEL FEEDS.npz OUT.npz PLACEMENT.json [EP_OPTIONS_JSON]`. A crash in the plugin, Dawn
 or the Vulkan driver kills this process, not the build.
 
 The session is profiled once so that every node's execution provider is known: onnxruntime falls

@@ -2,13 +2,13 @@
 node by node.
 
 One host run of the fp32 model (onnxruntime CPU) yields the real fp32 values that each node reads,
-cut (pipeline.verify.node_slicing) to the window its audit needs: the model gets one Slice per
+cut (pipeline.verify.engines.node_slicing) to the window its audit needs: the model gets one Slice per
 (tensor, window) as extra outputs, so the run holds no more memory than the model itself. Each node
 then becomes a one-node ONNX model with those values as inputs and the weights it reads cut the same
 way, in each variant's own precision (the variant's node, its weights and the types it reads, fp16
 or fp32 per node as the variant has them). Many node models are joined into one model per session
 (disconnected one-node graphs), and many sessions run in one child process
-(pipeline.verify.node_audit_worker): onnxruntime CPU on the fp32 node gives the reference, the
+(pipeline.verify.engines.node_audit_worker): onnxruntime CPU on the fp32 node gives the reference, the
 WebGPU EP on lavapipe gives each variant's figures. A crash names the node that caused it (its
 group is retried one node at a time).
 
@@ -36,13 +36,13 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cache import temporary_folder
-from pipeline.verify import node_slicing
-from pipeline.verify.host import run_model
-from pipeline.verify.metrics import compare, judge
-from pipeline.verify.thresholds import node_bounds
-from pipeline.verify.webgpu_kernels import node_macs
+from pipeline.verify.engines import node_slicing
+from pipeline.verify.engines.host import run_model
+from pipeline.verify.judgement.metrics import compare, judge
+from pipeline.verify.judgement.thresholds import node_bounds
+from pipeline.verify.engines.webgpu_kernels import node_macs
 
-WORKER_MODULE = "pipeline.verify.node_audit_worker"
+WORKER_MODULE = "pipeline.verify.engines.node_audit_worker"
 # Nodes per session: onnxruntime's WebGPU EP compiles each distinct kernel once per session, and
 # real models repeat their kernels, so large groups cost far less than many small ones.
 NODES_PER_SESSION = 256
@@ -601,8 +601,8 @@ def _run_groups(built: list[_Built], templates: dict, tmp: Path, ep_options: dic
 def _spawn(jobs_path: Path, done_path: Path) -> str | None:
     """Run the worker on a job list; None when it finished, else the signal name ("SIGSEGV") or
     why it stopped."""
-    from pipeline.verify import webgpu_kernels
-    from pipeline.verify.host import _signal_name
+    from pipeline.verify.engines import webgpu_kernels
+    from pipeline.verify.engines.host import _signal_name
 
     command = [sys.executable, "-m", WORKER_MODULE, str(jobs_path), str(done_path)]
     limit = audit_timeout_s()

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from pipeline.errors import PackError
 from pipeline.urls import mask_url, scrub
-from pipeline.verify.browser.chromium import launch_browser, launch_flags
+from pipeline.verify.engines.browser.chromium import launch_browser, launch_flags
 
 LOCAL = "local"
 CONNECT = "connect"

@@ -1,0 +1,266 @@
+"""`pack export --host NAME`: the configuration a static host needs to serve an exported package as
+`pack publish` serves it from a bucket (the headers come from pipeline/http_headers.py and
+pipeline/media_types.py, the one table every server of pack uses):
+
+- `Content-Encoding: br` for the `.br` bodies the export wrote (a request for X answered with X.br),
+  where the host can send it;
+- `Cache-Control`: immutable for content-hashed files, short for manifest.json and the loader;
+- `Content-Type` by the manifest (.wasm application/wasm, .mjs/.js text/javascript);
+- `Cross-Origin-Opener-Policy`/`Cross-Origin-Embedder-Policy` for the site's pages (wasm threads
+  need a cross-origin isolated page) and `Cross-Origin-Resource-Policy` on the package's files.
+
+Rules name each file of the export (its names carry content hashes, so the configuration is
+written again with every export) rather than patterns: the hosts' pattern languages differ, and
+a file matched by two rules gets both values joined on Netlify and Cloudflare Pages.
+
+What each host allows (`HOSTS`): nginx, Apache and `serve` (npm) map X to X.br with
+`Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel compress on their own edge and
+document no way to serve a pre-compressed body under its decoded name, so they get decoded
+bodies; GitHub Pages sets no headers at all: it gets the `.br` bodies, which the loader fetches
+and decodes itself (docs/loader.md, "Any static host"), and the service-worker shim gives its
+pages cross-origin isolation; S3 and R2 take their headers as object metadata from `pack publish`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import PackError
+from pipeline.http_headers import PAGE_ISOLATION, RESOURCE_POLICY, SHORT_CACHE, cache_control
+from pipeline.manifest import Manifest, stored_body
+from pipeline.media_types import content_type
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    title: str
+    config: str | None  # the file written into the export; None: the host takes no configuration
+    content_encoding: bool  # can the host send Content-Encoding: br for a .br body under X's name
+    place: str  # where the file goes, in words
+    form: str | None = None  # which writer of RENDERERS: the file's format
+    max_rules: int | None = None  # the host's limit on header rules
+
+
+HOSTS: dict[str, Host] = {
+    host.name: host
+    for host in (
+        Host("netlify", "Netlify", "_headers", False, "the root of the published folder (merge with an existing _headers)", "_headers"),
+        # Cloudflare Pages reads at most 100 rules from _headers.
+        Host("cloudflare-pages", "Cloudflare Pages", "_headers", False, "the root of the build output folder (merge with an existing _headers)", "_headers", 100),
+        Host("vercel", "Vercel", "vercel.json", False, "the project root (merge its \"headers\" into an existing vercel.json)", "vercel"),
+        Host("nginx", "nginx", "nginx.conf", True, "an include in the site's server { } block, whose root holds the package folder", "nginx"),
+        Host("apache", "Apache", ".htaccess", True, "this folder as it is (AllowOverride FileInfo; mod_rewrite, mod_headers, mod_mime)", "apache"),
+        Host("serve", "serve (npm)", "serve.json", True, "the folder `serve` serves (or pass it with serve --config)", "serve"),
+        Host("github-pages", "GitHub Pages", None, False, ""),
+    )
+}
+# Hosts that take no configuration file from an export: what to use instead.
+_BUCKETS = "S3 and R2 take their headers as object metadata: `pack publish DIST --bucket NAME` sets them (docs/publish.md)"
+ELSEWHERE = {"s3": _BUCKETS, "r2": _BUCKETS}
+CHOICES = (*HOSTS, "s3")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One URL of the package and the headers it is served with."""
+
+    url: str  # absolute URL path: /<url_path>/<package path>
+    path: str  # package path (the decoded name)
+    body: str  # package path of the stored body: X.br where the export kept the brotli body
+    content_type: str
+    cache_control: str
+    encoding: str | None  # "br" for a .br body
+
+
+def host_named(name: str) -> Host:
+    """The host `--host NAME` names; an error naming `--host` and the choices, or what to use instead."""
+    key = name.strip().lower()
+    if key in ELSEWHERE:
+        raise PackError(f"--host {name}: {ELSEWHERE[key]}")
+    if key not in HOSTS:
+        raise PackError(f"--host {name!r}: not a known host; choose one of {', '.join(CHOICES)}")
+    return HOSTS[key]
+
+
+def url_path_of(text: str) -> str:
+    """`--url-path` as '/a/b/' (leading and trailing slash), or an error naming the option."""
+    parts = [part for part in text.strip().split("/") if part]
+    if any(part in (".", "..") or not re.fullmatch(r"[A-Za-z0-9._~@+-]+", part) for part in parts):
+        raise PackError(f"--url-path {text!r}: give the URL path the folder is served under, e.g. /models/gtcrn/ (letters, digits, . _ ~ @ + -)")
+    return "/" + "".join(f"{part}/" for part in parts)
+
+
+def served_files(manifest: Manifest, url_path: str) -> list[Served]:
+    """Every URL of the exported package (manifest.json first) with its headers."""
+    served = [Served(f"{url_path}manifest.json", "manifest.json", "manifest.json", content_type("manifest.json"), SHORT_CACHE, None)]
+    for path, entry in manifest["files"].items():
+        body = stored_body(path, entry)
+        served.append(Served(
+            f"{url_path}{path}", path, body, content_type(path, entry.get("mediaType")), cache_control(entry["cache"]),
+            "br" if body != path else None,
+        ))
+    return served
+
+
+def check_bodies(host: Host, manifest: Manifest) -> None:
+    """A host whose configuration names each file by its decoded name, and cannot send
+    Content-Encoding, gets no .br body in place of a file. Where no configuration is written
+    (GitHub Pages) the `.br` bodies are served as files of their own, and the loader decodes them."""
+    encoded = [item.path for item in served_files(manifest, "/") if item.encoding]
+    if encoded and not host.content_encoding and host.config is not None:
+        raise PackError(
+            f"--host {host.name}: {host.title} cannot serve a .br body under its file's name with Content-Encoding: br "
+            f"({len(encoded)} such bodies, e.g. {encoded[0]}); export with --bodies raw, or leave --bodies out"
+        )
+
+
+def render(host: Host, manifest: Manifest, url_path: str) -> str:
+    """The text of `host.config` for this export served under `url_path`."""
+    served = served_files(manifest, url_path)
+    if host.max_rules is not None and len(served) + 2 > host.max_rules:
+        raise PackError(
+            f"--host {host.name}: {len(served)} files need {len(served) + 2} header rules, over the {host.max_rules} that {host.title} reads; "
+            f"export fewer variants (--variants) or use another host"
+        )
+    head = (
+        f"pack export --host {host.name}: headers for the package {manifest['name']} served under {url_path}; "
+        f"written again by every export (the names carry content hashes). Goes in {host.place}."
+    )
+    return RENDERERS[host.form](head, served, url_path)
+
+
+def _headers_file(head: str, served: list[Served], url_path: str) -> str:
+    """Netlify and Cloudflare Pages `_headers`: a URL line, then indented `Name: value` lines."""
+    lines = [f"# {head}", "# Every page of the site: cross-origin isolated, for wasm threads.", "/*"]
+    lines += [f"  {name}: {value}" for name, value in PAGE_ISOLATION.items()]
+    lines += ["", f"{url_path}*"] + [f"  {name}: {value}" for name, value in RESOURCE_POLICY.items()]
+    for item in served:
+        lines += ["", item.url, f"  Content-Type: {item.content_type}", f"  Cache-Control: {item.cache_control}"]
+    return "\n".join(lines) + "\n"
+
+
+def _vercel(head: str, served: list[Served], url_path: str) -> str:
+    def pairs(headers: dict[str, str]) -> list[dict[str, str]]:
+        return [{"key": name, "value": value} for name, value in headers.items()]
+
+    rules = [
+        {"source": "/(.*)", "headers": pairs(PAGE_ISOLATION)},
+        {"source": f"{url_path}(.*)", "headers": pairs(RESOURCE_POLICY)},
+    ]
+    rules += [{"source": item.url, "headers": pairs({"Content-Type": item.content_type, "Cache-Control": item.cache_control})} for item in served]
+    del head  # Vercel refuses keys it does not know: JSON has no place for the note
+    return json.dumps({"headers": rules}, indent=2) + "\n"
+
+
+def _serve(head: str, served: list[Served], url_path: str) -> str:
+    """serve's serve.json (serve-handler): rewrites X to X.br where X.br is the body; header rules
+    match the file served (after the rewrite) by glob."""
+    def pairs(headers: dict[str, str | None]) -> list[dict[str, str]]:
+        return [{"key": name, "value": value} for name, value in headers.items() if value]
+
+    rules = [{"source": "**", "headers": pairs(PAGE_ISOLATION)}]
+    for item in served:
+        body_url = url_path + item.body
+        rules.append({"source": body_url, "headers": pairs({
+            "Content-Type": item.content_type, "Content-Encoding": item.encoding, "Cache-Control": item.cache_control,
+            **RESOURCE_POLICY, **PAGE_ISOLATION, "Vary": "Accept-Encoding" if item.encoding else None,
+        })})
+    config = {
+        "rewrites": [{"source": item.url, "destination": url_path + item.body} for item in served if item.encoding],
+        "headers": rules,
+    }
+    del head  # serve refuses keys it does not know: JSON has no place for the note
+    return json.dumps(config, indent=2) + "\n"
+
+
+def _nginx_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _nginx(head: str, served: list[Served], url_path: str) -> str:
+    """A server-context snippet. add_header in a location replaces every add_header it would
+    inherit, so each location repeats the isolation headers."""
+    isolation = [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
+    lines = [f"# {head}", "# Every page of the site (each location without add_header of its own): cross-origin isolated, for wasm threads.", *isolation]
+    for item in served:
+        lines += ["", f"location = {item.url} {{"]
+        if item.encoding:
+            # X is stored as X.br: serve those bytes under X, marked as brotli (no gzip on top).
+            lines += [f"    rewrite ^ {url_path}{item.body} break;", "    gzip off;"]
+        lines += [f"    types {{ }} default_type {_nginx_quote(item.content_type)};"]
+        headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": item.encoding, "Vary": "Accept-Encoding"} if item.encoding else {}), **RESOURCE_POLICY}
+        lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in headers.items()]
+        lines += [f"    {line}" for line in isolation] + ["}"]
+    return "\n".join(lines) + "\n"
+
+
+def _apache(head: str, served: list[Served], url_path: str) -> str:
+    """An .htaccess for the package's own folder: names are relative to it."""
+    lines = [
+        f"# {head}",
+        "# The pages that load the package need the same two Cross-Origin headers (wasm threads):",
+        "# put the 'Header always set Cross-Origin-...' lines below in the .htaccess of their folder too.",
+        "RewriteEngine On",
+    ]
+    lines += [f"Header always set {name} {_apache_quote(value)}" for name, value in {**PAGE_ISOLATION, **RESOURCE_POLICY}.items()]
+    prefix = len(url_path)
+    for item in served:
+        path, body = item.url[prefix:], item.body
+        if item.encoding:
+            # X is stored as X.br: answer X with those bytes, marked as brotli (mod_deflate leaves encoded bodies alone).
+            lines += ["", f"RewriteRule ^{re.escape(path)}$ {body} [END]"]
+        else:
+            lines.append("")
+        lines += [f'<Files "{Path(body).name}">', f"    ForceType {_apache_quote(item.content_type)}"]
+        if item.encoding:
+            lines += [f"    AddEncoding {item.encoding} .br", "    Header always merge Vary Accept-Encoding"]
+        lines += [f"    Header always set Cache-Control {_apache_quote(item.cache_control)}", "</Files>"]
+    return "\n".join(lines) + "\n"
+
+
+def _apache_quote(value: str) -> str:
+    return '"' + value.replace('"', '\\"') + '"'
+
+
+RENDERERS = {"_headers": _headers_file, "vercel": _vercel, "serve": _serve, "nginx": _nginx, "apache": _apache}
+
+
+def github_pages_lines(shim: bool) -> list[str]:
+    """What `--host github-pages` tells: no headers, and what the shim does."""
+    lines = [
+        "GitHub Pages sets no custom headers: no Content-Encoding for .br bodies (the loader fetches them as files and decodes them itself), "
+        "no Cache-Control of pack's (GitHub's 10 minutes apply), no COOP/COEP (wasm runs on one thread)",
+    ]
+    if shim:
+        lines.append(
+            "the service-worker shim makes the pages cross-origin isolated: copy coi-serviceworker.js next to each page that loads "
+            "the package and load it first: <script src=\"coi-serviceworker.js\"></script> (the page reloads once on the first visit)"
+        )
+    else:
+        lines.append("for wasm threads add --coi-shim: a service worker that makes the pages cross-origin isolated")
+    return lines
+
+
+# The coi-serviceworker pattern from its maintained npm package, pinned like onnxruntime-web: the
+# file is both the page's first script (it registers itself and reloads the page once) and the
+# service worker that adds COOP/COEP to every response of its scope (its folder and below).
+COI_SHIM = "coi-serviceworker.js"
+COI_SHIM_SOURCE = f"npm:coi-serviceworker@0.1.7!{COI_SHIM}"
+COI_SHIM_SHA256 = "d12bd536e27e39a773d7dc7adb1a1167d24002293e97ac81c995fb00cf8d4d5a"
+
+
+def shim_bytes() -> bytes:
+    """The shim's bytes, fetched with npm once and cached; checked against the pinned sha256."""
+    import hashlib
+
+    from pipeline.progress import Progress
+    from pipeline.source.packages import fetch_package_file
+
+    data = fetch_package_file(COI_SHIM_SOURCE, Progress.quiet()).read_bytes()
+    if hashlib.sha256(data).hexdigest() != COI_SHIM_SHA256:
+        raise PackError(f"--coi-shim: {COI_SHIM_SOURCE} does not match its pinned sha256; clear $PACK_CACHE_DIR/packages/npm/coi-serviceworker-* and run again")
+    return data

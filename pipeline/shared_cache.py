@@ -1,0 +1,439 @@
+"""A shared store behind the local cache: `PACK_CACHE_URL` (or `--cache-url`) names an S3 or R2
+prefix (`s3://BUCKET/PREFIX`, endpoint and credentials as boto3 reads them, e.g.
+`AWS_ENDPOINT_URL`) or a folder (a path or `file://` URL), and builds on other machines (a CI
+matrix, tomorrow's run) read what one machine made instead of making it again.
+
+Read-through, write-back, per entry (pipeline/cache.py calls in): a local miss asks the store; an
+entry this machine commits is put there too. Only the areas whose entries are named by the one key
+function (pipeline/keys.py: code, libraries, settings and inputs) or by their own sha256 are
+shared; what describes this machine (file digests by inode, locks, Mesa's shader cache, memos of a
+bucket's listing) never is. So a shared entry is trusted exactly as far as its key covers.
+
+Every object carries its sha256 (S3 object metadata; in a folder store, its first line), and every read is checked against it while it streams: a corrupted or
+partial object is discarded and made again, and the copy made here replaces it. Objects are
+written once: S3's conditional put (`If-None-Match: *`) where the store supports it, an exclusive
+link in a folder; with many concurrent writers the first one wins and the rest keep theirs
+locally. A folder entry (a stored build, an installed runtime) travels as a listing of its files
+and their sha256, each file a blob named by its sha256: content-addressed, so the runtime that
+every package ships, or a model's unchanged weights, is stored and read once.
+A store that stops answering mid-build costs speed, never the build: one warning, then local only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import unquote, urlsplit
+
+from pipeline.errors import PackError, warn
+from pipeline.urls import mask_url
+
+SHARED_ENV = "PACK_CACHE_URL"
+# Cache areas (first folder under the cache root) whose entries are keyed by what decides them or
+# named by their sha256: safe on any machine with the same key.
+SHARED_AREAS = frozenset({"brotli", "builds", "downloads", "external-data-names", "host-runs", "packages", "runtime", "runtime-probes", "webgpu-runs", "work"})
+_FOLDER_SUFFIX = ".listing.json"
+_BLOBS = "blobs"  # the files of folder entries, named by their sha256
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_SHA_META = "sha256"
+
+
+@dataclass
+class StoredObject:
+    name: str  # relative to the store's root: <area>/<entry>[.tar]
+    size: int
+    modified: float  # seconds since the epoch
+
+
+@dataclass
+class Traffic:
+    """What this process moved through the store (the build's summary line)."""
+
+    read: int = 0
+    read_bytes: int = 0
+    written: int = 0
+    written_bytes: int = 0
+    discarded: list[str] = field(default_factory=list)
+
+
+class SharedStore:
+    """The operations a store backend gives: read an object into a file with its recorded sha256,
+    write one once (or over a bad one), list, remove."""
+
+    url: str
+
+    def describe(self) -> str:
+        return mask_url(self.url)
+
+    def check(self) -> None:  # raises PackError naming PACK_CACHE_URL
+        raise NotImplementedError
+
+    def read(self, name: str, handle) -> str | None:  # the recorded sha256, or None when absent
+        raise NotImplementedError
+
+    def write(self, name: str, path: Path, sha256: str, replace: bool) -> bool:  # False: another writer was first
+        raise NotImplementedError
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def objects(self) -> Iterator[StoredObject]:
+        raise NotImplementedError
+
+    def remove(self, name: str) -> None:
+        raise NotImplementedError
+
+
+class FolderStore(SharedStore):
+    """A folder as the shared store (a network mount, a CI cache folder carried between runs). An
+    object is one file, its sha256 on the first line then its bytes, written under a temporary name
+    and linked into place (the link fails when the name exists: written once, never seen half)."""
+
+    _HEADER = 65  # 64 hex digits and a newline
+
+    def __init__(self, url: str, root: Path):
+        self.url, self.root = url, root
+
+    def check(self) -> None:
+        if not self.root.is_dir():
+            raise PackError(f"{SHARED_ENV}={self.describe()}: no such folder; create it or fix {SHARED_ENV} / --cache-url")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".pack-probe-", dir=self.root))
+        except OSError as error:
+            raise PackError(f"{SHARED_ENV}={self.describe()}: cannot write there ({error.strerror or error}); make it writable or fix {SHARED_ENV} / --cache-url") from None
+
+    def read(self, name: str, handle) -> str | None:
+        try:
+            with (self.root / name).open("rb") as source:
+                header = source.read(self._HEADER)
+                shutil.copyfileobj(source, handle, 1 << 20)
+        except FileNotFoundError:
+            return None
+        try:
+            os.utime(self.root / name)  # its last use: `pack cache prune` keeps what is read
+        except OSError:
+            pass
+        return header[:-1].decode("ascii", "replace") if header.endswith(b"\n") else "missing"
+
+    def write(self, name: str, path: Path, sha256: str, replace: bool) -> bool:
+        target = self.root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "wb") as handle, path.open("rb") as source:
+                handle.write(f"{sha256}\n".encode("ascii"))
+                shutil.copyfileobj(source, handle, 1 << 20)
+            os.chmod(scratch, 0o644)
+            if replace:
+                os.replace(scratch, target)
+                return True
+            try:
+                os.link(scratch, target)  # exclusive: the first writer wins
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            Path(scratch).unlink(missing_ok=True)
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).is_file()
+
+    def objects(self) -> Iterator[StoredObject]:
+        for path in sorted(self.root.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                state = path.stat()
+                yield StoredObject(path.relative_to(self.root).as_posix(), max(state.st_size - self._HEADER, 0), state.st_mtime)
+
+    def remove(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+
+class S3Store(SharedStore):
+    """An S3 or R2 prefix as the shared store (pipeline/s3.py's client: R2-safe settings)."""
+
+    def __init__(self, url: str, bucket: str, prefix: str):
+        from pipeline.s3 import Target
+
+        self.url, self.bucket, self.prefix = url, bucket, prefix
+        self.target = Target(bucket=bucket, prefix=prefix, endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None)
+        self._client = None
+        self._conditional = True  # until the store says it has no conditional put
+        self._lock = threading.Lock()
+
+    @property
+    def client(self):
+        with self._lock:
+            if self._client is None:
+                from pipeline.s3 import make_client
+
+                try:
+                    self._client = make_client(self.target)
+                except PackError as error:
+                    raise PackError(f"{SHARED_ENV}={self.describe()}: {error}") from None
+            return self._client
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def check(self) -> None:
+        from pipeline.s3 import check_bucket
+
+        try:
+            check_bucket(self.client, self.target)
+        except PackError as error:
+            raise PackError(f"{SHARED_ENV}={self.describe()}: {error}; fix {SHARED_ENV} / --cache-url or the credentials") from None
+
+    def read(self, name: str, handle) -> str | None:
+        import botocore.exceptions
+
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+        except botocore.exceptions.ClientError as error:
+            if str(error.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
+                return None
+            raise
+        body = answer["Body"]
+        for block in iter(lambda: body.read(1 << 20), b""):
+            handle.write(block)
+        return answer.get("Metadata", {}).get(_SHA_META, "missing")
+
+    def write(self, name: str, path: Path, sha256: str, replace: bool) -> bool:
+        import botocore.exceptions
+
+        arguments = {"Bucket": self.bucket, "Key": self._key(name), "Metadata": {_SHA_META: sha256}}
+        with path.open("rb") as body:
+            if replace or not self._conditional:
+                self.client.put_object(Body=body, **arguments)
+                return True
+            try:
+                self.client.put_object(Body=body, IfNoneMatch="*", **arguments)
+                return True
+            except botocore.exceptions.ClientError as error:
+                code = str(error.response.get("Error", {}).get("Code"))
+                if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    return False  # another machine wrote it first
+                if code not in ("NotImplemented", "501"):
+                    raise
+            # a store without conditional puts: the same key holds the same result, so a second
+            # writer only rewrites what the first wrote
+            self._conditional = False
+            body.seek(0)
+            self.client.put_object(Body=body, **arguments)
+            return True
+
+    def exists(self, name: str) -> bool:
+        import botocore.exceptions
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+            return True
+        except botocore.exceptions.ClientError as error:
+            if str(error.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def objects(self) -> Iterator[StoredObject]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        start = f"{self.prefix}/" if self.prefix else ""
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=start):
+            for item in page.get("Contents", []):
+                yield StoredObject(item["Key"][len(start):], int(item["Size"]), item["LastModified"].timestamp())
+
+    def remove(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
+
+def store_from_url(url: str) -> SharedStore:
+    """The store a `PACK_CACHE_URL` names; a malformed one is bad input (exit 2)."""
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        if not parts.netloc or "@" in parts.netloc or parts.query or parts.fragment:
+            raise PackError(f"{SHARED_ENV}={mask_url(url)}: give s3://BUCKET/PREFIX (the endpoint and credentials come from AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+        return S3Store(url, parts.netloc, "/".join(part for part in parts.path.split("/") if part))
+    if parts.scheme == "file":
+        return FolderStore(url, Path(unquote(parts.path)))
+    if parts.scheme == "" and url:
+        return FolderStore(url, Path(url).expanduser().absolute())
+    raise PackError(f"{SHARED_ENV}={mask_url(url)}: not a shared cache URL; give s3://BUCKET/PREFIX (S3 or R2) or a folder")
+
+
+@lru_cache(maxsize=None)
+def _store_for(url: str) -> SharedStore:
+    return store_from_url(url)
+
+
+def shared_store() -> SharedStore | None:
+    """The store `PACK_CACHE_URL` names, or None when it is unset (or was dropped after a failure)."""
+    url = os.environ.get(SHARED_ENV, "").strip()
+    if not url or url in _dropped:
+        return None
+    return _store_for(url)
+
+
+def check_shared_store() -> None:
+    """Fail early, before any work, when the shared cache is named but unusable (exit 2)."""
+    store = shared_store()
+    if store is not None:
+        store.check()
+
+
+def begin_traffic() -> None:
+    """Count from zero: what one build moved (a process may run several, as the tests do)."""
+    global traffic
+    traffic = Traffic()
+
+
+def traffic_line() -> str | None:
+    """One line on what this process read from and wrote to the shared store, when it did."""
+    store = shared_store()
+    if store is None or not (traffic.read or traffic.written or traffic.discarded):
+        return None
+    mb = lambda size: f"{size / 1e6:.1f} MB"  # noqa: E731
+    line = f"shared cache {store.describe()}: {traffic.read} entries read ({mb(traffic.read_bytes)}), {traffic.written} written ({mb(traffic.written_bytes)})"
+    return line + (f", {len(traffic.discarded)} discarded" if traffic.discarded else "")
+
+
+_dropped: set[str] = set()
+_bad: set[str] = set()  # objects this process found corrupted: the next write replaces them
+traffic = Traffic()
+
+
+def _drop(store: SharedStore, error: BaseException) -> None:
+    """A store that fails mid-build: one warning, then this process goes on with the local cache."""
+    _dropped.add(store.url)
+    from pipeline.s3 import describe_error
+
+    warn(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; going on with the local cache only")
+
+
+def object_name(root: Path, path: Path, folder: bool = False) -> str | None:
+    """The store's name for the local entry `path` under cache root `root`; None when the entry's
+    area is not shared."""
+    try:
+        relative = path.absolute().relative_to(root.absolute())
+    except ValueError:
+        return None
+    if not relative.parts or relative.parts[0] not in SHARED_AREAS:
+        return None
+    return relative.as_posix() + (_FOLDER_SUFFIX if folder else "")
+
+
+def fetch_file(name: str, scratch: Path, expected_sha256: str | None) -> str | None:
+    """Read object `name` into the file `scratch`; its sha256 when the bytes match the recorded
+    one (and `expected_sha256`, for an entry named by its hash), else None (absent, or discarded)."""
+    store = shared_store()
+    if store is None:
+        return None
+    digest = hashlib.sha256()
+    try:
+        with scratch.open("wb") as handle:
+            recorded = store.read(name, _Hashing(handle, digest))
+    except Exception as error:  # noqa: BLE001 - any store failure: local only from here on
+        _drop(store, error)
+        return None
+    if recorded is None:
+        return None
+    actual = digest.hexdigest()
+    if recorded != actual or (expected_sha256 is not None and actual != expected_sha256):
+        discard_object(name, "its bytes do not match their recorded sha256")
+        return None
+    traffic.read += 1
+    traffic.read_bytes += scratch.stat().st_size
+    return actual
+
+
+def discard_object(name: str, fault: str) -> None:
+    """A shared object that failed its check: never used; the copy this machine makes replaces it."""
+    store = shared_store()
+    _bad.add(name)
+    traffic.discarded.append(name)
+    warn(f"shared cache {store.describe() if store else ''}: {name}: {fault}; discarded, it is made again here and replaced")
+
+
+def put_file(name: str, path: Path, sha256: str) -> None:
+    """Write the local entry `path` (sha256 known) as object `name`, once."""
+    store = shared_store()
+    if store is None:
+        return
+    try:
+        if store.write(name, path, sha256, replace=name in _bad):
+            traffic.written += 1
+            traffic.written_bytes += path.stat().st_size
+        _bad.discard(name)
+    except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
+        _drop(store, error)
+
+
+def put_folder(name: str, folder: Path) -> None:
+    """Write a sealed folder entry: each file as a blob named by its sha256 (stored once however
+    many entries hold it: every package ships the same runtime), then the entry's listing."""
+    store = shared_store()
+    if store is None:
+        return
+    from pipeline.cache import file_sha256, remembered_digest
+
+    files = {path.relative_to(folder).as_posix(): remembered_digest(path, "sha256", file_sha256) for path in sorted(folder.rglob("*")) if path.is_file()}
+    try:
+        for relative, sha256 in files.items():
+            blob = f"{_BLOBS}/{sha256}"
+            if blob in _bad or not store.exists(blob):
+                put_file(blob, folder / relative, sha256)
+    except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
+        _drop(store, error)
+        return
+    listing = json.dumps({"files": files}, sort_keys=True, indent=0).encode()
+    with tempfile.TemporaryDirectory(prefix="pack-share-") as scratch:
+        path = Path(scratch) / "listing.json"
+        path.write_bytes(listing)
+        put_file(name, path, hashlib.sha256(listing).hexdigest())
+
+
+def fetch_folder(name: str, destination: Path) -> bool:
+    """Read the folder entry `name` into `destination` (a new scratch folder): its listing, then
+    every blob it lists, each checked against its sha256. False when any part is absent or bad."""
+    if shared_store() is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="pack-share-") as scratch:
+        listing = Path(scratch) / "listing.json"
+        if fetch_file(name, listing, None) is None:
+            return False
+        try:
+            files = json.loads(listing.read_text(encoding="utf-8"))["files"]
+            assert isinstance(files, dict)
+        except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError):
+            discard_object(name, "its listing is not one pack wrote")
+            return False
+    for relative, sha256 in sorted(files.items()):
+        target = destination / relative
+        if Path(relative).is_absolute() or ".." in Path(relative).parts or not _HEX64.fullmatch(str(sha256)):
+            discard_object(name, f"its listing names {relative!r}, which is not a file of an entry")
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if fetch_file(f"{_BLOBS}/{sha256}", target, sha256) is None:
+            return False
+    return True
+
+
+class _Hashing(io.RawIOBase):
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, handle, digest):
+        self._handle, self._digest = handle, digest
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._digest.update(data)
+        self._handle.write(data)
+        return len(data)

@@ -1,0 +1,78 @@
+"""A build as a table of keyed stages, and the small runner that runs one.
+
+A `Stage` declares its name, the slice of the build's settings it reads, the artefacts it reads
+and makes (names in the build's ledger), the code and libraries that compute it, and its run
+function. `stage_keys` keys every stage with the one key function (pipeline/keys.py): its settings
+slice, the keys of the stages that made what it reads, its code and its libraries. So a stage's key
+changes exactly when something upstream of it changes, and the whole table's keys are known before
+any stage after the first runs (the first, the fetch, also keys the bytes it fetched). The last
+stage's key names the whole package: a stored package under it is the build (pipeline/reuse.py).
+
+`run_stages` runs the table in order, times each stage, and checks each stage's contract: what it
+reads is in the ledger before it runs, and it makes exactly what it declares.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from pipeline.keys import stage_key
+
+Ledger = dict[str, Any]  # artefact name -> value: everything the stages made so far
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Ledger], Mapping[str, Any]]  # the ledger in, the artefacts it makes out
+    settings: Callable[[Any], Any]  # the build's settings -> the slice this stage reads (keyed)
+    reads: tuple[str, ...] = ()
+    makes: tuple[str, ...] = ()
+    code: tuple[str, ...] = ()  # pipeline modules/packages that compute it (keys.code_hash)
+    libraries: tuple[str, ...] = ()
+    # content the stage keys besides its slice (the fetch keys the bytes it fetched): ledger -> data
+    content: Callable[[Ledger], Mapping[str, str]] | None = None
+
+
+class StageContractBroken(RuntimeError):
+    """A stage ran without an artefact it reads, or made other artefacts than it declares: a bug."""
+
+
+@dataclass
+class StageRun:
+    """The keys and wall times of one run of a table."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def stage_keys(table: list[Stage], settings: Any, ledger: Ledger) -> dict[str, str]:
+    """Every stage's key, in order, chained through the artefacts each reads (a stage with `content`
+    is keyed once it has run: call this after it)."""
+    keys: dict[str, str] = {}
+    maker: dict[str, str] = {}
+    for stage in table:
+        inputs = {f"{name}<-{maker[name]}": keys[maker[name]] for name in stage.reads if name in maker}
+        if stage.content is not None:
+            inputs.update({f"content:{name}": value for name, value in stage.content(ledger).items()})
+        keys[stage.name] = stage_key(stage.name, stage.settings(settings), inputs, stage.code, stage.libraries)
+        maker.update({name: stage.name for name in stage.makes})
+    return keys
+
+
+def run_stage(stage: Stage, ledger: Ledger, record: StageRun, boundary: Callable[[str], None] = lambda name: None) -> None:
+    """Run one stage on the ledger, timed, its contract checked."""
+    missing = [name for name in stage.reads if name not in ledger]
+    if missing:
+        raise StageContractBroken(f"stage {stage.name} reads {', '.join(missing)}, which no earlier stage made")
+    boundary(stage.name)
+    start = time.perf_counter()
+    try:
+        made = dict(stage.run(ledger))
+    finally:
+        record.seconds[stage.name] = round(time.perf_counter() - start, 3)
+    if set(made) != set(stage.makes):
+        raise StageContractBroken(f"stage {stage.name} made {sorted(made)}, not what it declares: {sorted(stage.makes)}")
+    ledger.update(made)

@@ -1,0 +1,77 @@
+"""The build's stage table: every setting is keyed by some stage, keys chain down the table, and
+each stage keeps its contract (pipeline/stage_table.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.build import RECIPE_KEYS_OUTSIDE_KEYS, BuildOptions, BuildSettings, _Build, build_table
+from pipeline.progress import Progress
+from pipeline.recipe import Recipe
+from pipeline.stage_table import Stage, StageContractBroken, StageRun, run_stage, stage_keys
+
+
+def _table():
+    return build_table(_Build(BuildOptions(target="t"), Progress.quiet(), out_dir=None))
+
+
+def _settings(**recipe_changes) -> BuildSettings:
+    recipe = {field.name: None for field in dataclasses.fields(Recipe)}
+    recipe.update({"name": "m", "variants": ["fp16", "fp32"], "outputs": {}, "inputs": {}}, **recipe_changes)
+    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False, "source_given": None}, None, "1.30.0", "Chromium 150", {})
+
+
+def _keys(settings: BuildSettings) -> dict[str, str]:
+    fetched = type("Fetched", (), {"path": None, "sha256": "a" * 64})()
+    table = _table()
+    table[0] = dataclasses.replace(table[0], content=lambda ledger: {"model.onnx": ledger["fetched"].sha256})
+    return stage_keys(table, settings, {"fetched": fetched})
+
+
+def test_every_recipe_key_is_read_by_a_stage():
+    read = {key for stage in _table() for key in stage.settings.recipe_keys}
+    assert read == {field.name for field in dataclasses.fields(Recipe)} - set(RECIPE_KEYS_OUTSIDE_KEYS)
+
+
+def test_every_artefact_a_stage_reads_is_made_by_an_earlier_stage():
+    made = {"recipe"}
+    for stage in _table():
+        assert set(stage.reads) <= made, stage.name
+        made |= set(stage.makes)
+
+
+@pytest.mark.parametrize("key, first_changed", [("repairs", "repair"), ("seed", "samples"), ("variants", "convert"), ("chunk_mib", "models"),
+                                                ("outputs", "convert"), ("license", "files"), ("loader_select", "judge"), ("name", "fetch")])
+def test_a_setting_changes_its_stage_and_every_stage_after_it_only(key, first_changed):
+    before, after = _keys(_settings()), _keys(_settings(**{key: "changed"}))
+    names = list(before)
+    changed = [name for name in names if before[name] != after[name]]
+    assert changed[0] == first_changed
+    assert changed[-1] == names[-1]  # the package key follows every setting
+
+
+def test_the_browser_and_the_source_bytes_are_keyed():
+    base = _keys(_settings())
+    other_browser = _keys(dataclasses.replace(_settings(), browser="Chromium 151"))
+    assert other_browser["convert"] == base["convert"] and other_browser["write"] != base["write"]
+    fetched = type("Fetched", (), {"path": None, "sha256": "b" * 64})()
+    table = _table()
+    table[0] = dataclasses.replace(table[0], content=lambda ledger: {"model.onnx": ledger["fetched"].sha256})
+    other_source = stage_keys(table, _settings(), {"fetched": fetched})
+    assert all(other_source[name] != base[name] for name in base)
+
+
+def test_a_stage_that_breaks_its_contract_is_named():
+    record = StageRun()
+    reads_missing = Stage("late", lambda ledger: {}, lambda settings: None, reads=("feeds",))
+    with pytest.raises(StageContractBroken, match="stage late reads feeds"):
+        run_stage(reads_missing, {}, record)
+    makes_other = Stage("sloppy", lambda ledger: {"extra": 1}, lambda settings: None, makes=("model",))
+    with pytest.raises(StageContractBroken, match="stage sloppy made \\['extra'\\]"):
+        run_stage(makes_other, {}, record)
+    good = Stage("good", lambda ledger: {"model": 1}, lambda settings: None, makes=("model",))
+    ledger: dict = {}
+    run_stage(good, ledger, record)
+    assert ledger == {"model": 1} and "good" in record.seconds

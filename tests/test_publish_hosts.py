@@ -1,0 +1,403 @@
+"""`pack export --host NAME`: each generated configuration drives the real server it is for (nginx
+and Apache from Debian, `serve` from npm), started on a free port as the current user, and the
+answers to real requests carry the headers a bucket from `pack publish` would: the .br body under
+the decoded name with Content-Encoding: br, immutable caching for content-hashed names, a short
+one for the manifest and the loader, the media types browsers insist on, COOP/COEP. Through nginx,
+Chromium loads the package cross-origin isolated and runs wasm on more than one thread.
+
+The expected headers are spelled out here from the manifest, not taken from the module that
+writes the configurations.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import brotli
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from build_helpers import conv_model, save
+
+IMMUTABLE = "public, max-age=31536000, immutable"
+SHORT = "public, max-age=60, must-revalidate"
+STRICT_TYPES = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript", ".json": "application/json"}
+NAME = "tiny-conv"
+runner = CliRunner()
+
+
+def export(*args: str):
+    return runner.invoke(app, ["export", *args])
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    """A tiny model built once (host checks only: the browser stage has its own tests)."""
+    folder = tmp_path_factory.mktemp("hosts")
+    model = save(conv_model(), folder / f"{NAME}.onnx")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACK_WEBGPU_KERNELS", "off")
+        built = runner.invoke(app, ["build", str(model), "--no-browser", "--out", str(folder / "dist")])
+    assert built.exit_code == 0, built.output
+    return folder / "dist" / NAME
+
+
+@pytest.fixture
+def site():
+    """A site root any user can read: Apache refuses to serve as root, so its children run as nobody."""
+    folder = Path(tempfile.mkdtemp(prefix="pack-site-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for(port: int, process: subprocess.Popen, log: Path | None = None) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited {process.returncode}: {process.stdout.read() if process.stdout else ''} {log.read_text() if log and log.exists() else ''}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not listen on {port} in 20 s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "br, gzip"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, {k.lower(): v for k, v in answer.headers.items()}, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+def _check_package_headers(base: str, app_copy: Path, isolation_on_files: bool = True) -> int:
+    """Every file of the export answers with the headers a pack-published bucket gives it; returns how many
+    were answered with their .br body."""
+    manifest = json.loads((app_copy / "manifest.json").read_text())
+    expected = {"manifest.json": ("application/json", SHORT, None, "manifest.json")}
+    for path, entry in manifest["files"].items():
+        encoded = entry.get("stored") == "br"
+        media = STRICT_TYPES.get(Path(path).suffix, entry["mediaType"])
+        body = entry["encodings"]["br"]["path"] if encoded else path
+        expected[path] = (media, IMMUTABLE if entry["cache"] == "immutable" else SHORT, "br" if encoded else None, body)
+    problems = []
+    for path, (media, cache, encoding, body) in expected.items():
+        status, headers, data = _get(base + path)
+        sent = headers.get("content-encoding")
+        if encoding is None and sent is not None:
+            # a server may compress a file on the fly (serve does): what matters is that it decodes to the file
+            data = brotli.decompress(data) if sent == "br" else gzip.decompress(data) if sent == "gzip" else data
+            sent = None
+        seen = (status, headers.get("content-type"), headers.get("cache-control"), sent, data == (app_copy / body).read_bytes())
+        if seen != (200, media, cache, encoding, True):
+            problems.append(f"{path}: {seen[:4]}, body {'matches' if seen[4] else 'differs'}; expected {media!r}, {cache!r}, {encoding!r}")
+        if isolation_on_files and (headers.get("cross-origin-embedder-policy"), headers.get("cross-origin-resource-policy")) != ("require-corp", "cross-origin"):
+            problems.append(f"{path}: COEP/CORP {headers.get('cross-origin-embedder-policy')}/{headers.get('cross-origin-resource-policy')}")
+    assert problems == []
+    assert any(media == "application/wasm" for media, *_ in expected.values())
+    return sum(encoding == "br" for _, _, encoding, _ in expected.values())
+
+
+def _page_isolated(url: str) -> None:
+    status, headers, _ = _get(url)
+    assert (status, headers.get("cross-origin-opener-policy"), headers.get("cross-origin-embedder-policy")) == (200, "same-origin", "require-corp")
+
+
+# --- the command's own answers -------------------------------------------------------------
+
+
+def test_unknown_host_and_s3_exit_2_naming_the_option_and_write_nothing(package, tmp_path):
+    unknown = export(str(package), str(tmp_path / "a"), "--host", "geocities")
+    assert unknown.exit_code == 2 and "--host 'geocities'" in unknown.output and "nginx" in unknown.output and "github-pages" in unknown.output
+    s3 = export(str(package), str(tmp_path / "b"), "--host", "s3")
+    assert s3.exit_code == 2 and len(s3.output.strip().splitlines()) == 1 and "pack publish" in s3.output
+    # a host without Content-Encoding refuses .br bodies asked for explicitly, naming the fix
+    refused = export(str(package), str(tmp_path / "c"), "--host", "netlify", "--bodies", "br")
+    assert refused.exit_code == 2 and "--bodies raw" in refused.output
+    bad_path = export(str(package), str(tmp_path / "d"), "--host", "nginx", "--url-path", "/../x/")
+    assert bad_path.exit_code == 2 and "--url-path" in bad_path.output
+    alone = export(str(package), str(tmp_path / "e"), "--url-path", "/x/")
+    assert alone.exit_code == 2 and "--host" in alone.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_host_picks_the_bodies_and_each_config_names_every_file(package, tmp_path):
+    written = {}
+    for host, config in (("netlify", "_headers"), ("cloudflare-pages", "_headers"), ("vercel", "vercel.json"), ("nginx", "nginx.conf"), ("apache", ".htaccess"), ("serve", "serve.json")):
+        result = export(str(package), str(tmp_path / host / NAME), "--host", host, "--json")
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert summary["config"] == config and summary["url_path"] == f"/{NAME}/"
+        # Content-Encoding only where the host can send it
+        assert summary["bodies"] == ("br" if host in ("nginx", "apache", "serve") else "raw"), host
+        text = (tmp_path / host / NAME / config).read_text()
+        manifest = json.loads((tmp_path / host / NAME / "manifest.json").read_text())
+        # Apache's .htaccess names files by their base name (<Files>), the others by URL path
+        assert all((Path(path).name if host == "apache" else f"/{NAME}/{path}") in text for path in manifest["files"]), host
+        written[host] = text
+    vercel = json.loads(written["vercel"])
+    assert {"key": "Cross-Origin-Embedder-Policy", "value": "require-corp"} in vercel["headers"][0]["headers"]
+    # github-pages: no configuration, says why, offers the shim
+    pages = export(str(package), str(tmp_path / "pages" / NAME), "--host", "github-pages")
+    assert pages.exit_code == 0 and "sets no custom headers" in pages.output and "--coi-shim" in pages.output
+    # its .br bodies as files of their own: the loader fetches and decodes them (tests/test_assets_chunks_browser.py)
+    assert "the loader fetches them as files and decodes them itself" in pages.output
+    assert any(path.name.endswith(".br") for path in (tmp_path / "pages" / NAME).rglob("*"))
+    assert not any((tmp_path / "pages" / NAME / name).exists() for name in ("_headers", "vercel.json", "nginx.conf", ".htaccess", "serve.json", "coi-serviceworker.js"))
+
+
+def test_cloudflare_pages_refuses_an_export_over_its_100_rules_naming_the_fix():
+    from pipeline.errors import PackError
+    from pipeline.publish.hosts import HOSTS, render
+
+    entry = {"sha256": "0" * 64, "size": 1, "mediaType": "application/octet-stream", "cache": "immutable", "encodings": {}}
+    manifest = {"name": "big", "files": {f"part.{index:016x}.bin": dict(entry) for index in range(98)}}
+    assert render(HOSTS["netlify"], manifest, "/big/").count("/big/part.") == 98  # Netlify documents no such limit
+    with pytest.raises(PackError, match=r"101 header rules, over the 100 that Cloudflare Pages reads; export fewer variants \(--variants\)"):
+        render(HOSTS["cloudflare-pages"], manifest, "/big/")
+    manifest["files"] = dict(list(manifest["files"].items())[:97])
+    assert "/big/part." in render(HOSTS["cloudflare-pages"], manifest, "/big/")
+
+
+# --- real servers ---------------------------------------------------------------------------
+
+
+def _nginx_conf(site: Path, run: Path, port: int, snippet: Path) -> Path:
+    temp = "".join(f"    {kind}_temp_path {run / kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    conf = run / "nginx.conf"
+    conf.write_text(
+        f"daemon off;\nmaster_process off;\npid {run / 'nginx.pid'};\nerror_log {run / 'error.log'};\nevents {{}}\n"
+        f"http {{\n    access_log off;\n    include /etc/nginx/mime.types;\n{temp}"
+        f"    server {{\n        listen 127.0.0.1:{port};\n        root {site};\n        include {snippet};\n    }}\n}}\n"
+    )
+    return conf
+
+
+@pytest.fixture
+def nginx_site(package, site, tmp_path):
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        pytest.fail("nginx is not installed: scripts/setup.sh installs it (apt-get install nginx-light)")
+    result = export(str(package), str(site / NAME), "--host", "nginx")
+    assert result.exit_code == 0, result.output
+    port = _free_port()
+    conf = _nginx_conf(site, tmp_path, port, site / NAME / "nginx.conf")
+    process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(port, process, tmp_path / "error.log")
+        yield f"http://127.0.0.1:{port}/", site
+    finally:
+        _stop(process)
+
+
+def test_nginx_serves_the_export_from_the_generated_snippet(nginx_site):
+    base, site = nginx_site
+    (site / "index.html").write_text("<!doctype html><title>app</title>")
+    assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
+    _page_isolated(base + "index.html")
+
+
+def _apache_conf(site: Path, run: Path, port: int) -> Path:
+    modules = Path("/usr/lib/apache2/modules")
+    loaded = "".join(f"LoadModule {name}_module {modules / f'mod_{name}.so'}\n" for name in ("mpm_event", "authz_core", "mime", "headers", "rewrite", "dir"))
+    as_root = os.geteuid() == 0
+    conf = run / "httpd.conf"
+    conf.write_text(
+        f"ServerRoot {run}\n{loaded}"
+        + ("User nobody\nGroup nogroup\n" if as_root else "")
+        + f"Listen 127.0.0.1:{port}\nServerName 127.0.0.1\nPidFile {run / 'httpd.pid'}\nErrorLog {run / 'error.log'}\n"
+        f"DefaultRuntimeDir {run}\nMutex file:{run}\nTypesConfig /etc/mime.types\nDocumentRoot {site}\n"
+        f"<Directory />\n    AllowOverride None\n    Require all denied\n</Directory>\n"
+        f"<Directory {site}>\n    AllowOverride FileInfo\n    Require all granted\n</Directory>\n"
+    )
+    return conf
+
+
+def test_apache_serves_the_export_from_the_generated_htaccess(package, site, tmp_path):
+    apache = shutil.which("apache2") or ("/usr/sbin/apache2" if Path("/usr/sbin/apache2").exists() else None)
+    if apache is None:
+        pytest.fail("apache2 is not installed: scripts/setup.sh installs it (apt-get install apache2)")
+    result = export(str(package), str(site / NAME), "--host", "apache")
+    assert result.exit_code == 0, result.output
+    port = _free_port()
+    conf = _apache_conf(site, tmp_path, port)
+    process = subprocess.Popen([apache, "-f", str(conf), "-DFOREGROUND"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(port, process, tmp_path / "error.log")
+        assert _check_package_headers(f"http://127.0.0.1:{port}/{NAME}/", site / NAME) >= 2
+    finally:
+        _stop(process)
+
+
+HOST_TOOLS = Path(__file__).resolve().parent / "hosts"
+
+
+def _host_tools() -> Path:
+    """The node_modules of tests/hosts/package-lock.json, installed once per lock under PACK_CACHE_DIR."""
+    from pipeline.cache import cache_root
+
+    lock = (HOST_TOOLS / "package-lock.json").read_bytes()
+    folder = cache_root() / "host-tools" / hashlib.sha256(lock).hexdigest()[:16]
+    if not (folder / "node_modules" / ".bin" / "serve").exists():
+        staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(HOST_TOOLS / name, staging / name)
+        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    return folder / "node_modules"
+
+
+@pytest.mark.network_registry
+def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package, site):
+    result = export(str(package), str(site / NAME), "--host", "serve")
+    assert result.exit_code == 0, result.output
+    (site / "index.html").write_text("<!doctype html><title>app</title>")
+    port = _free_port()
+    env = {**os.environ, "NO_UPDATE_CHECK": "1"}
+    process = subprocess.Popen(
+        [str(_host_tools() / ".bin" / "serve"), "--no-clipboard", "--no-port-switching", "-L", "-l", f"tcp://127.0.0.1:{port}", "-c", str(site / NAME / "serve.json"), str(site)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    try:
+        _wait_for(port, process)
+        assert _check_package_headers(f"http://127.0.0.1:{port}/{NAME}/", site / NAME) >= 2
+        _page_isolated(f"http://127.0.0.1:{port}/index.html")
+    finally:
+        _stop(process)
+
+
+@pytest.mark.network_registry
+def test_netlify_and_vercel_read_every_rule_from_the_generated_files(package, tmp_path):
+    """Netlify's own _headers parser and Vercel's own route compiler: each URL gets each header from
+    exactly one rule (two would be joined into one value), with the values a bucket would send."""
+    for host in ("netlify", "vercel"):
+        result = export(str(package), str(tmp_path / host / NAME), "--host", host)
+        assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "netlify" / NAME / "manifest.json").read_text())
+    expected = {f"/{NAME}/manifest.json": ("application/json", SHORT)}
+    for path, entry in manifest["files"].items():
+        expected[f"/{NAME}/{path}"] = (STRICT_TYPES.get(Path(path).suffix, entry["mediaType"]), IMMUTABLE if entry["cache"] == "immutable" else SHORT)
+    request = {"headersFile": str(tmp_path / "netlify" / NAME / "_headers"), "vercelFile": str(tmp_path / "vercel" / NAME / "vercel.json"), "urls": ["/index.html", *expected]}
+    done = subprocess.run(["node", str(HOST_TOOLS / "check_configs.mjs"), str(_host_tools())], input=json.dumps(request), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert answer["errors"] == []
+    page = {"cross-origin-opener-policy": ["same-origin"], "cross-origin-embedder-policy": ["require-corp"]}
+    for host in ("netlify", "vercel"):
+        assert answer[host]["/index.html"] == page, host
+        for url, (media, cache) in expected.items():
+            assert answer[host][url] == {**page, "cross-origin-resource-policy": ["cross-origin"], "content-type": [media], "cache-control": [cache]}, (host, url)
+
+
+# --- in Chromium ----------------------------------------------------------------------------
+
+PAGE = Path(__file__).resolve().parent / "data" / "host_page.html"
+
+
+def _app_page(site: Path, shim: bool = False) -> None:
+    text = PAGE.read_text()
+    (site / "index.html").write_text(text.replace("<!-- shim -->", '<script src="coi-serviceworker.js"></script>') if shim else text)
+
+
+def _result(url: str, isolated: bool) -> dict:
+    """window.result of the page at `url` once it is there (after the shim's reload, where there is one)."""
+    from pipeline.verify.engines.browser.chromium import launch_browser
+
+    with launch_browser(webgpu=False) as browser:
+        page = browser.new_context().new_page()
+        console: list[str] = []
+        page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+        page.goto(url)
+        deadline = time.monotonic() + 90
+        result = None
+        while time.monotonic() < deadline:
+            try:  # the shim reloads the page once: the first document's result is not the one
+                result = page.evaluate("window.result && (window.result.isolated || !%s) ? window.result : null" % json.dumps(isolated))
+            except Exception:  # the context went away with the reload
+                result = None
+            if result:
+                break
+            time.sleep(0.2)
+        page.context.close()
+    assert result, f"{url}: no result in 90 s; console: {console[-10:]}"
+    assert result["ok"], (result, console[-10:])
+    return result
+
+
+def _assert_threads_and_outputs(result: dict) -> None:
+    assert result["isolated"] is True and result["ep"] == "wasm", result
+    # the loader's own plan: every core up to 4, more than one wherever the machine has them
+    assert result["threads"] == min(result["cores"], 4) and (result["threads"] > 1 or result["cores"] == 1), result
+    assert result["threadsWhy"].startswith("cross-origin isolated"), result
+    assert result["passed"] is True, result["text"]
+
+
+@pytest.mark.browser
+def test_chromium_through_nginx_is_isolated_runs_wasm_threads_and_gets_brotli(nginx_site):
+    base, site = nginx_site
+    _app_page(site)
+    result = _result(f"{base}index.html?package={NAME}/", isolated=True)
+    _assert_threads_and_outputs(result)
+    # the model came as brotli on the wire and was decoded by the browser
+    assert result["onnx"] and all(0 < entry["encoded"] < entry["decoded"] for entry in result["onnx"]), result["onnx"]
+
+
+@pytest.mark.browser
+@pytest.mark.network_registry
+def test_coi_shim_isolates_a_page_on_a_plain_static_server(package, site):
+    """GitHub Pages' case: a server that sends no COOP/COEP; the shim's service worker adds them."""
+    result = export(str(package), str(site / NAME), "--host", "github-pages", "--coi-shim")
+    assert result.exit_code == 0, result.output
+    assert "coi-serviceworker.js" in result.output
+    shutil.copy(site / NAME / "coi-serviceworker.js", site / "coi-serviceworker.js")  # next to the page, as the command says
+    _app_page(site, shim=True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_PlainHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _status, headers, _ = _get(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        assert "cross-origin-opener-policy" not in headers  # the server itself sends none
+        result = _result(f"http://127.0.0.1:{server.server_address[1]}/index.html?package={NAME}/", isolated=True)
+    finally:
+        server.shutdown()
+    _assert_threads_and_outputs(result)
+
+
+class _PlainHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
