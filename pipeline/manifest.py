@@ -344,6 +344,9 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
     referenced.append((["sample", "file"], manifest["sample"]["file"]))
     for key, bundle in manifest["runtime"]["bundles"].items():
         referenced += [(["runtime", "bundles", key, part], bundle[part]) for part in ("module", "wasm", "glue") if part in bundle]
+    decoder = manifest["runtime"].get("decoder")
+    if decoder:
+        referenced += [(["runtime", "decoder", part], decoder[part]) for part in ("module", "wasm")]
     for name, variant in manifest["variants"].items():
         external = variant.get("externalData")
         if external is None:

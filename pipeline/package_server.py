@@ -56,6 +56,8 @@ class StaticServer:
         # longest prefix first, the package root last
         self.mounts = sorted(mounts.items(), key=lambda item: -len(item[0])) + [("/", self.root)]
         self.requests: list[ServedRequest] = []
+        # every response's Cache-Control (None: none sent, the browser's own caching)
+        self.cache_control: str | None = "no-store"
         self._media_types = _manifest_media_types(manifest if manifest is not None else self.root / MANIFEST)
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -165,7 +167,8 @@ def _handler_for(server: StaticServer) -> type[BaseHTTPRequestHandler]:
             if encoding:
                 self.send_header("Content-Encoding", encoding)
             self.send_header("Vary", "Accept-Encoding, Origin" if server.cors else "Accept-Encoding")
-            self.send_header("Cache-Control", "no-store")
+            if server.cache_control:
+                self.send_header("Cache-Control", server.cache_control)
             allowed = self._allowed_origin()
             if allowed:
                 self._cors_headers(allowed)

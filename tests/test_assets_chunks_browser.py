@@ -16,6 +16,7 @@ import pytest
 
 from loader_helpers import LOAD_AND_RUN, TEST_PREFIX
 from pipeline.package_server import running_server
+from static_helpers import first_visit, plain_static_server
 
 pytestmark = pytest.mark.browser
 
@@ -210,3 +211,43 @@ def test_an_export_with_br_bodies_alone_loads_to_the_same_outputs(browser, serve
     assert ours["ok"] and theirs["ok"], (ours, theirs)
     assert ours["outputs"]["y"]["bytes"] == theirs["outputs"]["y"]["bytes"]
     assert {served[part] for part in chunk_files(tmp_path / "app")} == {"br"}
+
+
+def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, pages, tmp_path):
+    """The default export (one .br body where there is one) on python's http.server, which serves
+    `.br` files as they are, and on pack serve's server, which decodes them for the browser: the
+    same outputs, and the plain host's first visit moves at most 1.15x the brotli host's bytes (the
+    loader probes the host once, fetches the .br bodies and decodes them with the package's decoder
+    in its Worker: Chromium has no DecompressionStream('brotli')). A raw export has nothing to
+    decode and ships no decoder."""
+    from pipeline.publish.export import export_package
+
+    root = tmp_path / "site"
+    export_package(chunked_packages["chunked"], root / "app", None)
+    shutil.copytree(pages, root / TEST_PREFIX.strip("/"))
+    manifest = manifest_of(root / "app")
+    decoder = manifest["runtime"]["decoder"]
+    assert decoder["package"] == "brotli-dec-wasm" and not manifest["files"][decoder["wasm"]]["encodings"]
+    options = {"executionProviders": ["wasm"], "variant": "fp32", "prewarm": False}
+    with plain_static_server(root) as plain:
+        on_plain = first_visit(browser, plain + TEST_PREFIX[1:] + "blank.html", plain + "app/", options)
+    with running_server(root / "app", {TEST_PREFIX: pages}) as brotli_host:
+        # Chromium 150 drops loadingFinished for some `Cache-Control: no-store` responses (the test
+        # server's default): a CDN's caching headers here, none
+        brotli_host.cache_control = None
+        on_brotli = first_visit(browser, brotli_host.url + TEST_PREFIX[1:] + "blank.html", brotli_host.url, options)
+    assert on_plain["ok"] and on_brotli["ok"], (on_plain, on_brotli)
+    assert on_plain["unfinished"] == on_brotli["unfinished"] == [], (on_plain["unfinished"], on_brotli["unfinished"])
+    assert on_plain["outputs"] == on_brotli["outputs"]
+    hosts = [[(e["decodesBrotli"], e["decoder"]) for e in r["events"] if e["type"] == "host"] for r in (on_plain, on_brotli)]
+    assert hosts == [[(False, "brotli-dec-wasm")], [(True, None)]], hosts
+    decoded = {e["file"] for e in on_plain["events"] if e["type"] == "download" and e.get("decodedBy") == "brotli-dec-wasm"}
+    assert decoded == {path for path, entry in manifest["files"].items() if entry.get("stored") == "br" and any(path in url for url in on_plain["wire"])}
+    assert decoded and manifest["variants"]["fp32"]["model"] in decoded
+    # the decoder only where it is needed
+    assert any(url.endswith(decoder["wasm"]) for url in on_plain["wire"]) and not any(url.endswith(decoder["wasm"]) for url in on_brotli["wire"])
+    plain_bytes, brotli_bytes = sum(on_plain["wire"].values()), sum(on_brotli["wire"].values())
+    raw = export_package(chunked_packages["chunked"], tmp_path / "raw", None, bodies="raw")
+    assert "decoder" not in raw.manifest["runtime"] and not (tmp_path / "raw" / "decoder").exists()
+    print(f"first visit on the wire: plain static host {plain_bytes} B, brotli host {brotli_bytes} B, ratio {plain_bytes / brotli_bytes:.3f}")
+    assert plain_bytes <= 1.15 * brotli_bytes, (plain_bytes, brotli_bytes, on_plain["wire"], on_brotli["wire"])

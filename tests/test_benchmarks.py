@@ -191,3 +191,13 @@ def test_measure_fp16_corpus_smoke(tmp_path):
     # the Range over a Cast of a traced size (issue 26) converts: an fp16 model ships
     assert 0 < row["fp16_bytes"] < row["fp32_bytes"] and positive(row["build_s"]), row
     assert not row["verdict"].startswith("refused: converted model is invalid"), row
+
+
+@smoke_test("measure_host_bytes.py")
+@pytest.mark.browser
+def test_measure_host_bytes_smoke(chunked_packages):
+    brotli_host, plain = smoke("measure_host_bytes.py", str(chunked_packages["single"]), "--ep", "wasm")
+    assert (brotli_host["bodies"], plain["bodies"]) == ("br", "br")
+    assert (brotli_host["decodes_brotli"], plain["decodes_brotli"], plain["decoder"]) == (True, False, "brotli-dec-wasm")
+    assert plain["outputs_equal"] and positive(brotli_host["wire_bytes"]) and 1 <= plain["ratio"] <= 1.15, plain
+    assert brotli_host["unfinished"] == plain["unfinished"] == []

@@ -94,12 +94,17 @@ def test_report_draws_the_spectrum_frame_and_shows_the_last_verification(built) 
 
 
 def test_the_br_export_is_lean_and_lists_only_what_it_holds(built, tmp_path) -> None:
-    """`pack export --bodies br`: one body per file (the .br body where the build made one), at most
-    0.6 of the package folder; its package.json lists exactly the files it holds."""
+    """`pack export` (--bodies br by default): one body per file (the .br body where the build made
+    one), at most 0.6 of the package folder, with the brotli decoder a plain static host needs
+    (tests/test_assets_chunks_browser.py loads such a copy there); its package.json lists exactly
+    the files it holds."""
     package, _ = built
     app_copy = tmp_path / "app"
-    result = runner.invoke(app, ["export", str(package), str(app_copy), "--json", "--bodies", "br"])
+    result = runner.invoke(app, ["export", str(package), str(app_copy), "--json"])
     assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["bodies"] == "br"
+    decoder = json.loads((app_copy / "manifest.json").read_text())["runtime"]["decoder"]
+    assert (app_copy / decoder["module"]).is_file() and (app_copy / decoder["wasm"]).is_file()
     exported = sum(f["bytes"] for f in json.loads(result.stdout)["files"])
     folder = sum(path.stat().st_size for path in package.rglob("*") if path.is_file())
     assert exported <= 0.6 * folder, (exported, folder)

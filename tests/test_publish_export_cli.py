@@ -36,10 +36,12 @@ def with_package_json(package):
     return package
 
 
-def test_export_keeps_one_body_per_file_the_br_body_where_there_is_one(tmp_path):
+def test_export_keeps_one_body_per_file_the_br_body_where_there_is_one_by_default(tmp_path):
+    """The .br body alone: a brotli host serves it under X, and on a plain host the loader fetches
+    X.br and decodes it (tests/js/brotli.test.mjs, tests/test_assets_chunks_browser.py)."""
     package = with_package_json(write_package(tmp_path / "dist"))
     app_copy = tmp_path / "web" / "public" / "demo"
-    result = export(str(package.root), str(app_copy), "--json", "--bodies", "br")
+    result = export(str(package.root), str(app_copy), "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["bodies"] == "br"
@@ -69,10 +71,10 @@ def test_export_keeps_one_body_per_file_the_br_body_where_there_is_one(tmp_path)
         plan_package(app_copy)
 
 
-def test_export_raw_bodies_for_a_host_without_content_encoding_by_default(tmp_path):
+def test_export_raw_bodies_on_request(tmp_path):
     package = with_package_json(write_package(tmp_path / "dist"))
     app_copy = tmp_path / "app"
-    result = export(str(package.root), str(app_copy), "--variants", "fp32")
+    result = export(str(package.root), str(app_copy), "--variants", "fp32", "--bodies", "raw")
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"exported demo to {app_copy}: ") and "(variants fp32; decoded bodies: any static host serves them)" in result.output
     manifest = read_manifest(app_copy)
@@ -88,7 +90,7 @@ def test_export_raw_bodies_for_a_host_without_content_encoding_by_default(tmp_pa
     again = export(str(package.root), str(app_copy), "--bodies", "br")
     assert again.exit_code == 0, again.output
     encoded = sum(bool(entry["encodings"]) for path, entry in package.manifest["files"].items())
-    assert f"{encoded} .br bodies: the host must serve X.br under X with Content-Encoding: br (else use --bodies raw)" in again.output
+    assert f"{encoded} .br bodies: a host with Content-Encoding: br for X.br sends them as they are, and on any other static host the loader decodes them itself" in again.output
     assert package.manifest["variants"]["fp16"]["model"] + ".br" in on_disk(app_copy)
     assert manifest["variants"]["fp32"]["model"] not in on_disk(app_copy)
 

@@ -172,6 +172,9 @@ def test_the_host_picks_the_bodies_and_each_config_names_every_file(package, tmp
     # github-pages: no configuration, says why, offers the shim
     pages = export(str(package), str(tmp_path / "pages" / NAME), "--host", "github-pages")
     assert pages.exit_code == 0 and "sets no custom headers" in pages.output and "--coi-shim" in pages.output
+    # its .br bodies as files of their own: the loader fetches and decodes them (tests/test_assets_chunks_browser.py)
+    assert "the loader fetches them as files and decodes them itself" in pages.output
+    assert any(path.name.endswith(".br") for path in (tmp_path / "pages" / NAME).rglob("*"))
     assert not any((tmp_path / "pages" / NAME / name).exists() for name in ("_headers", "vercel.json", "nginx.conf", ".htaccess", "serve.json", "coi-serviceworker.js"))
 
 

@@ -89,15 +89,20 @@ def hashed_name(stem: str, sha256: str, suffix: str) -> str:
     return f"{stem}.{sha256[:HASH_CHARS]}{suffix}"
 
 
-def add_hashed_file(root: Path, stem: str, suffix: str, data: bytes, progress: Progress, kind: str | None = None, encoded: bytes | None = None, sha256: str | None = None) -> PackageFile:
+def add_hashed_file(
+    root: Path, stem: str, suffix: str, data: bytes, progress: Progress, kind: str | None = None, encoded: bytes | None = None, sha256: str | None = None,
+    with_br: bool = True,
+) -> PackageFile:
     """Write `<stem>.<hash><suffix>` (stem may include a folder) and its .br copy where it pays
-    (`encoded` and `sha256`: already computed for `data`)."""
+    (`encoded` and `sha256`: already computed for `data`; `with_br` False: no .br copy)."""
     sha256 = sha256 or hashlib.sha256(data).hexdigest()
     path = hashed_name(stem, sha256, suffix)
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     remember_digest(target, "sha256", sha256)  # `pack publish` validates the package without reading it again
+    if not with_br:
+        return PackageFile(path, sha256, len(data), None, None)
     if encoded is None:
         encoded = brotli_encode(data, sha256, suffix, f"brotli {Path(path).name}", progress, kind)
     if len(encoded) <= len(data) * (1 - MIN_SAVING):

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from pipeline.assets.chunks import MIB, chunk_bytes, write_chunked, write_split
+from pipeline.assets.decoder import PACKAGE as DECODER_PACKAGE, VERSION as DECODER_VERSION, decoder_files
 from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, describe_file
 from pipeline.errors import PackError
 from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, SplitFile, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
@@ -264,7 +265,13 @@ def write_runtime(staging: Path, recipe: Recipe, progress: Progress) -> RuntimeF
         path, pieces, split[path] = write_split(staging, stem, suffix, data, limit, progress, "code")
         files += pieces
         bundles[key][role] = path
-    return RuntimeFiles(tuple(files), {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles}, split)
+    # the brotli decoder for hosts that serve .br bodies as they are (assets/decoder.py): no .br copy of its own
+    decoder: dict[str, str] = {"package": DECODER_PACKAGE, "version": DECODER_VERSION}
+    for role, (member, data) in decoder_files(progress).items():
+        file = add_hashed_file(staging, f"decoder/{member.name.removesuffix(member.suffix)}", member.suffix, data, progress, with_br=False)
+        files.append(file)
+        decoder[role] = file.path
+    return RuntimeFiles(tuple(files), {"package": "onnxruntime-web", "version": runtime.version, "bundles": bundles, "decoder": decoder}, split)
 
 
 def plain_files(staging: Path, paths: list[str]) -> tuple[PackageFile, ...]:

@@ -28,11 +28,12 @@ def export(
         Bodies,
         typer.Option(
             "--bodies", envvar="PACK_EXPORT_BODIES", show_envvar=True,
-            help="One body per file: raw = decoded files only, which any static host serves (GitHub Pages: the default); "
-            "br = the .br body alone where there is one, for a host that serves X.br under X with "
-            "Content-Encoding: br (pack serve, S3/R2 objects, nginx brotli_static): about a seventh of the bytes.",
+            help="One body per file: br = the .br body alone where there is one (the default, about a seventh of the bytes): "
+            "a host that serves X.br under X with Content-Encoding: br (pack serve, S3/R2 objects, nginx brotli_static) decodes it, "
+            "and on a host that serves files as they are (GitHub Pages, python -m http.server) the loader fetches X.br and decodes it itself; "
+            "raw = decoded files only, for an app that reads the files without the loader.",
         ),
-    ] = Bodies.raw,
+    ] = Bodies.br,
     host: Annotated[
         Optional[str],
         typer.Option(
@@ -63,7 +64,10 @@ def export(
         served_under = url_path_of(url_path if url_path is not None else destination.resolve().name)
         chosen = bodies.value
         if target is not None and ctx.get_parameter_source("bodies").name == "DEFAULT":
-            chosen = "br" if target.content_encoding else "raw"
+            # .br bodies where the host sends them with Content-Encoding, or where no configuration names
+            # the files (GitHub Pages: the loader decodes them itself); decoded files for the hosts whose
+            # configuration lists each file by its decoded name
+            chosen = "br" if target.content_encoding or target.config is None else "raw"
 
         def extra(manifest) -> dict[str, bytes]:
             files = {}
@@ -100,7 +104,7 @@ def export(
         return
     encoded = sum(path.endswith(".br") for path, _ in exported.files)
     served = (
-        f"{encoded} .br bodies: the host must serve X.br under X with Content-Encoding: br (else use --bodies raw)"
+        f"{encoded} .br bodies: a host with Content-Encoding: br for X.br sends them as they are, and on any other static host the loader decodes them itself"
         if encoded else "decoded bodies: any static host serves them"
     )
     typer.echo(

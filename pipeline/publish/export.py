@@ -4,15 +4,18 @@ Left out: the build's reports (report.json, report.html: never in manifest.files
 earlier pack listed report.json, which is dropped too), the demo page (index.html, demo.js), the models of
 variants not asked for, and the runtime bundle no platform chain loads any more.
 
-One body per file, for the host the copy targets (BODIES):
-- "raw" (the default): decoded files only, no encodings, for a host that cannot map `.br` bodies
-  (GitHub Pages, a plain "upload a folder" host): what every static server serves as it is, at the
-  decoded size (GTCRN: 0.86 of its package folder). The default, because a loader on such a host
-  cannot read a `.br` body it is given in place of a file yet.
-- "br": the `.br` body alone wherever the build made one (the manifest entry says
-  `stored: "br"`), the decoded file elsewhere. For a host that serves `X.br` under `X` with
-  `Content-Encoding: br` (pack serve, S3/R2 through `pack publish`, nginx `brotli_static`,
-  a configured Apache): GTCRN's copy is 0.14 of its package folder.
+One body per file (BODIES):
+- "br" (the default): the `.br` body alone wherever the build made one (the manifest entry says
+  `stored: "br"`), the decoded file elsewhere; GTCRN's copy is 0.14 of its package folder. It loads
+  on every static host at brotli's size: a host that serves `X.br` under `X` with
+  `Content-Encoding: br` (pack serve, S3/R2 through `pack publish`, nginx `brotli_static`, a
+  configured Apache) decodes it for the browser; on a host that serves files as they are (python's
+  http.server, GitHub Pages-style hosting) the loader finds `X` missing, fetches `X.br` itself and
+  decodes it (`DecompressionStream('brotli')`, else the package's brotli decoder: runtime.decoder).
+- "raw": decoded files only, no encodings (and no decoder): for an app that serves the files
+  through something other than the loader, and the default of `--host` for the hosts whose
+  configuration names each file by its decoded name (Netlify, Cloudflare Pages, Vercel), at the
+  decoded size (GTCRN: 0.86 of its package folder).
 
 The manifest is rewritten for what was kept, package.json (npm) lists exactly the bodies kept,
 and both are validated (pipeline/manifest.py) before anything is written; the copy appears at its
@@ -37,7 +40,7 @@ from pipeline.web.npm import PACKAGE_JSON, package_json
 
 # Files no static host serves to the loader (report.json: listed by packages of earlier pack versions).
 NOT_EXPORTED = frozenset({"report.json", "index.html", DEMO_SCRIPT})
-# --bodies: what the target host does with a `.br` file (see the module's docstring).
+# --bodies: which body of each file the copy keeps (see the module's docstring).
 BODIES = ("br", "raw")
 
 
@@ -101,6 +104,10 @@ def export_manifest(plan: PackagePlan, variants: list[str] | None, bodies: str) 
     needed |= runtime_files(manifest["runtime"]["bundles"])
     dropped_files = {path for name, entry in plan.manifest["variants"].items() if name in dropped for path in variant_files(entry)}
     dropped_files |= runtime_files(plan.manifest["runtime"]["bundles"])
+    decoder = manifest["runtime"].get("decoder")
+    if decoder and bodies == "raw":  # no .br body left to decode
+        del manifest["runtime"]["decoder"]
+        dropped_files |= {decoder["module"], decoder["wasm"]}
     files = {}
     for path, entry in manifest["files"].items():
         if path in NOT_EXPORTED or (path in dropped_files and path not in needed):
@@ -124,7 +131,7 @@ def variant_for_of(manifest: Manifest, ep: str) -> list[str]:
 
 
 def export_package(
-    source: Path, destination: Path, variants: list[str] | None, bodies: str = "raw",
+    source: Path, destination: Path, variants: list[str] | None, bodies: str = "br",
     extra: Callable[[Manifest], dict[str, bytes]] | None = None,
 ) -> Exported:
     """Validate the package at `source`, then write its app copy to `destination`. `extra` gives

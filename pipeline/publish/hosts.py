@@ -16,8 +16,9 @@ a file matched by two rules gets both values joined on Netlify and Cloudflare Pa
 What each host allows (`HOSTS`): nginx, Apache and `serve` (npm) map X to X.br with
 `Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel compress on their own edge and
 document no way to serve a pre-compressed body under its decoded name, so they get decoded
-bodies; GitHub Pages sets no headers at all (the service-worker shim gives its pages cross-origin
-isolation); S3 and R2 take their headers as object metadata from `pack publish`.
+bodies; GitHub Pages sets no headers at all: it gets the `.br` bodies, which the loader fetches
+and decodes itself (docs/loader.md, "Any static host"), and the service-worker shim gives its
+pages cross-origin isolation; S3 and R2 take their headers as object metadata from `pack publish`.
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ def served_files(manifest: Manifest, url_path: str) -> list[Served]:
 
 
 def check_bodies(host: Host, manifest: Manifest) -> None:
-    """A host that cannot send Content-Encoding gets no .br body in place of a file."""
+    """A host whose configuration names each file by its decoded name, and cannot send
+    Content-Encoding, gets no .br body in place of a file. Where no configuration is written
+    (GitHub Pages) the `.br` bodies are served as files of their own, and the loader decodes them."""
     encoded = [item.path for item in served_files(manifest, "/") if item.encoding]
-    if encoded and not host.content_encoding:
+    if encoded and not host.content_encoding and host.config is not None:
         raise PackError(
             f"--host {host.name}: {host.title} cannot serve a .br body under its file's name with Content-Encoding: br "
             f"({len(encoded)} such bodies, e.g. {encoded[0]}); export with --bodies raw, or leave --bodies out"
@@ -229,7 +232,7 @@ RENDERERS = {"_headers": _headers_file, "vercel": _vercel, "serve": _serve, "ngi
 def github_pages_lines(shim: bool) -> list[str]:
     """What `--host github-pages` tells: no headers, and what the shim does."""
     lines = [
-        "GitHub Pages sets no custom headers: no Content-Encoding for .br bodies (the export keeps decoded files), "
+        "GitHub Pages sets no custom headers: no Content-Encoding for .br bodies (the loader fetches them as files and decodes them itself), "
         "no Cache-Control of pack's (GitHub's 10 minutes apply), no COOP/COEP (wasm runs on one thread)",
     ]
     if shim:

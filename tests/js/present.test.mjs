@@ -38,6 +38,10 @@ test('describeEvent turns each loader event into one readable line with a level'
   assert.deepEqual(describeEvent({ type: 'adapter', available: true, features: ['shader-f16'], info: { vendor: 'nvidia', architecture: 'hopper' } }),
     { level: 'info', text: 'WebGPU adapter nvidia hopper (shader-f16)' });
   assert.equal(describeEvent({ type: 'download', file: 'model.fp32.0123.onnx', bytes: 2_500_000 }).text, 'downloaded model.fp32.0123.onnx (2.5 MB)');
+  assert.equal(describeEvent({ type: 'download', file: 'm.onnx', bytes: 2_500_000, wireBytes: 500_000, decodedBy: 'brotli-dec-wasm' }).text,
+    'downloaded m.onnx (2.5 MB, 500.0 KB of brotli decoded here)');
+  assert.equal(describeEvent({ type: 'host', decodesBrotli: false, decoder: 'brotli-dec-wasm' }).text, 'this host serves .br files as they are: decoding them here (brotli-dec-wasm)');
+  assert.equal(describeEvent({ type: 'host', decodesBrotli: true, decoder: null }).text, 'this host sends brotli bodies with Content-Encoding: br');
   assert.equal(describeEvent({ type: 'session', ep: 'webgpu', variant: 'fp16', ms: 943.2 }).text, 'session webgpu/fp16 created in 943 ms');
   assert.deepEqual(describeEvent({ type: 'fallback', from: { ep: 'webgpu', variant: 'fp16' }, to: { ep: 'wasm', variant: 'fp32' }, error: 'lost device' }),
     { level: 'error', text: 'fell back from webgpu/fp16 to wasm/fp32: lost device' });

@@ -1,11 +1,15 @@
 // Package files: download with progress (totals from the manifest's decoded sizes), sha256 before
 // use, Cache Storage keyed by hash. A file over the build's [assets] max_file_mib (manifest.json
 // "split": the sample, a runtime .wasm) is fetched as its parts, each checked and cached on its
-// own, and joined; the whole is checked against its own sha256.
+// own, and joined; the whole is checked against its own sha256. On a host that serves `.br` bodies
+// as they are, a file with one is fetched as its `.br` body and decoded here (brotli.js); the
+// sha256 is checked on the decoded bytes all the same.
 
+import { brBody, decodeNative, hostDecodes, nativeBrotli } from './brotli.js';
 import { CHUNK_CONCURRENCY, mapLimit } from './chunks.js';
 import { PackIntegrityError, PackLoadError, isAbort, messageOf, throwIfAborted } from './errors.js';
 import { REQUIRED_KEYS } from './manifest_keys.js';
+import { Widener } from './widen.js';
 
 export const CACHE_NAME = 'pack-files-v1';
 // Cache keys are content hashes, so packages on one origin share identical runtime files.
@@ -142,10 +146,73 @@ export function splitEntry(manifest, path) {
   return split;
 }
 
+// The brotli decoder's Worker closes when no body has come for this long.
+const DECODER_IDLE_MS = 2000;
+
 export class Files {
   constructor({ baseUrl, manifest, cache, progress, emit, signal }) {
     Object.assign(this, { baseUrl, manifest, cache, progress, emit, signal });
     this.pending = new Map();
+    this.decoder = null; // Promise of brotli(): how files with a .br body are fetched here
+    this.decoding = null; // the Worker decoding brotli bodies: { widener, busy, timer }
+  }
+
+  /**
+   * How this load gets the files that have a `.br` body, decided once (the host probe in
+   * brotli.js): null where the host decodes (fetch `X`, the browser decodes), else the decoder
+   * ('DecompressionStream' or the package's) with which the loader decodes `X.br` itself.
+   */
+  brotli() {
+    if (!this.decoder) {
+      this.decoder = (async () => {
+        const host = await hostDecodes(this.baseUrl, this.manifest, { signal: this.signal });
+        const by = host.decodes === false ? this.ownDecoder() : null;
+        this.emit({ type: 'host', origin: new URL(this.baseUrl).origin, decodesBrotli: host.decodes, how: host.how, decoder: by });
+        if (host.decodes === false && !by) {
+          this.emit({
+            type: 'warning',
+            message: `${host.how}: this host serves .br files without Content-Encoding, and this browser has no DecompressionStream('brotli') nor the package a brotli decoder: files move decoded; rebuild the package with this pack`,
+          });
+        }
+        return by;
+      })();
+      this.decoder.catch(() => {
+        this.decoder = null;
+      });
+    }
+    return this.decoder;
+  }
+
+  /** The decoder the loader has here: 'DecompressionStream', the package's decoder (its npm name), or null. */
+  ownDecoder() {
+    const shipped = this.manifest.runtime && this.manifest.runtime.decoder;
+    return nativeBrotli() ? 'DecompressionStream' : shipped ? shipped.package : null;
+  }
+
+  /** The decoded bytes of a brotli body, by `by` (see brotli()). */
+  async decode(body, by) {
+    if (by === 'DecompressionStream') return decodeNative(body);
+    const shipped = this.manifest.runtime && this.manifest.runtime.decoder;
+    if (!shipped) throw new PackLoadError('manifest.json has no runtime.decoder to decode .br bodies with; rebuild the package with this pack');
+    const [module, wasm] = await Promise.all([this.get(shipped.module), this.get(shipped.wasm)]);
+    if (!this.decoding) this.decoding = { widener: new Widener(this.signal), busy: 0, timer: null };
+    const decoding = this.decoding;
+    clearTimeout(decoding.timer);
+    decoding.busy += 1;
+    try {
+      return await decoding.widener.decode(body, { module, wasm });
+    } finally {
+      decoding.busy -= 1;
+      if (decoding.busy === 0) {
+        decoding.timer = setTimeout(() => {
+          if (this.decoding === decoding && decoding.busy === 0) {
+            this.decoding = null;
+            decoding.widener.close();
+          }
+        }, DECODER_IDLE_MS);
+        if (decoding.timer && decoding.timer.unref) decoding.timer.unref();
+      }
+    }
   }
 
   /** The files entry of a package path, or the split entry of a file stored in parts. */
@@ -196,7 +263,7 @@ export class Files {
       }
     }
     throwIfAborted(signal);
-    const { buffer: bytes, wireBytes } = await this.download(path, entry, signal);
+    const { buffer: bytes, wireBytes, decodedBy } = await this.download(path, entry, signal);
     const actual = await sha256Hex(bytes);
     if (actual !== entry.sha256) {
       throw new PackIntegrityError(
@@ -205,7 +272,7 @@ export class Files {
         { file: path, expected: entry.sha256, actual },
       );
     }
-    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes });
+    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes, ...(decodedBy ? { decodedBy } : {}) });
     if (this.cache) {
       const response = new Response(bytes, {
         headers: { 'Content-Type': entry.mediaType || 'application/octet-stream', 'Content-Length': String(entry.size) },
@@ -238,7 +305,82 @@ export class Files {
     return bytes;
   }
 
+  /**
+   * { buffer, wireBytes } of a listed file: under its own name (the host decodes a brotli body),
+   * or as its `.br` body decoded here where the host serves `.br` files as they are; a 404 under
+   * one name is asked under the other.
+   */
   async download(path, entry, signal) {
+    const br = brBody(entry);
+    if (!br) return this.fetchBody(path, entry, signal);
+    const by = await this.brotli();
+    try {
+      return by ? await this.fetchBrotli(path, entry, br, by, signal) : await this.fetchBody(path, entry, signal);
+    } catch (error) {
+      if (!(error instanceof PackLoadError && error.status === 404)) throw error;
+      if (by) return this.fetchBody(path, entry, signal);
+      const other = this.ownDecoder();
+      if (!other) throw error;
+      return this.fetchBrotli(path, entry, br, other, signal);
+    }
+  }
+
+  /** The `.br` body of `path`, fetched as it is and decoded by `by`; progress counts decoded bytes as the body arrives. */
+  async fetchBrotli(path, entry, br, by, signal) {
+    const url = this.url(br.path);
+    const scale = entry.size / br.size;
+    const read = async (response) => {
+      let body = new Uint8Array(br.size);
+      let received = 0;
+      let counted = 0; // decoded bytes advanced on the progress
+      const advance = (to) => {
+        this.progress.advance(path, to - counted, to, entry.size);
+        counted = to;
+      };
+      try {
+        const reader = response.body && response.body.getReader ? response.body.getReader() : null;
+        const chunks = reader ? null : [new Uint8Array(await response.arrayBuffer())];
+        for (let i = 0; ; i++) {
+          const { done, value } = reader ? await reader.read() : { done: i >= chunks.length, value: chunks[i] };
+          if (done) break;
+          if (received + value.byteLength > Math.max(br.size, entry.size)) {
+            if (reader) reader.cancel().catch(() => {});
+            throw new PackIntegrityError(`${br.path}: more than the ${br.size} bytes manifest.json lists; the file was changed after the build; re-publish the package`, { file: path, url });
+          }
+          if (received + value.byteLength > body.length) {
+            const grown = new Uint8Array(entry.size); // the host decoded it after all: the body is the file
+            grown.set(body.subarray(0, received));
+            body = grown;
+          }
+          body.set(value, received);
+          received += value.byteLength;
+          advance(Math.min(entry.size, Math.floor(received * scale)));
+        }
+        // A host that decodes `.br` files itself sends the file (its size): nothing left to decode.
+        if (received === entry.size && received !== br.size) {
+          advance(entry.size);
+          return { buffer: body.subarray(0, received), wireBytes: received };
+        }
+        if (received !== br.size) throw retryable(`the body ended after ${received} of ${br.size} bytes`, { received });
+        let decoded;
+        try {
+          decoded = await this.decode(body, by);
+        } catch (error) {
+          if (error instanceof PackLoadError) throw error;
+          throw retryable(`its brotli body does not decode (${messageOf(error)})`);
+        }
+        advance(entry.size);
+        return { buffer: decoded, wireBytes: received, decodedBy: by };
+      } catch (error) {
+        this.progress.rollback(counted);
+        throw error;
+      }
+    };
+    return this.fetchNamed(path, br.size, url, read, signal);
+  }
+
+  /** The body of `path` under its own name, the host decoding any brotli body. */
+  async fetchBody(path, entry, signal) {
     const url = this.url(path);
     // Content-Length is the encoded (brotli) size; the stream yields decoded bytes: count those
     // against the manifest's decoded size.
@@ -278,12 +420,16 @@ export class Files {
         throw error;
       }
       const wire = Number(response.headers && response.headers.get('Content-Length'));
-      return { buffer, wireBytes: Number.isFinite(wire) && wire > 0 ? wire : null };
-    };
-    try {
-      const { buffer, wireBytes } = await fetchRetrying({ file: path, url, init: { credentials: 'same-origin' }, read, signal, emit: this.emit });
       // Content-Length when the server says (brotli bodies: the encoded size), else the decoded size.
-      return { buffer, wireBytes: wireBytes ?? entry.size };
+      return { buffer, wireBytes: Number.isFinite(wire) && wire > 0 ? wire : entry.size };
+    };
+    return this.fetchNamed(path, entry.size, url, read, signal);
+  }
+
+  /** fetchRetrying of `url` (a body of `listed` bytes) for the listed file `path`, its failures named for what they mean. */
+  async fetchNamed(path, listed, url, read, signal) {
+    try {
+      return await fetchRetrying({ file: path, url, init: { credentials: 'same-origin' }, read, signal, emit: this.emit });
     } catch (error) {
       if (error instanceof PackLoadError && error.status) {
         throw new PackLoadError(`${error.message}; is the whole package published there?`, { file: path, url, status: error.status });
@@ -291,7 +437,7 @@ export class Files {
       // Short every time: the file itself is shorter than the build made it.
       if (error instanceof PackLoadError && error.cause instanceof Transient && error.cause.received !== undefined) {
         throw new PackIntegrityError(
-          `${path}: ${error.cause.received} bytes downloaded, manifest.json lists ${entry.size}; the file was changed after the build; re-publish the package`,
+          `${path}: ${error.cause.received} bytes downloaded, manifest.json lists ${listed}; the file was changed after the build; re-publish the package`,
           { file: path, url },
         );
       }

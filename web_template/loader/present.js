@@ -104,8 +104,12 @@ export function describeEvent(event) {
       return { level: 'warning', text: `skipped ${event.ep ? `${event.ep}/` : ''}${event.variant || '-'}: ${event.reason || 'refused'}` };
     case 'bundle':
       return { level: 'info', text: `runtime bundle ${event.bundle}: ${(event.files || []).length} files, ${bytesText(event.total)} in all` };
+    case 'host':
+      return event.decodesBrotli === false
+        ? { level: 'info', text: `this host serves .br files as they are: ${event.decoder ? `decoding them here (${event.decoder})` : 'no brotli decoder here, the decoded files move'}` }
+        : { level: 'info', text: event.decodesBrotli ? 'this host sends brotli bodies with Content-Encoding: br' : `could not tell whether this host decodes brotli (${event.how}); the browser decodes what it sends` };
     case 'download':
-      return { level: 'info', text: `downloaded ${event.file} (${bytesText(event.bytes)})` };
+      return { level: 'info', text: `downloaded ${event.file} (${bytesText(event.bytes)}${event.decodedBy ? `, ${bytesText(event.wireBytes)} of brotli decoded here` : ''})` };
     case 'cache-hit':
       return { level: 'info', text: `from Cache Storage: ${event.file} (${bytesText(event.bytes)})` };
     case 'session':

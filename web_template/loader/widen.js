@@ -12,7 +12,11 @@
 // lie at the end of its external data, from externalData.widened.offset on: the graph is widened
 // here with that layout (FLOAT16 → FLOAT, external offset and length moved to the float32 bytes),
 // and chunks.js widens each chunk's fp16 values straight into place as it arrives (widenChunk).
+//
+// The same Worker decodes `.br` bodies with the package's brotli decoder on hosts that serve them
+// as they are and browsers without DecompressionStream('brotli') (brotli.js, files.js).
 
+import { wasmDecoder } from './brotli.js';
 import { PackLoadError } from './errors.js';
 
 export const WIDEN = 'fp16-initializers';
@@ -272,6 +276,7 @@ export class Widener {
     this.pending = new Map();
     this.nextId = 0;
     this.signal = signal;
+    this.decoderSent = false;
     if (typeof Worker !== 'function' || typeof window === 'undefined') {
       this.fallBack('no Worker here');
       return;
@@ -342,6 +347,37 @@ export class Widener {
     this.ms += now() - started;
   }
 
+  /**
+   * A brotli body decoded by the package's decoder (`decoder`: { module, wasm } bytes, sent to the
+   * Worker once), in the Worker where it runs: the decoded bytes (Uint8Array).
+   */
+  async decode(body, decoder) {
+    if (this.worker) {
+      const copy = body.slice();
+      const transfer = [copy.buffer];
+      const message = { kind: 'brotli', body: copy.buffer };
+      if (!this.decoderSent) {
+        message.decoder = { module: decoder.module.slice().buffer, wasm: decoder.wasm.slice().buffer };
+        transfer.push(message.decoder.module, message.decoder.wasm);
+      }
+      try {
+        const promise = this.ask(message, transfer);
+        this.decoderSent = true;
+        const { bytes, ms } = await promise;
+        this.ms += ms;
+        return new Uint8Array(bytes);
+      } catch (error) {
+        this.decoderSent = false;
+        if (!(error instanceof WorkerDown)) throw error;
+      }
+    }
+    const started = now();
+    const decompress = await wasmDecoder(decoder.module, decoder.wasm);
+    const bytes = decompress(body);
+    this.ms += now() - started;
+    return bytes;
+  }
+
   /** widenFp16Initializers(bytes, layout), in the Worker where it runs: { bytes, tensors, values, ms }. */
   async graph(bytes, layout = null) {
     if (this.worker) {
@@ -392,12 +428,20 @@ export async function variantBytes(files, manifest, variant, signal, emit = () =
   }
 }
 
-// Worker entry: this module started as a Worker widens what it is sent (a graph, or one chunk).
+// Worker entry: this module started as a Worker widens what it is sent (a graph, or one chunk)
+// and decodes brotli bodies (the decoder's bytes come with the first).
 if (typeof WorkerGlobalScope !== 'undefined' && globalThis instanceof WorkerGlobalScope) {
-  globalThis.onmessage = ({ data }) => {
+  let decoderBytes = null;
+  globalThis.onmessage = async ({ data }) => {
     const { id, kind } = data;
     try {
-      if (kind === 'chunk') {
+      if (kind === 'brotli') {
+        if (data.decoder) decoderBytes = data.decoder;
+        const started = now();
+        const decompress = await wasmDecoder(new Uint8Array(decoderBytes.module), new Uint8Array(decoderBytes.wasm));
+        const bytes = decompress(new Uint8Array(data.body));
+        globalThis.postMessage({ id, bytes: bytes.buffer, ms: now() - started }, [bytes.buffer]);
+      } else if (kind === 'chunk') {
         const started = now();
         const coded = new Uint8Array(data.coded);
         const wide = new Uint8Array(2 * coded.length);
