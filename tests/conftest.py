@@ -22,7 +22,10 @@ pytest_plugins = ["loader_helpers", "publish_helpers"]
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PACK_CACHE_DIR", str(REPO / ".cache" / "pack"))
 SUITE_CACHE = Path(os.environ["PACK_CACHE_DIR"]).expanduser().absolute()
-SUITE_SHARED_URL = os.environ.pop("PACK_CACHE_URL", None) or None
+# Moved out of PACK_CACHE_URL (which pack reads) before xdist starts its workers, which inherit it.
+if os.environ.get("PACK_CACHE_URL"):
+    os.environ["PACK_TEST_SUITE_CACHE_URL"] = os.environ.pop("PACK_CACHE_URL")
+SUITE_SHARED_URL = os.environ.get("PACK_TEST_SUITE_CACHE_URL") or None
 
 
 @pytest.fixture(scope="session", autouse=True)

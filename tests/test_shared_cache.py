@@ -233,7 +233,7 @@ def _listed_files(package: Path) -> dict[str, bytes]:
 def test_a_second_machine_builds_the_same_package_from_the_shared_cache(store_url, tmp_path, monkeypatch):
     import pipeline.build
 
-    model = save(conv_model(channels=7), tmp_path / "shared-conv.onnx")  # bytes no other test builds
+    model = save(conv_model(channels=11), tmp_path / "shared-conv.onnx")  # bytes no other test builds
     warm = Path(os.environ.get("PACK_CACHE_DIR") or Path.home() / ".cache" / "pack")
     a = machine(monkeypatch, tmp_path, "a")
     # machine a has the runtime already (its install and brotli encodings are tested elsewhere)
@@ -259,7 +259,7 @@ def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url
     import pipeline.precision.variants
     import pipeline.verify.engines.host
 
-    model = save(conv_model(channels=9), tmp_path / "partly.onnx")
+    model = save(conv_model(channels=13), tmp_path / "partly.onnx")
     warm = Path(os.environ.get("PACK_CACHE_DIR") or Path.home() / ".cache" / "pack")
     for name in ("a", "b"):
         local = machine(monkeypatch, tmp_path, name)
