@@ -283,6 +283,7 @@ def _host_tools() -> Path:
     return folder / "node_modules"
 
 
+@pytest.mark.browser
 @pytest.mark.network_registry
 def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package, site):
     result = export(str(package), str(site / NAME), "--host", "serve")
@@ -298,6 +299,9 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
         _wait_for(port, process)
         assert _check_package_headers(f"http://127.0.0.1:{port}/{NAME}/", site / NAME) >= 2
         _page_isolated(f"http://127.0.0.1:{port}/index.html")
+        # in Chromium: isolated by the served headers, wasm threads, the outputs right
+        _app_page(site)
+        _assert_threads_and_outputs(_result(f"http://127.0.0.1:{port}/?package={NAME}/", isolated=True))  # serve redirects /index.html to /, dropping the query
     finally:
         _stop(process)
 
