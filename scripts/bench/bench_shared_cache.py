@@ -117,15 +117,20 @@ def same_files(a: Path, b: Path) -> bool:
     return names == files(b) and all(filecmp.cmp(a / name, b / name, shallow=False) for name in names)
 
 
-def store_size(url: str) -> tuple[int, int]:
-    objects = list(store_from_url(url).objects())
-    return len(objects), sum(o.size for o in objects)
+def store_contents(url: str) -> dict:
+    """Objects and bytes in the store, in all and per cache area (blobs: the files of folder entries)."""
+    areas: dict[str, list[int]] = {}
+    for stored in store_from_url(url).objects():
+        area = areas.setdefault(stored.name.split("/")[0], [0, 0])
+        area[0], area[1] = area[0] + 1, area[1] + stored.size
+    return {"objects": sum(a[0] for a in areas.values()), "bytes": sum(a[1] for a in areas.values()),
+            "areas": {name: {"objects": a[0], "bytes": a[1]} for name, a in sorted(areas.items())}}
 
 
 def measure(target: str, scratch: Path, url: str, env: dict[str, str], partial: bool, browser: bool, seed: bool) -> dict:
     args, recipe = target_args(target)
     cold = timed_build(args, scratch / "cold", url, env, browser, seed)
-    objects, store_bytes = store_size(url)
+    store = store_contents(url)
     second = timed_build(args, scratch / "second", url, env, browser, seed)
     row = {
         "target": target,
@@ -133,8 +138,9 @@ def measure(target: str, scratch: Path, url: str, env: dict[str, str], partial: 
         "second_s": second["seconds"],
         "ratio": round(second["seconds"] / cold["seconds"], 3),
         "identical": same_files(cold["package"], second["package"]),
-        "store_objects": objects,
-        "store_bytes": store_bytes,
+        "store_objects": store["objects"],
+        "store_bytes": store["bytes"],
+        "store_areas": store["areas"],
         "cold": {k: v for k, v in cold.items() if k != "package"},
         "second": {k: v for k, v in second.items() if k not in ("package", "timings")},
         "partial": None,
@@ -247,6 +253,7 @@ def main() -> None:
         second = row["second"]
         print(f"{Path(row['target']).name}: second machine {'linked the stored package (unchanged)' if second['unchanged'] else 'ran the stages'}; {second['shared'] or 'read nothing from the shared store'}"
               + (f"; still fetched: {'; '.join(second['fetched'])}" if second["fetched"] else ""))
+        print("  store: " + ", ".join(f"{name} {area['bytes'] / 1e6:.1f} MB ({area['objects']})" for name, area in row["store_areas"].items()))
         if row["partial"]:
             print(f"  partial: {row['partial']['shared'] or 'read nothing from the shared store'}; stages: " + ", ".join(f"{k} {v:.1f}" for k, v in row["partial"]["timings"].items()))
 
