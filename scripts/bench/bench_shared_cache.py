@@ -44,6 +44,8 @@ from pipeline.shared_cache import store_from_url  # noqa: E402
 
 FLAGSHIP = REPO / "tests" / "data" / "flagship_real"
 DEFAULT_TARGETS = ("gtcrn", "isnet-fp16", "tests/data/flagship_real/vocos.onnx")
+# progress notes of work that goes to a registry or the web (pipeline/source, pipeline/runtime.py)
+FETCH_NOTES = ("fetching ", "downloading ", "Installing ", "measuring which ONNX IR versions")
 GOAL = 0.25  # second machine / cold
 # --partial: a looser fp32 bound than the defaults (pipeline/verify/thresholds.py), per output kind
 LOOSER_FP32 = {"audio": ("snr_db", 45.0), "image": ("psnr_db", 55.0)}
@@ -104,8 +106,8 @@ def timed_build(args: list[str], machine: Path, url: str, env: dict[str, str], b
         "entries_read": int(read[1]) if read else 0,
         "read_mb": float(read[2]) if read else 0.0,
         "entries_written": int(read[3]) if read else 0,
-        # what the build still fetched from a registry or the web (progress notes)
-        "fetched": sorted({line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip().startswith(("fetching ", "downloading "))}),
+        # what the build still fetched from a registry or installed, in its own words (progress notes)
+        "fetched": sorted({line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip().startswith(FETCH_NOTES)}),
         "timings": report.get("timings", {}),
     }
 
