@@ -44,8 +44,6 @@ from pipeline.shared_cache import store_from_url  # noqa: E402
 
 FLAGSHIP = REPO / "tests" / "data" / "flagship_real"
 DEFAULT_TARGETS = ("gtcrn", "isnet-fp16", "tests/data/flagship_real/vocos.onnx")
-# progress notes of work that goes to a registry or the web (pipeline/source, pipeline/runtime.py)
-FETCH_NOTES = ("fetching ", "downloading ", "Installing ", "measuring which ONNX IR versions")
 GOAL = 0.25  # second machine / cold
 # --partial: a looser fp32 bound than the defaults (pipeline/verify/thresholds.py), per output kind
 LOOSER_FP32 = {"audio": ("snr_db", 45.0), "image": ("psnr_db", 55.0)}
@@ -106,8 +104,9 @@ def timed_build(args: list[str], machine: Path, url: str, env: dict[str, str], b
         "entries_read": int(read[1]) if read else 0,
         "read_mb": float(read[2]) if read else 0.0,
         "entries_written": int(read[3]) if read else 0,
-        # what the build still fetched from a registry or installed, in its own words (progress notes)
-        "fetched": sorted({line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip().startswith(FETCH_NOTES)}),
+        # what the machine holds after the build, per cache area: beside what it read from the store,
+        # what it fetched or made itself (a registry's archive in packages/, a runtime installed)
+        "local_areas": {area.name: round(sum(f.stat().st_size for f in area.rglob("*") if f.is_file()) / 1e6, 2) for area in sorted((machine / "cache").iterdir()) if area.is_dir()},
         "timings": report.get("timings", {}),
     }
 
@@ -253,8 +252,8 @@ def main() -> None:
         print(f"{Path(row['target']).name:<40} {row['cold_s']:>8.1f} {row['second_s']:>9.1f} {row['ratio']:>6.2f} {str(row['identical']):>9} {row['store_bytes']:>14,}{partial}")
     for row in rows:
         second = row["second"]
-        print(f"{Path(row['target']).name}: second machine {'linked the stored package (unchanged)' if second['unchanged'] else 'ran the stages'}; {second['shared'] or 'read nothing from the shared store'}"
-              + (f"; still fetched: {'; '.join(second['fetched'])}" if second["fetched"] else ""))
+        print(f"{Path(row['target']).name}: second machine {'linked the stored package (unchanged)' if second['unchanged'] else 'ran the stages'}; {second['shared'] or 'read nothing from the shared store'}")
+        print("  second machine's local cache (MB): " + ", ".join(f"{name} {mb:.1f}" for name, mb in second["local_areas"].items()))
         print("  store: " + ", ".join(f"{name} {area['bytes'] / 1e6:.1f} MB ({area['objects']})" for name, area in row["store_areas"].items()))
         if row["partial"]:
             print(f"  partial: {row['partial']['shared'] or 'read nothing from the shared store'}; stages: " + ", ".join(f"{k} {v:.1f}" for k, v in row["partial"]["timings"].items()))
