@@ -2,8 +2,8 @@
 """Benchmark the shared cache (`--cache-url`, pipeline/shared_cache.py): side by side, per target, a
 cold machine and a second machine building the same thing through the same shared store.
 
-Each machine is a fresh, empty PACK_CACHE_DIR and its own working folder (so a lock file one
-machine writes is not read by the next); each build is `pack build TARGET --no-browser --cache-url
+Each machine is a fresh, empty PACK_CACHE_DIR, npm and pip cache and its own working folder (so a
+lock file one machine writes is not read by the next); each build is `pack build TARGET --no-browser --cache-url
 URL` as a subprocess, timed by its wall clock. (a) cold: an empty store; (b) second machine: the
 store the cold build filled; (c) with --partial, a third machine builds a copy of the recipe with a
 looser fp32 bound on its first output (host runs and unchanged conversions stay valid), to show
@@ -87,7 +87,10 @@ def timed_build(args: list[str], machine: Path, url: str, env: dict[str, str], b
     out = machine / "dist"
     command = [sys.executable, "-m", "pipeline.cli", "build", *args, "--out", str(out), "--cache-url", url, *([] if browser else ["--no-browser"])]
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=machine, env={**env, "PACK_CACHE_DIR": str(machine / "cache")})
+    # npm's and pip's own caches are per machine too: on one host, a second machine would otherwise
+    # find the registry archives the first one fetched
+    own = {"PACK_CACHE_DIR": str(machine / "cache"), "npm_config_cache": str(machine / "npm-cache"), "PIP_CACHE_DIR": str(machine / "pip-cache")}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=machine, env={**env, **own})
     wall = time.perf_counter() - start
     if done.returncode not in (0, 1):  # 1: built, not every check passed; still a package to compare
         sys.exit(f"error: {' '.join(command[3:])} exited {done.returncode}: {done.stderr.strip()[-800:]}")
