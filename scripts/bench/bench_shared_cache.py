@@ -50,9 +50,15 @@ LOOSER_FP32 = {"audio": ("snr_db", 45.0), "image": ("psnr_db", 55.0)}
 LOOSER_FP32_OTHER = ("rel_l2", 2e-3)
 
 
+def fail(message: str) -> None:
+    """Bad input: one line naming the option or target, exit 2, before any build."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def target_args(target: str) -> tuple[list[str], Path | None]:
     """The `pack build` arguments for `target`, and the recipe file it is built with (None: a bare model)."""
-    path = (REPO / target) if not Path(target).is_absolute() else Path(target)
+    path = Path(target).absolute() if Path(target).exists() else REPO / target  # from here, or from the repository
     if path.suffix == ".onnx" and path.parent.resolve() == FLAGSHIP.resolve():
         case = json.loads((FLAGSHIP / "cases.json").read_text())[path.stem]
         args = [case["recipe"], "--source", str(path), "--sha256", hashlib.sha256(path.read_bytes()).hexdigest()]
@@ -68,10 +74,10 @@ def looser_recipe(recipe: Path, folder: Path) -> Path:
 
     outputs = tomllib.loads(recipe.read_text()).get("outputs") or {}
     if not outputs:
-        raise SystemExit(f"error: --partial: recipe {recipe} has no [outputs] table to loosen a bound in; give a target whose recipe names its outputs")
+        fail(f"--partial: recipe {recipe} has no [outputs] table to loosen a bound in; give a target whose recipe names its outputs")
     name, spec = next(iter(outputs.items()))
     if "fp32" in spec:
-        raise SystemExit(f"error: --partial: recipe {recipe} already sets [outputs.{name}.fp32]; give a target without one")
+        fail(f"--partial: recipe {recipe} already sets [outputs.{name}.fp32]; give a target without one")
     key, value = LOOSER_FP32.get(spec.get("kind"), LOOSER_FP32_OTHER)
     folder.mkdir(parents=True)
     copy = folder / recipe.name
@@ -93,7 +99,9 @@ def timed_build(args: list[str], machine: Path, url: str, env: dict[str, str], b
     done = subprocess.run(command, capture_output=True, text=True, cwd=machine, env={**env, **own})
     wall = time.perf_counter() - start
     if done.returncode not in (0, 1):  # 1: built, not every check passed; still a package to compare
-        sys.exit(f"error: {' '.join(command[3:])} exited {done.returncode}: {done.stderr.strip()[-800:]}")
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")] or done.stderr.strip().splitlines()[-1:] or ["no message"]
+        print(f"error: pack {' '.join(command[3:])} exited {done.returncode}: {errors[-1].removeprefix('error: ')}", file=sys.stderr)
+        sys.exit(done.returncode)
     (package,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     shared = next((line for line in done.stdout.splitlines() if line.startswith("shared cache ")), None)
     read = re.search(r": (\d+) entries read \(([\d.]+) MB\), (\d+) written \(([\d.]+) MB\)", shared or "")
@@ -133,6 +141,9 @@ def store_contents(url: str) -> dict:
 
 def measure(target: str, scratch: Path, url: str, env: dict[str, str], partial: bool, browser: bool, seed: bool) -> dict:
     args, recipe = target_args(target)
+    if partial and recipe is None:
+        fail(f"--partial: target {target} is a bare model; give a recipe (name or .toml) to change a setting in")
+    looser = looser_recipe(recipe, scratch / "partial-recipe") if partial else None  # bad input shows before any build
     cold = timed_build(args, scratch / "cold", url, env, browser, seed)
     store = store_contents(url)
     second = timed_build(args, scratch / "second", url, env, browser, seed)
@@ -149,10 +160,7 @@ def measure(target: str, scratch: Path, url: str, env: dict[str, str], partial: 
         "second": {k: v for k, v in second.items() if k not in ("package", "timings")},
         "partial": None,
     }
-    if partial:
-        if recipe is None:
-            raise SystemExit(f"error: --partial: target {target} is a bare model; give a recipe (name or .toml) to change a setting in")
-        looser = looser_recipe(recipe, scratch / "partial-recipe")
+    if looser is not None:
         changed = timed_build([str(looser), *args[1:]], scratch / "partial", url, env, browser, seed)
         row["partial"] = {"ratio": round(changed["seconds"] / cold["seconds"], 3), **{k: v for k, v in changed.items() if k != "package"}}
     return row
@@ -194,7 +202,7 @@ class Stores:
         self.folder, self.server, self.count = folder, None, 0
         if folder is not None:
             if folder.exists() and any(folder.iterdir()):
-                raise SystemExit(f"error: --store {folder}: not empty; give an empty or new folder (each cold machine needs an empty store)")
+                fail(f"--store {folder}: not empty; give an empty or new folder (each cold machine needs an empty store)")
             return
         from tests.publish_helpers import ACCESS_KEY, SECRET_KEY, MotoS3
 
