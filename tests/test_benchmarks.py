@@ -69,6 +69,22 @@ def test_bench_build_smoke():
     assert all(positive(f["size"]) for f in figures["files"].values())
 
 
+@smoke_test("bench_shared_cache.py")
+def test_bench_shared_cache_smoke(chunked_packages):
+    # chunked_packages: the session's builds leave onnxruntime-web and its brotli encodings in this
+    # run's cache, which the smoke's machines start with (as CI's seed): its builds take seconds
+    figures = smoke("bench_shared_cache.py", "--partial")
+    (row,) = figures["targets"]
+    assert figures["store"] == "folder" and row["store_objects"] > 0 and row["store_bytes"] > 0
+    assert row["cold"]["entries_written"] > 0 and not row["cold"]["unchanged"]
+    second = row["second"]
+    # the second machine ran no stage: the cold machine's package, read from the store, byte for byte
+    assert second["unchanged"] is True and second["entries_read"] > 0 and second["entries_written"] == 0, second
+    assert row["identical"] is True and positive(row["cold_s"]) and positive(row["second_s"])
+    partial = row["partial"]  # a looser bound: the stages run again, on entries read from the store
+    assert partial["unchanged"] is False and partial["entries_read"] > 0 and positive(partial["seconds"]), partial
+
+
 @smoke_test("bench_coding.py")
 def test_bench_coding_smoke():
     figures = smoke("bench_coding.py")
