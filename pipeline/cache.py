@@ -239,10 +239,11 @@ def remembered_digest(path: Path, kind: str, compute: Callable[[Path], str | Non
 
 
 @contextmanager
-def atomic_output(path: Path, entry: bool = False) -> Iterator[BinaryIO]:
+def atomic_output(path: Path, entry: bool = False, share: bool = True) -> Iterator[BinaryIO]:
     """A binary handle on a temporary file beside `path`, renamed onto `path` (with the umask's
     mode) when the block ends without error and removed otherwise: readers never see half a file.
-    `entry`: a cache entry, whose sha256 is recorded beside it first (see `cached_entry`)."""
+    `entry`: a cache entry, whose sha256 is recorded beside it first (see `cached_entry`), and
+    written back to the shared cache unless `share` is False (pipeline/shared_cache.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -260,7 +261,7 @@ def atomic_output(path: Path, entry: bool = False) -> Iterator[BinaryIO]:
         note_written(error, Path(tmp))
         Path(tmp).unlink(missing_ok=True)
         raise
-    if entry:
+    if entry and share:
         share_entry(path, digest)
 
 
@@ -269,8 +270,8 @@ def atomic_write(path: Path, data: bytes, entry: bool = False) -> None:
         handle.write(data)
 
 
-def atomic_copy(source: Path, destination: Path, entry: bool = False) -> None:
-    with atomic_output(destination, entry) as handle, source.open("rb") as src:
+def atomic_copy(source: Path, destination: Path, entry: bool = False, share: bool = True) -> None:
+    with atomic_output(destination, entry, share) as handle, source.open("rb") as src:
         shutil.copyfileobj(src, handle, 1 << 20)
 
 

@@ -276,3 +276,15 @@ def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url
     result = runner.invoke(app, ["build", str(recipe), "--no-browser", "--out", str(tmp_path / "out-b")])
     assert result.exit_code == 0, result.output
     assert "unchanged:" not in result.output and shared.traffic.read >= 3
+
+
+def test_a_registry_package_file_comes_from_the_store_without_its_archive(store_url, tmp_path, monkeypatch):
+    import pipeline.source.packages as packages
+    from pipeline.progress import Progress
+
+    machine(monkeypatch, tmp_path, "a")
+    atomic_write(cache_root() / "packages" / "pypi" / "some-model-1.0" / "files" / "model.onnx", b"onnx bytes", entry=True)  # as the fetch extracts it
+    b = machine(monkeypatch, tmp_path, "b")
+    monkeypatch.setattr(packages, "_fetch_archive", lambda *a, **k: pytest.fail("the archive was fetched although the store holds the file"))
+    found = packages.fetch_package_file("pypi:some-model==1.0!model.onnx", Progress.quiet())
+    assert found == b / "packages" / "pypi" / "some-model-1.0" / "files" / "model.onnx" and found.read_bytes() == b"onnx bytes"

