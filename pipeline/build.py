@@ -16,11 +16,12 @@ place at the end, so a build that stops on bad input (PackError, exit 2) leaves 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -49,7 +50,7 @@ from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.keys import as_data
 from pipeline.reuse import KILL_AT_ENV, browser_version, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
 from pipeline.shared_cache import begin_traffic, check_shared_store, traffic_line as shared_traffic_line
-from pipeline.stage_table import Ledger, Stage, StageRun, run_stage, stage_keys
+from pipeline.stage_table import Ledger, Stage, StageCache, StageRun, run_stage, stage_keys
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
 from pipeline.source import SourceRequest, fetch_source, is_url, public_uri
 from pipeline.urls import mask_url
@@ -301,9 +302,10 @@ class BuildSettings:
     environment: dict[str, str]  # the PACK_* settings that change results
 
 
-# Recipe keys no stage reads as a result input: where the recipe file lies (its content is what
-# counts), and the how-to line shown when a recipe has no public source.
-RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source_instructions")
+# Recipe keys no stage's key holds: where the recipe file lies (its content is what counts), and
+# how the source is found and checked (the fetch is keyed by the bytes it yields: the same file
+# from a path, a URL or a registry package is the same input).
+RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source", "source_sha256", "source_size", "source_opset", "source_precision", "source_instructions")
 
 
 def _recipe_slice(*names: str) -> Callable[[BuildSettings], dict]:
@@ -329,7 +331,6 @@ def build_settings(recipe: Recipe, options: BuildOptions, lock_entry: dict | Non
 
     recipe_data = as_data(recipe)
     recipe_data["path"] = recipe.path.name if recipe.path else None
-    recipe_data["source"] = mask_url(recipe.source) if recipe.source else recipe.source  # a re-signed URL is the same source
     for name, spec in recipe_data["inputs"].items():  # an input's sample file counts by its bytes
         given = recipe.inputs[name].file
         spec["file"] = file_sha256(given) if given is not None and Path(given).is_file() else spec["file"]
@@ -344,7 +345,6 @@ def build_settings(recipe: Recipe, options: BuildOptions, lock_entry: dict | Non
         "input_shapes": sorted(options.input_shapes),
         "browser": options.browser,
         "gpu": options.gpu,
-        "source_given": mask_url(options.source) if options.source else None,
     }
     return BuildSettings(recipe_data, options_data, lock_entry, runtime, browser_version(chromium_path()) if options.browser else None, pack_settings())
 
@@ -376,6 +376,23 @@ def _stage_repair(build: _Build, ledger: Ledger) -> dict:
     settings = repair_settings(recipe, build.progress)
     model, steps = _repair(model, recipe, settings)
     return {"model": model, "source_sha": source_sha, "pass_settings": settings, "repair_steps": steps}
+
+
+def _keep_repair(made: Mapping[str, Any], folder: Path) -> bool:
+    """The repaired model and what the repairs recorded (a model over protobuf's 2 GB is not kept)."""
+    model = made["model"]
+    if model.ByteSize() > 1_900_000_000:
+        return False
+    (folder / "model.onnx").write_bytes(model_bytes(model))
+    facts = {"source_sha": made["source_sha"], "pass_settings": asdict(made["pass_settings"]), "repair_steps": made["repair_steps"]}
+    (folder / "repair.json").write_text(json.dumps(facts, sort_keys=True))
+    return True
+
+
+def _read_repair(folder: Path) -> dict:
+    facts = json.loads((folder / "repair.json").read_text())
+    model = onnx.load_from_string((folder / "model.onnx").read_bytes())
+    return {"model": model, "source_sha": facts["source_sha"], "pass_settings": PassSettings(**facts["pass_settings"]), "repair_steps": facts["repair_steps"]}
 
 
 def _stage_samples(build: _Build, ledger: Ledger) -> dict:
@@ -501,11 +518,11 @@ def build_table(build: _Build) -> list[Stage]:
         return source_hashes(fetched.path, fetched.sha256)
 
     return [
-        Stage("fetch", bound(_stage_fetch), _slice("name", "source", "source_sha256", "source_size", "source_opset", "source_precision",
-                                                   source_given=lambda s: s.options["source_given"], lock=lambda s: s.lock),
-              reads=("recipe",), makes=("fetched",), code=("pipeline.source",), content=source_files),
+        # keyed by the bytes it fetched alone: how they were found (path, URL, registry) changes nothing below
+        Stage("fetch", bound(_stage_fetch), _slice(), reads=("recipe",), makes=("fetched",), content=source_files),
         Stage("repair", bound(_stage_repair), _slice("repairs_auto", "repairs", "runtime_version", "runtime_path", runtime=lambda s: s.runtime),
-              reads=("fetched",), makes=("model", "source_sha", "pass_settings", "repair_steps"), code=("pipeline.graph", "pipeline.runtime"), libraries=("onnx",)),
+              reads=("fetched",), makes=("model", "source_sha", "pass_settings", "repair_steps"), code=("pipeline.graph", "pipeline.runtime"), libraries=("onnx",),
+              cache=StageCache(_keep_repair, _read_repair)),
         Stage("samples", bound(_stage_samples), _slice("inputs", "seed", inputs_npz=lambda s: s.options["inputs_npz"], input_shapes=lambda s: s.options["input_shapes"]),
               reads=("model",), makes=("feeds",), code=("pipeline.assets.samples", "pipeline.assets.patterns"), libraries=("numpy",)),
         Stage("convert", bound(_stage_convert), _slice("variants", "variants_stated", "fp16_block_ops", "fp16_keep_nodes", "fp16_search", "fp16_search_trials", "fp16_search_seconds", "outputs", lock=lambda s: s.lock, environment=_environment),
@@ -583,14 +600,14 @@ def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
             return reused
     staged = table.index(next(stage for stage in table if stage.name == "models"))
     for stage in table[1:staged]:
-        run_stage(stage, ledger, record, stage_boundary)
+        run_stage(stage, ledger, record, stage_boundary, keys[stage.name])
     destination = options.out_dir / recipe.name
     _make_out_dir(options.out_dir)
     with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
         run.staging = staging
         ledger["timings"] = record.seconds  # the write stage reports every stage's time (its own as far as it got)
         for stage in table[staged:]:
-            run_stage(stage, ledger, record, stage_boundary)
+            run_stage(stage, ledger, record, stage_boundary, keys[stage.name])
         report = ledger["report"]
         if package_key is not None and report["passed"]:
             stage_boundary("store")

@@ -41,7 +41,7 @@ from pipeline.urls import mask_url
 SHARED_ENV = "PACK_CACHE_URL"
 # Cache areas (first folder under the cache root) whose entries are keyed by what decides them or
 # named by their sha256: safe on any machine with the same key.
-SHARED_AREAS = frozenset({"brotli", "builds", "downloads", "external-data-names", "host-runs", "packages", "runtime", "runtime-probes", "webgpu-runs", "work"})
+SHARED_AREAS = frozenset({"brotli", "builds", "downloads", "external-data-names", "host-runs", "packages", "runtime", "runtime-probes", "stages", "webgpu-runs", "work"})
 _FOLDER_SUFFIX = ".listing.json"
 _BLOBS = "blobs"  # the files of folder entries, named by their sha256
 _HEX64 = re.compile(r"[0-9a-f]{64}")

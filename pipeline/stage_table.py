@@ -8,19 +8,33 @@ changes exactly when something upstream of it changes, and the whole table's key
 any stage after the first runs (the first, the fetch, also keys the bytes it fetched). The last
 stage's key names the whole package: a stored package under it is the build (pipeline/reuse.py).
 
-`run_stages` runs the table in order, times each stage, and checks each stage's contract: what it
-reads is in the ledger before it runs, and it makes exactly what it declares.
+`run_stage` runs one stage, timed, and checks its contract: what it reads is in the ledger before
+it runs, and it makes exactly what it declares. A stage with a `StageCache` keeps what it made as a
+folder entry of the cache under its key (`stages/<name>/<key>`, shared like any entry) and, when
+the entry is there, reads it instead of running.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline.cache import cache_dir, folder_commit, note_written, remove_orphans, seal_folder, sealed_folder
 from pipeline.keys import stage_key
 
 Ledger = dict[str, Any]  # artefact name -> value: everything the stages made so far
+
+
+@dataclass(frozen=True)
+class StageCache:
+    """How a stage's artefacts are kept in a folder and read back."""
+
+    save: Callable[[Mapping[str, Any], Path], bool]  # artefacts -> files in the folder; False: not kept
+    load: Callable[[Path], dict]
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,7 @@ class Stage:
     libraries: tuple[str, ...] = ()
     # content the stage keys besides its slice (the fetch keys the bytes it fetched): ledger -> data
     content: Callable[[Ledger], Mapping[str, str]] | None = None
+    cache: StageCache | None = None  # kept under its key, read back instead of running
 
 
 class StageContractBroken(RuntimeError):
@@ -46,6 +61,7 @@ class StageRun:
 
     keys: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    reused: list[str] = field(default_factory=list)  # stages read from the cache under their key
 
 
 def stage_keys(table: list[Stage], settings: Any, ledger: Ledger) -> dict[str, str]:
@@ -62,17 +78,45 @@ def stage_keys(table: list[Stage], settings: Any, ledger: Ledger) -> dict[str, s
     return keys
 
 
-def run_stage(stage: Stage, ledger: Ledger, record: StageRun, boundary: Callable[[str], None] = lambda name: None) -> None:
-    """Run one stage on the ledger, timed, its contract checked."""
+def run_stage(stage: Stage, ledger: Ledger, record: StageRun, boundary: Callable[[str], None] = lambda name: None, key: str | None = None) -> None:
+    """Run one stage on the ledger, timed, its contract checked; a cached stage with its `key` is
+    read from its entry when there is one, and kept there when it ran."""
     missing = [name for name in stage.reads if name not in ledger]
     if missing:
         raise StageContractBroken(f"stage {stage.name} reads {', '.join(missing)}, which no earlier stage made")
     boundary(stage.name)
+    folder = cache_dir("stages", stage.name) / key if stage.cache is not None and key is not None else None
     start = time.perf_counter()
     try:
-        made = dict(stage.run(ledger))
+        if folder is not None and sealed_folder(folder):
+            made = dict(stage.cache.load(folder / "made"))
+            record.reused.append(stage.name)
+        else:
+            made = dict(stage.run(ledger))
+            if folder is not None:
+                _keep(stage, made, folder)
     finally:
         record.seconds[stage.name] = round(time.perf_counter() - start, 3)
     if set(made) != set(stage.makes):
         raise StageContractBroken(f"stage {stage.name} made {sorted(made)}, not what it declares: {sorted(stage.makes)}")
     ledger.update(made)
+
+
+def _keep(stage: Stage, made: Mapping[str, Any], folder: Path) -> None:
+    """The stage's artefacts as a sealed folder entry, renamed into place whole (shared from there)."""
+    remove_orphans(folder.parent, f".{folder.name}.")
+    scratch = folder.with_name(f".{folder.name}.{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        (scratch / "made").mkdir(parents=True)
+        if not stage.cache.save(made, scratch / "made"):
+            return
+        seal_folder(scratch)
+        with folder_commit(folder):
+            if not folder.is_dir():  # else another build kept the same key first
+                os.rename(scratch, folder)
+    except OSError as error:
+        note_written(error, scratch)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

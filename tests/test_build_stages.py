@@ -20,7 +20,7 @@ def _table():
 def _settings(**recipe_changes) -> BuildSettings:
     recipe = {field.name: None for field in dataclasses.fields(Recipe)}
     recipe.update({"name": "m", "variants": ["fp16", "fp32"], "outputs": {}, "inputs": {}}, **recipe_changes)
-    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False, "source_given": None}, None, "1.30.0", "Chromium 150", {})
+    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False}, None, "1.30.0", "Chromium 150", {})
 
 
 def _keys(settings: BuildSettings) -> dict[str, str]:
@@ -43,7 +43,7 @@ def test_every_artefact_a_stage_reads_is_made_by_an_earlier_stage():
 
 
 @pytest.mark.parametrize("key, first_changed", [("repairs", "repair"), ("seed", "samples"), ("variants", "convert"), ("chunk_mib", "models"),
-                                                ("outputs", "convert"), ("license", "files"), ("loader_select", "judge"), ("name", "fetch")])
+                                                ("outputs", "convert"), ("license", "files"), ("loader_select", "judge"), ("name", "write")])
 def test_a_setting_changes_its_stage_and_every_stage_after_it_only(key, first_changed):
     before, after = _keys(_settings()), _keys(_settings(**{key: "changed"}))
     names = list(before)
@@ -75,3 +75,27 @@ def test_a_stage_that_breaks_its_contract_is_named():
     ledger: dict = {}
     run_stage(good, ledger, record)
     assert ledger == {"model": 1} and "good" in record.seconds
+
+
+def test_a_cached_stage_is_kept_under_its_key_and_read_back(tmp_path, monkeypatch):
+    from pipeline.stage_table import StageCache
+
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PACK_CACHE_URL", raising=False)
+    runs = []
+
+    def run(ledger):
+        runs.append(1)
+        return {"value": ledger["x"] * 2}
+
+    def save(made, folder):
+        (folder / "value.txt").write_text(str(made["value"]))
+        return True
+
+    stage = Stage("double", run, lambda settings: None, reads=("x",), makes=("value",), cache=StageCache(save, lambda folder: {"value": int((folder / "value.txt").read_text())}))
+    for key in ("k1", "k1", "k2"):
+        ledger = {"x": 21}
+        record = StageRun()
+        run_stage(stage, ledger, record, key=key)
+        assert ledger["value"] == 42
+    assert len(runs) == 2 and (tmp_path / "cache" / "stages" / "double" / "k1" / ".pack-entry.json").is_file()

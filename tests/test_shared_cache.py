@@ -256,6 +256,7 @@ def test_a_second_machine_builds_the_same_package_from_the_shared_cache(store_ur
 
 
 def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url, tmp_path, monkeypatch):
+    import pipeline.build
     import pipeline.precision.variants
     import pipeline.verify.engines.host
 
@@ -273,6 +274,7 @@ def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url
     recipe.write_text('source.uri = "partly.onnx"\n[outputs.y.fp32]\nmax_abs = 0.5\n')
     monkeypatch.setattr(pipeline.verify.engines.host, "_run_uncached", lambda *a, **k: pytest.fail("a host run was made again"))
     monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", lambda *a, **k: pytest.fail("a conversion was made again"))
+    monkeypatch.setattr(pipeline.build, "_stage_repair", lambda *a, **k: pytest.fail("the repair stage ran again"))
     result = runner.invoke(app, ["build", str(recipe), "--no-browser", "--out", str(tmp_path / "out-b")])
     assert result.exit_code == 0, result.output
     assert "unchanged:" not in result.output and shared.traffic.read >= 3
