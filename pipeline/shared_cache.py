@@ -87,6 +87,9 @@ class SharedStore:
     def exists(self, name: str) -> bool:
         raise NotImplementedError
 
+    def mark_used(self, name: str) -> None:
+        """Note that a build read the object (S3 keeps no such time: objects age from their write)."""
+
     def objects(self) -> Iterator[StoredObject]:
         raise NotImplementedError
 
@@ -119,10 +122,6 @@ class FolderStore(SharedStore):
                 shutil.copyfileobj(source, handle, 1 << 20)
         except FileNotFoundError:
             return None
-        try:
-            os.utime(self.root / name)  # its last use: `pack cache prune` keeps what is read
-        except OSError:
-            pass
         return header[:-1].decode("ascii", "replace") if header.endswith(b"\n") else "missing"
 
     def write(self, name: str, path: Path, sha256: str, replace: bool) -> bool:
@@ -147,6 +146,12 @@ class FolderStore(SharedStore):
 
     def exists(self, name: str) -> bool:
         return (self.root / name).is_file()
+
+    def mark_used(self, name: str) -> None:
+        try:
+            os.utime(self.root / name)  # its last use: `pack cache prune` keeps what builds read
+        except OSError:
+            pass
 
     def objects(self) -> Iterator[StoredObject]:
         for path in sorted(self.root.rglob("*")):
@@ -349,6 +354,7 @@ def fetch_file(name: str, scratch: Path, expected_sha256: str | None) -> str | N
         return None
     traffic.read += 1
     traffic.read_bytes += scratch.stat().st_size
+    store.mark_used(name)
     return actual
 
 

@@ -150,7 +150,12 @@ def test_the_npm_package_fits_the_cdns_caps_and_loads_through_base_url_from_thei
         finally:
             context.close()
         served = [r for r in server.requests if r.path.startswith("/" + base)]
-    assert served and all(r.status == 200 and r.encoding is None for r in served), [(r.path, r.status, r.encoding) for r in served]
+    # a plain host: the loader asks once for a .br body, finds none (npm packages have none), and
+    # asks for the decoded files from then on
+    missed = [r.path for r in served if r.status == 404]
+    with_br = [path for path, entry in manifest["files"].items() if entry.get("encodings", {}).get("br")]
+    assert all(path.endswith(".br") for path in missed) and len(missed) < len(with_br), (missed, with_br)
+    assert all(r.status == 200 and r.encoding is None for r in served if r.status != 404), [(r.path, r.status, r.encoding) for r in served if r.status != 200 or r.encoding]
     assert ran["x"] == ran["y"] == np.prod(SHAPE) and ran["differ"] == 0 and ran["first"][1] == 2 * ran["first"][0], ran
 
 

@@ -318,7 +318,13 @@ export class Files {
       return by ? await this.fetchBrotli(path, entry, br, by, signal) : await this.fetchBody(path, entry, signal);
     } catch (error) {
       if (!(error instanceof PackLoadError && error.status === 404)) throw error;
-      if (by) return this.fetchBody(path, entry, signal);
+      if (by) {
+        const found = await this.fetchBody(path, entry, signal);
+        // the host holds the decoded files and no .br bodies (an npm package on a CDN): ask for
+        // those from now on, not for a .br body per file
+        this.decoder = Promise.resolve(null);
+        return found;
+      }
       const other = this.ownDecoder();
       if (!other) throw error;
       return this.fetchBrotli(path, entry, br, other, signal);
