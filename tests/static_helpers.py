@@ -12,12 +12,18 @@ from typing import Iterator
 
 
 @contextmanager
-def plain_static_server(folder: Path) -> Iterator[str]:
-    """Serve `folder` on 127.0.0.1 (a free port); yields the base URL, ending with '/'."""
+def plain_static_server(folder: Path, fallback: str | None = None) -> Iterator[str]:
+    """Serve `folder` on 127.0.0.1 (a free port); yields the base URL, ending with '/'. With
+    `fallback` (a file of `folder`), a path that is no file is answered with it and 200, as a
+    single-page app's host does (Cloudflare Pages without a 404.html, a Netlify `/* /index.html 200`)."""
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, directory=str(folder), **kwargs)
+
+        def translate_path(self, path):
+            found = super().translate_path(path)
+            return found if fallback is None or Path(found).exists() else str(folder / fallback)
 
         def log_message(self, format, *args):  # noqa: A002 - no access log on stderr
             pass

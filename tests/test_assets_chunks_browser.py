@@ -215,7 +215,8 @@ def test_an_export_with_br_bodies_alone_loads_to_the_same_outputs(browser, serve
 
 def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, pages, tmp_path):
     """The default export (one .br body where there is one) on python's http.server, which serves
-    `.br` files as they are, and on pack serve's server, which decodes them for the browser: the
+    `.br` files as they are (also with a single-page app's fallback to index.html for unknown
+    paths), and on pack serve's server, which decodes them for the browser: the
     same outputs, and the plain host's first visit moves at most 1.15x the brotli host's bytes (the
     loader probes the host once, fetches the .br bodies and decodes them with the package's decoder
     in its Worker: Chromium has no DecompressionStream('brotli')). A raw export has nothing to
@@ -231,6 +232,9 @@ def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, p
     options = {"executionProviders": ["wasm"], "variant": "fp32", "prewarm": False}
     with plain_static_server(root) as plain:
         on_plain = first_visit(browser, plain + TEST_PREFIX[1:] + "blank.html", plain + "app/", options)
+    (root / "index.html").write_text("<!doctype html><title>an app</title><p>every unknown path answers with this page")
+    with plain_static_server(root, fallback="index.html") as app_host:
+        on_app_host = first_visit(browser, app_host + TEST_PREFIX[1:] + "blank.html", app_host + "app/", options)
     with running_server(root / "app", {TEST_PREFIX: pages}) as brotli_host:
         # Chromium 150 drops loadingFinished for some `Cache-Control: no-store` responses (the test
         # server's default): a CDN's caching headers here, none
@@ -239,6 +243,11 @@ def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, p
     assert on_plain["ok"] and on_brotli["ok"], (on_plain, on_brotli)
     assert on_plain["unfinished"] == on_brotli["unfinished"] == [], (on_plain["unfinished"], on_brotli["unfinished"])
     assert on_plain["outputs"] == on_brotli["outputs"]
+    # a single-page app's host answers the missing X with its index.html and 200: read as a plain host
+    assert on_app_host["ok"], on_app_host
+    assert on_app_host["outputs"] == on_brotli["outputs"]
+    assert [e["decodesBrotli"] for e in on_app_host["events"] if e["type"] == "host"] == [False]
+    assert sum(on_app_host["wire"].values()) <= 1.15 * sum(on_brotli["wire"].values())
     hosts = [[(e["decodesBrotli"], e["decoder"]) for e in r["events"] if e["type"] == "host"] for r in (on_plain, on_brotli)]
     assert hosts == [[(False, "brotli-dec-wasm")], [(True, None)]], hosts
     decoded = {e["file"] for e in on_plain["events"] if e["type"] == "download" and e.get("decodedBy") == "brotli-dec-wasm"}

@@ -14,7 +14,6 @@ installed node_modules are cached under PACK_CACHE_DIR) and the GTCRN package fr
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -28,9 +27,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cache import cache_root
 from pipeline.cli import app
 from pipeline.verify.engines.browser.chromium import launch_browser
+from npm_helpers import locked_node_modules, npm
 from publish_helpers import isolate_aws_env, new_bucket, run_json, use_test_credentials
 
 pytestmark = [pytest.mark.browser, pytest.mark.network_registry]
@@ -128,26 +127,9 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 # --- Vite ----------------------------------------------------------------------------------
 
 
-def _npm(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run(["npm", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"npm {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-    return done
-
-
 def _cached_node_modules() -> Path:
-    """vite + typescript as package-lock.json pins them, installed once per lock under PACK_CACHE_DIR."""
-    lock = (VITE / "package-lock.json").read_bytes()
-    folder = cache_root() / "examples" / f"vite-{hashlib.sha256(lock).hexdigest()[:16]}"
-    if not (folder / "node_modules" / ".bin" / "vite").exists():
-        staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(VITE / name, staging / name)
-        _npm("ci", "--no-audit", "--no-fund", cwd=staging)
-        shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
-    return folder / "node_modules"
+    """vite + typescript as package-lock.json pins them."""
+    return locked_node_modules(VITE, "examples/vite-", "vite")
 
 
 def _copy_tree(source: Path, target: Path) -> None:
@@ -169,7 +151,7 @@ def vite_app(published, tmp_path_factory) -> Path:
     shutil.copytree(VITE, root, ignore=shutil.ignore_patterns("node_modules", "dist"))
     _copy_tree(_cached_node_modules(), root / "node_modules")
     (root / "node_modules" / ".package-lock.json").unlink(missing_ok=True)  # npm rewrites it; keep the cache's own
-    _npm("install", "--no-audit", "--no-fund", "--prefer-offline", str(published["package"]), cwd=root)
+    npm("install", "--no-audit", "--no-fund", "--prefer-offline", str(published["package"]), cwd=root)
     return root
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import functools
 import gzip
-import hashlib
 import json
-import os
+import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -32,6 +30,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+import host_servers
 from build_helpers import conv_model, save
 
 IMMUTABLE = "public, max-age=31536000, immutable"
@@ -64,33 +63,6 @@ def site():
     folder.chmod(0o755)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_for(port: int, process: subprocess.Popen, log: Path | None = None) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited {process.returncode}: {process.stdout.read() if process.stdout else ''} {log.read_text() if log and log.exists() else ''}")
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"the server did not listen on {port} in 20 s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _get(url: str) -> tuple[int, dict[str, str], bytes]:
@@ -143,9 +115,6 @@ def test_unknown_host_and_s3_exit_2_naming_the_option_and_write_nothing(package,
     assert unknown.exit_code == 2 and "--host 'geocities'" in unknown.output and "nginx" in unknown.output and "github-pages" in unknown.output
     s3 = export(str(package), str(tmp_path / "b"), "--host", "s3")
     assert s3.exit_code == 2 and len(s3.output.strip().splitlines()) == 1 and "pack publish" in s3.output
-    # a host without Content-Encoding refuses .br bodies asked for explicitly, naming the fix
-    refused = export(str(package), str(tmp_path / "c"), "--host", "netlify", "--bodies", "br")
-    assert refused.exit_code == 2 and "--bodies raw" in refused.output
     bad_path = export(str(package), str(tmp_path / "d"), "--host", "nginx", "--url-path", "/../x/")
     assert bad_path.exit_code == 2 and "--url-path" in bad_path.output
     alone = export(str(package), str(tmp_path / "e"), "--url-path", "/x/")
@@ -153,19 +122,25 @@ def test_unknown_host_and_s3_exit_2_naming_the_option_and_write_nothing(package,
     assert not any(tmp_path.iterdir())
 
 
-def test_the_host_picks_the_bodies_and_each_config_names_every_file(package, tmp_path):
+def test_each_config_names_every_file_as_its_host_serves_it(package, tmp_path):
     written = {}
     for host, config in (("netlify", "_headers"), ("cloudflare-pages", "_headers"), ("vercel", "vercel.json"), ("nginx", "nginx.conf"), ("apache", ".htaccess"), ("serve", "serve.json")):
         result = export(str(package), str(tmp_path / host / NAME), "--host", host, "--json")
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
         assert summary["config"] == config and summary["url_path"] == f"/{NAME}/"
-        # Content-Encoding only where the host can send it
-        assert summary["bodies"] == ("br" if host in ("nginx", "apache", "serve") else "raw"), host
+        assert summary["bodies"] == "br", host  # brotli bytes on every host
         text = (tmp_path / host / NAME / config).read_text()
         manifest = json.loads((tmp_path / host / NAME / "manifest.json").read_text())
-        # Apache's .htaccess names files by their base name (<Files>), the others by URL path
-        assert all((Path(path).name if host == "apache" else f"/{NAME}/{path}") in text for path in manifest["files"]), host
+        stored = [path for path, entry in manifest["files"].items() if entry.get("stored") == "br"]
+        assert stored, host
+        if host in ("nginx", "apache", "serve"):
+            # X answered with X.br and Content-Encoding: br; Apache's .htaccess names files by their base name (<Files>)
+            assert all((Path(path).name if host == "apache" else f"/{NAME}/{path}") in text for path in manifest["files"]), host
+        else:
+            # no Content-Encoding there: the rules name X.br, a file of its own that the loader decodes
+            assert all(f"/{NAME}/{manifest['files'][path]['encodings']['br']['path']}" in text for path in stored), host
+            assert not any(re.search(rf"/{NAME}/{re.escape(path)}(?!\.br)\b", text) for path in stored), host
         written[host] = text
     vercel = json.loads(written["vercel"])
     assert {"key": "Cross-Origin-Embedder-Policy", "value": "require-corp"} in vercel["headers"][0]["headers"]
@@ -194,32 +169,12 @@ def test_cloudflare_pages_refuses_an_export_over_its_100_rules_naming_the_fix():
 # --- real servers ---------------------------------------------------------------------------
 
 
-def _nginx_conf(site: Path, run: Path, port: int, snippet: Path) -> Path:
-    temp = "".join(f"    {kind}_temp_path {run / kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    conf = run / "nginx.conf"
-    conf.write_text(
-        f"daemon off;\nmaster_process off;\npid {run / 'nginx.pid'};\nerror_log {run / 'error.log'};\nevents {{}}\n"
-        f"http {{\n    access_log off;\n    include /etc/nginx/mime.types;\n{temp}"
-        f"    server {{\n        listen 127.0.0.1:{port};\n        root {site};\n        include {snippet};\n    }}\n}}\n"
-    )
-    return conf
-
-
 @pytest.fixture
 def nginx_site(package, site, tmp_path):
-    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-    if nginx is None:
-        pytest.fail("nginx is not installed: scripts/setup.sh installs it (apt-get install nginx-light)")
     result = export(str(package), str(site / NAME), "--host", "nginx")
     assert result.exit_code == 0, result.output
-    port = _free_port()
-    conf = _nginx_conf(site, tmp_path, port, site / NAME / "nginx.conf")
-    process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for(port, process, tmp_path / "error.log")
-        yield f"http://127.0.0.1:{port}/", site
-    finally:
-        _stop(process)
+    with host_servers.nginx(site, site / NAME / "nginx.conf", tmp_path) as base:
+        yield base, site
 
 
 def test_nginx_serves_the_export_from_the_generated_snippet(nginx_site):
@@ -229,58 +184,11 @@ def test_nginx_serves_the_export_from_the_generated_snippet(nginx_site):
     _page_isolated(base + "index.html")
 
 
-def _apache_conf(site: Path, run: Path, port: int) -> Path:
-    modules = Path("/usr/lib/apache2/modules")
-    loaded = "".join(f"LoadModule {name}_module {modules / f'mod_{name}.so'}\n" for name in ("mpm_event", "authz_core", "mime", "headers", "rewrite", "dir"))
-    as_root = os.geteuid() == 0
-    conf = run / "httpd.conf"
-    conf.write_text(
-        f"ServerRoot {run}\n{loaded}"
-        + ("User nobody\nGroup nogroup\n" if as_root else "")
-        + f"Listen 127.0.0.1:{port}\nServerName 127.0.0.1\nPidFile {run / 'httpd.pid'}\nErrorLog {run / 'error.log'}\n"
-        f"DefaultRuntimeDir {run}\nMutex file:{run}\nTypesConfig /etc/mime.types\nDocumentRoot {site}\n"
-        f"<Directory />\n    AllowOverride None\n    Require all denied\n</Directory>\n"
-        f"<Directory {site}>\n    AllowOverride FileInfo\n    Require all granted\n</Directory>\n"
-    )
-    return conf
-
-
 def test_apache_serves_the_export_from_the_generated_htaccess(package, site, tmp_path):
-    apache = shutil.which("apache2") or ("/usr/sbin/apache2" if Path("/usr/sbin/apache2").exists() else None)
-    if apache is None:
-        pytest.fail("apache2 is not installed: scripts/setup.sh installs it (apt-get install apache2)")
     result = export(str(package), str(site / NAME), "--host", "apache")
     assert result.exit_code == 0, result.output
-    port = _free_port()
-    conf = _apache_conf(site, tmp_path, port)
-    process = subprocess.Popen([apache, "-f", str(conf), "-DFOREGROUND"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for(port, process, tmp_path / "error.log")
-        assert _check_package_headers(f"http://127.0.0.1:{port}/{NAME}/", site / NAME) >= 2
-    finally:
-        _stop(process)
-
-
-HOST_TOOLS = Path(__file__).resolve().parent / "hosts"
-
-
-def _host_tools() -> Path:
-    """The node_modules of tests/hosts/package-lock.json, installed once per lock under PACK_CACHE_DIR."""
-    from pipeline.cache import cache_root
-
-    lock = (HOST_TOOLS / "package-lock.json").read_bytes()
-    folder = cache_root() / "host-tools" / hashlib.sha256(lock).hexdigest()[:16]
-    if not (folder / "node_modules" / ".bin" / "serve").exists():
-        staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(HOST_TOOLS / name, staging / name)
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=staging, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
-    return folder / "node_modules"
+    with host_servers.apache(site, tmp_path) as base:
+        assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
 
 
 @pytest.mark.browser
@@ -289,21 +197,12 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
     result = export(str(package), str(site / NAME), "--host", "serve")
     assert result.exit_code == 0, result.output
     (site / "index.html").write_text("<!doctype html><title>app</title>")
-    port = _free_port()
-    env = {**os.environ, "NO_UPDATE_CHECK": "1"}
-    process = subprocess.Popen(
-        [str(_host_tools() / ".bin" / "serve"), "--no-clipboard", "--no-port-switching", "-L", "-l", f"tcp://127.0.0.1:{port}", "-c", str(site / NAME / "serve.json"), str(site)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    try:
-        _wait_for(port, process)
-        assert _check_package_headers(f"http://127.0.0.1:{port}/{NAME}/", site / NAME) >= 2
-        _page_isolated(f"http://127.0.0.1:{port}/index.html")
+    with host_servers.serve(site, site / NAME / "serve.json") as base:
+        assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
+        _page_isolated(f"{base}index.html")
         # in Chromium: isolated by the served headers, wasm threads, the outputs right
         _app_page(site)
-        _assert_threads_and_outputs(_result(f"http://127.0.0.1:{port}/?package={NAME}/", isolated=True))  # serve redirects /index.html to /, dropping the query
-    finally:
-        _stop(process)
+        _assert_threads_and_outputs(_result(f"{base}?package={NAME}/", isolated=True))  # serve redirects /index.html to /, dropping the query
 
 
 @pytest.mark.network_registry
@@ -316,9 +215,13 @@ def test_netlify_and_vercel_read_every_rule_from_the_generated_files(package, tm
     manifest = json.loads((tmp_path / "netlify" / NAME / "manifest.json").read_text())
     expected = {f"/{NAME}/manifest.json": ("application/json", SHORT)}
     for path, entry in manifest["files"].items():
-        expected[f"/{NAME}/{path}"] = (STRICT_TYPES.get(Path(path).suffix, entry["mediaType"]), IMMUTABLE if entry["cache"] == "immutable" else SHORT)
+        cache = IMMUTABLE if entry["cache"] == "immutable" else SHORT
+        if entry.get("stored") == "br":  # served as it is, opaque bytes the loader decodes
+            expected[f"/{NAME}/{entry['encodings']['br']['path']}"] = ("application/octet-stream", cache)
+        else:
+            expected[f"/{NAME}/{path}"] = (STRICT_TYPES.get(Path(path).suffix, entry["mediaType"]), cache)
     request = {"headersFile": str(tmp_path / "netlify" / NAME / "_headers"), "vercelFile": str(tmp_path / "vercel" / NAME / "vercel.json"), "urls": ["/index.html", *expected]}
-    done = subprocess.run(["node", str(HOST_TOOLS / "check_configs.mjs"), str(_host_tools())], input=json.dumps(request), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["node", str(host_servers.HOST_TOOLS / "check_configs.mjs"), str(host_servers.host_tools())], input=json.dumps(request), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     answer = json.loads(done.stdout)
     assert answer["errors"] == []

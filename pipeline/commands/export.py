@@ -18,7 +18,6 @@ class Bodies(str, enum.Enum):
 
 
 def export(
-    ctx: typer.Context,
     package: Annotated[Path, typer.Argument(help="A package folder made by `pack build` (dist/<name>).")],
     destination: Annotated[Path, typer.Argument(help="The folder to write (new, empty, or an earlier export, which is replaced).")],
     variants: Annotated[
@@ -39,7 +38,8 @@ def export(
         typer.Option(
             "--host", envvar="PACK_EXPORT_HOST", show_envvar=True,
             help="Also write the host's configuration (headers, caching, Content-Encoding, COOP/COEP): netlify, cloudflare-pages, "
-            "vercel, nginx, apache, serve, github-pages (S3/R2: pack publish). Picks --bodies for the host unless it is given.",
+            "vercel, nginx, apache, serve, github-pages (S3/R2: pack publish). Where a host cannot send Content-Encoding: br, "
+            "its configuration names the .br bodies as files of their own, which the loader decodes.",
         ),
     ] = None,
     url_path: Annotated[
@@ -54,7 +54,7 @@ def export(
 ) -> None:
     """Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page."""
     from pipeline.publish.export import export_package, parse_variants
-    from pipeline.publish.hosts import COI_SHIM, check_bodies, github_pages_lines, host_named, render, shim_bytes, url_path_of
+    from pipeline.publish.hosts import COI_SHIM, github_pages_lines, host_named, render, shim_bytes, url_path_of
 
     with cli_errors():
         require_package_folder(package, "export")
@@ -62,24 +62,16 @@ def export(
         if target is None and url_path is not None:
             raise PackError(f"--url-path {url_path}: only a host's configuration uses it; add --host NAME")
         served_under = url_path_of(url_path if url_path is not None else destination.resolve().name)
-        chosen = bodies.value
-        if target is not None and ctx.get_parameter_source("bodies").name == "DEFAULT":
-            # .br bodies where the host sends them with Content-Encoding, or where no configuration names
-            # the files (GitHub Pages: the loader decodes them itself); decoded files for the hosts whose
-            # configuration lists each file by its decoded name
-            chosen = "br" if target.content_encoding or target.config is None else "raw"
-
         def extra(manifest) -> dict[str, bytes]:
             files = {}
             if target is not None:
-                check_bodies(target, manifest)
                 if target.config:
                     files[target.config] = render(target, manifest, served_under).encode()
             if coi_shim:
                 files[COI_SHIM] = shim_bytes()
             return files
 
-        exported = export_package(package, destination, parse_variants(variants), bodies=chosen, extra=extra)
+        exported = export_package(package, destination, parse_variants(variants), bodies=bodies.value, extra=extra)
     config = target.config if target is not None else None
     notes = []
     if target is not None and target.config:

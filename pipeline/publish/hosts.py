@@ -3,7 +3,8 @@
 pipeline/media_types.py, the one table every server of pack uses):
 
 - `Content-Encoding: br` for the `.br` bodies the export wrote (a request for X answered with X.br),
-  where the host can send it;
+  where the host can send it; elsewhere the `.br` bodies are files of their own, which the loader
+  fetches and decodes itself (docs/loader.md, "Any static host");
 - `Cache-Control`: immutable for content-hashed files, short for manifest.json and the loader;
 - `Content-Type` by the manifest (.wasm application/wasm, .mjs/.js text/javascript);
 - `Cross-Origin-Opener-Policy`/`Cross-Origin-Embedder-Policy` for the site's pages (wasm threads
@@ -14,11 +15,11 @@ written again with every export) rather than patterns: the hosts' pattern langua
 a file matched by two rules gets both values joined on Netlify and Cloudflare Pages.
 
 What each host allows (`HOSTS`): nginx, Apache and `serve` (npm) map X to X.br with
-`Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel compress on their own edge and
-document no way to serve a pre-compressed body under its decoded name, so they get decoded
-bodies; GitHub Pages sets no headers at all: it gets the `.br` bodies, which the loader fetches
-and decodes itself (docs/loader.md, "Any static host"), and the service-worker shim gives its
-pages cross-origin isolation; S3 and R2 take their headers as object metadata from `pack publish`.
+`Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel document no way to serve a
+pre-compressed body under its decoded name (their edge compresses text types, not the models), so
+their rules name the `.br` files as they are, for the loader to decode; GitHub Pages sets no headers
+at all, and the service-worker shim gives its pages cross-origin isolation; S3 and R2 take their
+headers as object metadata from `pack publish`.
 """
 
 from __future__ import annotations
@@ -68,12 +69,12 @@ CHOICES = (*HOSTS, "s3")
 class Served:
     """One URL of the package and the headers it is served with."""
 
-    url: str  # absolute URL path: /<url_path>/<package path>
+    url: str  # absolute URL path: /<url_path>/<package path> (of X.br where that is a file of its own)
     path: str  # package path (the decoded name)
     body: str  # package path of the stored body: X.br where the export kept the brotli body
     content_type: str
     cache_control: str
-    encoding: str | None  # "br" for a .br body
+    encoding: str | None  # "br": X is answered with the X.br body and Content-Encoding: br
 
 
 def host_named(name: str) -> Host:
@@ -94,33 +95,26 @@ def url_path_of(text: str) -> str:
     return "/" + "".join(f"{part}/" for part in parts)
 
 
-def served_files(manifest: Manifest, url_path: str) -> list[Served]:
-    """Every URL of the exported package (manifest.json first) with its headers."""
+def served_files(manifest: Manifest, url_path: str, content_encoding: bool = True) -> list[Served]:
+    """Every URL of the exported package (manifest.json first) with its headers. A file the export
+    keeps as X.br is answered under X with Content-Encoding: br where the host can send it
+    (`content_encoding`), else X.br is served as it is, opaque bytes the loader decodes."""
     served = [Served(f"{url_path}manifest.json", "manifest.json", "manifest.json", content_type("manifest.json"), SHORT_CACHE, None)]
     for path, entry in manifest["files"].items():
         body = stored_body(path, entry)
-        served.append(Served(
-            f"{url_path}{path}", path, body, content_type(path, entry.get("mediaType")), cache_control(entry["cache"]),
-            "br" if body != path else None,
-        ))
+        if body == path or content_encoding:
+            served.append(Served(
+                f"{url_path}{path}", path, body, content_type(path, entry.get("mediaType")), cache_control(entry["cache"]),
+                "br" if body != path else None,
+            ))
+        else:
+            served.append(Served(f"{url_path}{body}", path, body, content_type(body), cache_control(entry["cache"]), None))
     return served
-
-
-def check_bodies(host: Host, manifest: Manifest) -> None:
-    """A host whose configuration names each file by its decoded name, and cannot send
-    Content-Encoding, gets no .br body in place of a file. Where no configuration is written
-    (GitHub Pages) the `.br` bodies are served as files of their own, and the loader decodes them."""
-    encoded = [item.path for item in served_files(manifest, "/") if item.encoding]
-    if encoded and not host.content_encoding and host.config is not None:
-        raise PackError(
-            f"--host {host.name}: {host.title} cannot serve a .br body under its file's name with Content-Encoding: br "
-            f"({len(encoded)} such bodies, e.g. {encoded[0]}); export with --bodies raw, or leave --bodies out"
-        )
 
 
 def render(host: Host, manifest: Manifest, url_path: str) -> str:
     """The text of `host.config` for this export served under `url_path`."""
-    served = served_files(manifest, url_path)
+    served = served_files(manifest, url_path, host.content_encoding)
     if host.max_rules is not None and len(served) + 2 > host.max_rules:
         raise PackError(
             f"--host {host.name}: {len(served)} files need {len(served) + 2} header rules, over the {host.max_rules} that {host.title} reads; "

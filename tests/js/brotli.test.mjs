@@ -89,7 +89,13 @@ test('probeHost reads the HEAD answer: Content-Encoding or the .br size says the
   assert.equal((await ask(answer(200, { 'Content-Length': '300' }))).decodes, true);
   const plain = await ask(answer(200, { 'Content-Length': '1000' }));
   assert.deepEqual(plain, { decodes: false, how: 'HEAD https://h.test/m: Content-Length 1000, its decoded size' });
-  assert.equal((await ask(answer(404), { ...entry, stored: 'br' })).decodes, false);
+  // an export that keeps only X.br: whatever answers for X is not the file (S3's 403, an app's fallback page)
+  const kept = { ...entry, stored: 'br' };
+  assert.equal((await ask(answer(404), kept)).decodes, false);
+  assert.equal((await ask(answer(403), kept)).decodes, false);
+  assert.deepEqual(await ask(answer(200, { 'Content-Type': 'text/html', 'Content-Length': '512' }), kept), { decodes: false, how: 'HEAD https://h.test/m: text/html of 512 bytes, not the file; only its .br body is published' });
+  assert.equal((await ask(answer(200, { 'Content-Encoding': 'br', 'Content-Length': '300' }), kept)).decodes, true);
+  assert.equal((await ask(answer(200, { 'Content-Length': '300' }), kept)).decodes, true);
   // gzip on the fly is more than the .br body
   assert.deepEqual(await ask(answer(200, { 'Content-Encoding': 'gzip' })), { decodes: false, how: 'HEAD https://h.test/m: Content-Encoding gzip, not its .br body' });
   // cannot say: a 404 where the file should be, no length, a failed request

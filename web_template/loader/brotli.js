@@ -8,7 +8,8 @@
 //
 // Which kind of host: one HEAD request per origin for a file with a `.br` body. Its Content-Length
 // is the size of the body the host would send: the `.br` size (it decodes), the decoded size (it
-// serves files as they are); a 404 where an export keeps only `X.br` says the same. HEAD and not
+// serves files as they are); where an export keeps only `X.br`, any answer for X but its brotli
+// body (a 404, S3's 403, a single-page app's index.html) says the same. HEAD and not
 // Resource Timing on a first download: it decides before any body moves, and Content-Length is
 // readable cross-origin (a CORS-safelisted header) where Resource Timing's sizes read 0 without
 // Timing-Allow-Origin. A host that compresses on the fly (gzip) sends more than the `.br` body: the
@@ -58,13 +59,18 @@ export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fet
     if (signal && signal.aborted) throw error;
     return { decodes: null, how: `HEAD ${url} failed (${messageOf(error)})` };
   }
-  if (response.status === 404 && entry.stored === 'br') return { decodes: false, how: `HEAD ${url}: 404, only its .br body is published` };
-  if (!response.ok) return { decodes: null, how: `HEAD ${url}: HTTP ${response.status}` };
   const encoding = response.headers.get('Content-Encoding');
-  if (encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}` };
+  if (response.ok && encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}` };
+  const length = Number(response.headers.get('Content-Length'));
+  if (entry.stored === 'br' && !(response.ok && length === br.size)) {
+    // X is no file of this export: whatever answers for it (a 404, S3's 403, a single-page app's
+    // index.html with 200) is not the file, so the host serves files as they are
+    const what = response.ok ? `${response.headers.get('Content-Type') || 'a body'} of ${response.headers.get('Content-Length') ?? 'unknown'} bytes, not the file` : `HTTP ${response.status}`;
+    return { decodes: false, how: `HEAD ${url}: ${what}; only its .br body is published` };
+  }
+  if (!response.ok) return { decodes: null, how: `HEAD ${url}: HTTP ${response.status}` };
   // compressed on the fly (gzip, say): not from its .br body, which is smaller; a 404 for X.br goes back to X
   if (encoding && !/^\s*identity\s*$/i.test(encoding)) return { decodes: false, how: `HEAD ${url}: Content-Encoding ${encoding}, not its .br body` };
-  const length = Number(response.headers.get('Content-Length'));
   if (length === br.size) return { decodes: true, how: `HEAD ${url}: Content-Length ${length}, its .br size` };
   if (length === entry.size) return { decodes: false, how: `HEAD ${url}: Content-Length ${length}, its decoded size` };
   return { decodes: null, how: `HEAD ${url}: Content-Length ${response.headers.get('Content-Length') ?? 'absent'}, neither its .br size (${br.size}) nor its own (${entry.size})` };
