@@ -1,10 +1,12 @@
 """Real web servers configured from what `pack export --host` writes, for tests and benchmarks:
 nginx and Apache from Debian and `serve` from npm, each started on a free loopback port as the
-current user (Apache, which refuses to serve as root, drops to `nobody`), stopped on exit; and a
-relay that counts the bytes a server sends, whoever asks (a page or its service worker)."""
+current user (Apache, which refuses to serve as root, drops to `nobody`), stopped on exit; a
+relay that counts the bytes a server sends, whoever asks (a page or its service worker); and the
+app page that loads an exported package as an app would and reports what it got."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -167,3 +169,41 @@ def counting_relay(upstream: str) -> Iterator[tuple[str, ByteCount]]:
     finally:
         stopping.set()
         listener.close()
+
+
+APP_PAGE = Path(__file__).resolve().parent / "data" / "host_page.html"
+
+
+def app_page(site: Path, shim: bool = False) -> None:
+    """The app page as `site`/index.html; `shim`: it loads coi-serviceworker.js first."""
+    text = APP_PAGE.read_text()
+    (site / "index.html").write_text(text.replace("<!-- shim -->", '<script src="coi-serviceworker.js"></script>') if shim else text)
+
+
+def page_result(browser, url: str, isolated: bool, timeout_s: float = 90) -> dict:
+    """window.result of the app page at `url` in a fresh context (empty caches), once it is there:
+    with `isolated`, the result of a cross-origin isolated document (the shim reloads the page
+    once, and the first document's result is not the one). Adds `seconds`: from the navigation to
+    the result, reloads included."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        console: list[str] = []
+        page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+        started = time.monotonic()
+        page.goto(url)
+        result = None
+        while time.monotonic() - started < timeout_s:
+            try:
+                result = page.evaluate("window.result && (window.result.isolated || !%s) ? window.result : null" % json.dumps(isolated))
+            except Exception:  # the context went away with the reload
+                result = None
+            if result:
+                break
+            time.sleep(0.1)
+        seconds = time.monotonic() - started
+    finally:
+        context.close()
+    assert result, f"{url}: no result in {timeout_s:.0f} s; console: {console[-10:]}"
+    assert result["ok"], (result, console[-10:])
+    return {**result, "seconds": round(seconds, 2)}

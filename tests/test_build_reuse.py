@@ -4,6 +4,7 @@ files (manifest and report included), no stage re-run; any input that changes th
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import onnx
@@ -25,8 +26,15 @@ def files_of(package: Path) -> dict[str, bytes]:
     return {p.relative_to(package).as_posix(): p.read_bytes() for p in sorted(package.rglob("*")) if p.is_file()}
 
 
+# Bytes no earlier run built: the suite's cache (and the shared store behind it) outlives a run,
+# and a stored build of an earlier run would answer the "changed" builds below.
+RUN_NONCE = uuid.uuid4().hex
+
+
 def reused_model():
-    return conv_model(channels=5)  # no other test builds these bytes: the stored builds are this file's
+    model = conv_model(channels=5)  # no other test builds these bytes: the stored builds are this file's
+    model.doc_string = f"test_build_reuse run {RUN_NONCE}"
+    return model
 
 
 @pytest.fixture
@@ -84,7 +92,7 @@ def test_any_input_that_changes_the_result_builds_again(model_file, tmp_path, mo
         args.append("--no-reuse")
     result = build(*args)
     assert result.exit_code == 0, result.output
-    assert ran == [1] and "unchanged:" not in result.output
+    assert ran == [1] and "unchanged:" not in result.output, result.output
 
 
 def test_a_failed_build_is_never_reused(model_file, tmp_path):
@@ -94,3 +102,27 @@ def test_a_failed_build_is_never_reused(model_file, tmp_path):
     for out in ("a", "b"):
         result = build(str(recipe), "--no-browser", "--out", str(tmp_path / out))
         assert result.exit_code == 1 and "unchanged:" not in result.output
+
+
+def test_where_caches_live_and_other_commands_settings_key_nothing(model_file, tmp_path, monkeypatch):
+    """A build keyed with the shared cache's URL in it would miss on every machine that spells the
+    URL differently or has none: the settings of the caches, of parallelism and of the commands
+    that only move built packages (publish, export, cache; a CI job may set them for all its
+    steps) leave every key as it is."""
+    from pipeline.cli import load_command
+    from pipeline.reuse import pack_settings
+
+    assert build(str(model_file), "--no-browser", "--out", str(tmp_path / "a")).exit_code == 0
+    declared = {
+        name for command in ("publish", "export", "cache") for param in load_command(command).params
+        for name in ([param.envvar] if isinstance(param.envvar, str) else param.envvar or [])
+    }
+    assert {"PACK_CACHE_URL", "PACK_BUCKET", "PACK_EXPORT_HOST"} <= declared
+    (tmp_path / "store").mkdir()
+    for name in sorted(declared | {"PACK_JOBS", "PACK_TEST_WORKERS"}):
+        monkeypatch.setenv(name, str(tmp_path / "store") if name == "PACK_CACHE_URL" else "1")
+    assert pack_settings() == {}
+    again = build(str(model_file), "--no-browser", "--out", str(tmp_path / "b"))
+    assert again.exit_code == 0, again.output
+    assert "unchanged: the inputs match the stored build" in again.output
+    assert files_of(tmp_path / "a" / "reused-conv") == files_of(tmp_path / "b" / "reused-conv")

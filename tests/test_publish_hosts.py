@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -201,7 +200,7 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
         assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
         _page_isolated(f"{base}index.html")
         # in Chromium: isolated by the served headers, wasm threads, the outputs right
-        _app_page(site)
+        host_servers.app_page(site)
         _assert_threads_and_outputs(_result(f"{base}?package={NAME}/", isolated=True))  # serve redirects /index.html to /, dropping the query
 
 
@@ -234,37 +233,11 @@ def test_netlify_and_vercel_read_every_rule_from_the_generated_files(package, tm
 
 # --- in Chromium ----------------------------------------------------------------------------
 
-PAGE = Path(__file__).resolve().parent / "data" / "host_page.html"
-
-
-def _app_page(site: Path, shim: bool = False) -> None:
-    text = PAGE.read_text()
-    (site / "index.html").write_text(text.replace("<!-- shim -->", '<script src="coi-serviceworker.js"></script>') if shim else text)
-
-
 def _result(url: str, isolated: bool) -> dict:
-    """window.result of the page at `url` once it is there (after the shim's reload, where there is one)."""
     from pipeline.verify.engines.browser.chromium import launch_browser
 
     with launch_browser(webgpu=False) as browser:
-        page = browser.new_context().new_page()
-        console: list[str] = []
-        page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
-        page.goto(url)
-        deadline = time.monotonic() + 90
-        result = None
-        while time.monotonic() < deadline:
-            try:  # the shim reloads the page once: the first document's result is not the one
-                result = page.evaluate("window.result && (window.result.isolated || !%s) ? window.result : null" % json.dumps(isolated))
-            except Exception:  # the context went away with the reload
-                result = None
-            if result:
-                break
-            time.sleep(0.2)
-        page.context.close()
-    assert result, f"{url}: no result in 90 s; console: {console[-10:]}"
-    assert result["ok"], (result, console[-10:])
-    return result
+        return host_servers.page_result(browser, url, isolated)
 
 
 def _assert_threads_and_outputs(result: dict) -> None:
@@ -278,7 +251,7 @@ def _assert_threads_and_outputs(result: dict) -> None:
 @pytest.mark.browser
 def test_chromium_through_nginx_is_isolated_runs_wasm_threads_and_gets_brotli(nginx_site):
     base, site = nginx_site
-    _app_page(site)
+    host_servers.app_page(site)
     result = _result(f"{base}index.html?package={NAME}/", isolated=True)
     _assert_threads_and_outputs(result)
     # the model came as brotli on the wire and was decoded by the browser
@@ -293,7 +266,7 @@ def test_coi_shim_isolates_a_page_on_a_plain_static_server(package, site):
     assert result.exit_code == 0, result.output
     assert "coi-serviceworker.js" in result.output
     shutil.copy(site / NAME / "coi-serviceworker.js", site / "coi-serviceworker.js")  # next to the page, as the command says
-    _app_page(site, shim=True)
+    host_servers.app_page(site, shim=True)
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_PlainHandler, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
