@@ -209,11 +209,10 @@ def test_measure_fp16_corpus_smoke(tmp_path):
     assert not row["verdict"].startswith("refused: converted model is invalid"), row
 
 
-@smoke_test("measure_host_bytes.py")
+@smoke_test("measure_hosts.py")
 @pytest.mark.browser
-def test_measure_host_bytes_smoke(chunked_packages):
-    brotli_host, plain = smoke("measure_host_bytes.py", str(chunked_packages["single"]), "--ep", "wasm")
-    assert (brotli_host["bodies"], plain["bodies"]) == ("br", "br")
-    assert (brotli_host["decodes_brotli"], plain["decodes_brotli"], plain["decoder"]) == (True, False, "brotli-dec-wasm")
-    assert plain["outputs_equal"] and positive(brotli_host["wire_bytes"]) and 1 <= plain["ratio"] <= 1.15, plain
-    assert brotli_host["unfinished"] == plain["unfinished"] == []
+def test_measure_hosts_smoke(chunked_packages):
+    nginx, plain = smoke("measure_hosts.py", str(chunked_packages["single"]))
+    assert (nginx["isolated"], nginx["threads"]) == (True, min(nginx["cores"], 4)) and (plain["isolated"], plain["threads"]) == (False, 1)
+    assert nginx["outputs_right"] and plain["outputs_right"], (nginx["outputs"], plain["outputs"])
+    assert positive(nginx["wire_bytes"]) and 1 <= plain["ratio"] <= 1.15, plain

@@ -133,12 +133,16 @@ def test_each_config_names_every_file_as_its_host_serves_it(package, tmp_path):
         manifest = json.loads((tmp_path / host / NAME / "manifest.json").read_text())
         stored = [path for path, entry in manifest["files"].items() if entry.get("stored") == "br"]
         assert stored, host
-        if host in ("nginx", "apache", "serve"):
+        if host in ("nginx", "apache"):
             # X answered with X.br and Content-Encoding: br; Apache's .htaccess names files by their base name (<Files>)
             assert all((Path(path).name if host == "apache" else f"/{NAME}/{path}") in text for path in manifest["files"]), host
+        elif host == "serve":
+            # a rewrite per .br body; header rules by pattern (the real server answers each file: below)
+            rewrites = json.loads(text)["rewrites"]
+            assert sorted(r["source"] for r in rewrites) == sorted(f"/{NAME}/{path}" for path in stored)
         else:
-            # no Content-Encoding there: the rules name X.br, a file of its own that the loader decodes
-            assert all(f"/{NAME}/{manifest['files'][path]['encodings']['br']['path']}" in text for path in stored), host
+            # no Content-Encoding there: a rule names X.br (a file of its own that the loader decodes),
+            # or its folder; never X (the hosts' own parsers match every URL: below)
             assert not any(re.search(rf"/{NAME}/{re.escape(path)}(?!\.br)\b", text) for path in stored), host
         written[host] = text
     vercel = json.loads(written["vercel"])
@@ -204,10 +208,53 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
         _assert_threads_and_outputs(_result(f"{base}?package={NAME}/", isolated=True))  # serve redirects /index.html to /, dropping the query
 
 
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory) -> Path:
+    """A package of about ninety files: 2 MiB of weights in 64 KiB byte-plane chunks, three variants."""
+    import numpy as np
+    import onnx
+    import onnx.helper
+    import onnx.numpy_helper
+
+    folder = tmp_path_factory.mktemp("many")
+    weights = np.random.default_rng(3).normal(0, 1 / 32, (1024, 512)).astype(np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "many",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 512])],
+        [onnx.numpy_helper.from_array(weights, "w")],
+    )
+    save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), folder / "many.onnx")
+    recipe = folder / "many.toml"
+    recipe.write_text('name = "many"\nvariants = ["fp16", "fp16w", "fp32"]\n[source]\nuri = "many.onnx"\n[assets]\nchunk_mib = 0.0625\n')
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACK_WEBGPU_KERNELS", "off")
+        built = runner.invoke(app, ["build", str(recipe), "--no-browser", "--out", str(folder / "dist")])
+    assert built.exit_code == 0, built.output
+    return folder / "dist" / "many"
+
+
 @pytest.mark.network_registry
-def test_netlify_and_vercel_read_every_rule_from_the_generated_files(package, tmp_path):
+def test_serve_takes_the_config_of_a_package_of_many_files(many_files, site):
+    """serve reads at most 50 header rules: its configuration stays under that however many files a
+    package has (the rules go by pattern, the rewrites by file), and every file is answered right."""
+    result = export(str(many_files), str(site / "many"), "--host", "serve")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((site / "many" / "manifest.json").read_text())
+    assert len(manifest["files"]) > 80
+    assert len(json.loads((site / "many" / "serve.json").read_text())["headers"]) <= 50
+    with host_servers.serve(site, site / "many" / "serve.json") as base:
+        assert _check_package_headers(f"{base}many/", site / "many") > 50
+
+
+@pytest.mark.network_registry
+@pytest.mark.parametrize("built", ["package", "many_files"])
+def test_netlify_and_vercel_read_every_rule_from_the_generated_files(built, request, tmp_path):
     """Netlify's own _headers parser and Vercel's own route compiler: each URL gets each header from
-    exactly one rule (two would be joined into one value), with the values a bucket would send."""
+    exactly one rule (two would be joined into one value), with the values a bucket would send;
+    also where a folder of files that take the same headers has one rule for all."""
+    package = request.getfixturevalue(built)
+    NAME = package.name  # noqa: N806 - this test's package
     for host in ("netlify", "vercel"):
         result = export(str(package), str(tmp_path / host / NAME), "--host", host)
         assert result.exit_code == 0, result.output

@@ -10,9 +10,10 @@ pipeline/media_types.py, the one table every server of pack uses):
 - `Cross-Origin-Opener-Policy`/`Cross-Origin-Embedder-Policy` for the site's pages (wasm threads
   need a cross-origin isolated page) and `Cross-Origin-Resource-Policy` on the package's files.
 
-Rules name each file of the export (its names carry content hashes, so the configuration is
-written again with every export) rather than patterns: the hosts' pattern languages differ, and
-a file matched by two rules gets both values joined on Netlify and Cloudflare Pages.
+Rules name the files of the export (their names carry content hashes, so the configuration is
+written again with every export): one rule per file, or per sub-folder whose files take the same
+headers where rules may not overlap (a file matched by two rules gets both values joined on Netlify
+and Cloudflare Pages); serve's few rules go by pattern, a later one overriding an earlier one.
 
 What each host allows (`HOSTS`): nginx, Apache and `serve` (npm) map X to X.br with
 `Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel document no way to serve a
@@ -27,7 +28,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from pipeline.errors import PackError
 from pipeline.http_headers import PAGE_ISOLATION, RESOURCE_POLICY, SHORT_CACHE, cache_control
@@ -115,29 +117,71 @@ def served_files(manifest: Manifest, url_path: str, content_encoding: bool = Tru
 def render(host: Host, manifest: Manifest, url_path: str) -> str:
     """The text of `host.config` for this export served under `url_path`."""
     served = served_files(manifest, url_path, host.content_encoding)
-    if host.max_rules is not None and len(served) + 2 > host.max_rules:
-        raise PackError(
-            f"--host {host.name}: {len(served)} files need {len(served) + 2} header rules, over the {host.max_rules} that {host.title} reads; "
-            f"export fewer variants (--variants) or use another host"
-        )
     head = (
         f"pack export --host {host.name}: headers for the package {manifest['name']} served under {url_path}; "
         f"written again by every export (the names carry content hashes). Goes in {host.place}."
     )
-    return RENDERERS[host.form](head, served, url_path)
+    text, rules = RENDERERS[host.form](head, served, url_path)
+    if host.max_rules is not None and rules > host.max_rules:
+        raise PackError(
+            f"--host {host.name}: {len(served)} files need {rules} header rules, over the {host.max_rules} that {host.title} reads; "
+            f"export fewer variants (--variants) or use another host"
+        )
+    return text
 
 
-def _headers_file(head: str, served: list[Served], url_path: str) -> str:
-    """Netlify and Cloudflare Pages `_headers`: a URL line, then indented `Name: value` lines."""
+@dataclass(frozen=True)
+class Rule:
+    """Headers for the URL of `item`, or (`folder`) for every URL under url_path + folder + '/'."""
+
+    item: Served  # the file, or one of the folder's (they all take the same headers)
+    folder: str | None = None
+
+
+def _folded(served: list[Served], url_path: str, kind: Callable[[Served], object]) -> list[Rule]:
+    """One rule per file, except that a sub-folder of the package whose files all are of one
+    `kind` (take the same headers) gets one rule for all of them: the runtime's or the loader's
+    modules. For hosts on which two rules that match one URL join their values, so rules may not
+    overlap (Netlify, Cloudflare Pages), and the fewer the better (Cloudflare Pages reads 100)."""
+    def folders(item: Served) -> list[str]:
+        parts = item.url[len(url_path):].split("/")[:-1]
+        return ["/".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+
+    kinds: dict[str, set] = {}
+    for item in served:
+        for folder in folders(item):
+            kinds.setdefault(folder, set()).add(kind(item))
+    # Netlify's `/a/loader/*` also matches /a/loader.d.ts (the slash before `*` is optional there):
+    # a folder whose name begins another URL is not folded
+    clash = {folder for folder in kinds for item in served if item.url.startswith(url_path + folder) and not item.url.startswith(f"{url_path}{folder}/")}
+    rules, seen = [], set()
+    for item in served:
+        folder = next((folder for folder in folders(item) if len(kinds[folder]) == 1 and folder not in clash), None)
+        if folder is None:
+            rules.append(Rule(item))
+        elif folder not in seen:
+            seen.add(folder)
+            rules.append(Rule(item, folder))
+    return rules
+
+
+def _type_and_cache(item: Served) -> tuple[str, str]:
+    return item.content_type, item.cache_control
+
+
+def _headers_file(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+    """Netlify and Cloudflare Pages `_headers`: a URL line (a trailing `*` matches the rest), then
+    indented `Name: value` lines."""
     lines = [f"# {head}", "# Every page of the site: cross-origin isolated, for wasm threads.", "/*"]
     lines += [f"  {name}: {value}" for name, value in PAGE_ISOLATION.items()]
     lines += ["", f"{url_path}*"] + [f"  {name}: {value}" for name, value in RESOURCE_POLICY.items()]
-    for item in served:
-        lines += ["", item.url, f"  Content-Type: {item.content_type}", f"  Cache-Control: {item.cache_control}"]
-    return "\n".join(lines) + "\n"
+    rules = _folded(served, url_path, _type_and_cache)
+    for rule in rules:
+        lines += ["", f"{url_path}{rule.folder}/*" if rule.folder else rule.item.url, f"  Content-Type: {rule.item.content_type}", f"  Cache-Control: {rule.item.cache_control}"]
+    return "\n".join(lines) + "\n", len(rules) + 2
 
 
-def _vercel(head: str, served: list[Served], url_path: str) -> str:
+def _vercel(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
     def pairs(headers: dict[str, str]) -> list[dict[str, str]]:
         return [{"key": name, "value": value} for name, value in headers.items()]
 
@@ -145,37 +189,59 @@ def _vercel(head: str, served: list[Served], url_path: str) -> str:
         {"source": "/(.*)", "headers": pairs(PAGE_ISOLATION)},
         {"source": f"{url_path}(.*)", "headers": pairs(RESOURCE_POLICY)},
     ]
-    rules += [{"source": item.url, "headers": pairs({"Content-Type": item.content_type, "Cache-Control": item.cache_control})} for item in served]
+    rules += [
+        {"source": f"{url_path}{rule.folder}/(.*)" if rule.folder else rule.item.url, "headers": pairs({"Content-Type": rule.item.content_type, "Cache-Control": rule.item.cache_control})}
+        for rule in _folded(served, url_path, _type_and_cache)
+    ]
     del head  # Vercel refuses keys it does not know: JSON has no place for the note
-    return json.dumps({"headers": rules}, indent=2) + "\n"
+    return json.dumps({"headers": rules}, indent=2) + "\n", len(rules)
 
 
-def _serve(head: str, served: list[Served], url_path: str) -> str:
-    """serve's serve.json (serve-handler): rewrites X to X.br where X.br is the body; header rules
-    match the file served (after the rewrite) by glob."""
-    def pairs(headers: dict[str, str | None]) -> list[dict[str, str]]:
-        return [{"key": name, "value": value} for name, value in headers.items() if value]
+# serve reads a rule's source up to this length
+_SERVE_MAX_SOURCE = 100
 
-    rules = [{"source": "**", "headers": pairs(PAGE_ISOLATION)}]
+
+def _serve(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+    """serve's serve.json (serve-handler): rewrites X to X.br where X.br is the body (one per
+    file; serve reads any number). Header rules match the file served (after the rewrite) by glob,
+    and of several that match, the later one sets a header: so they go from general to particular
+    and stay few however many files a package has (serve reads 50): the pages' isolation, the
+    package's own headers (immutable caching, CORP), Content-Type per suffix of the served names,
+    Content-Encoding for the .br bodies, then the files cached briefly (a folder whose files all
+    are, once)."""
+    def rule(source: str, headers: dict[str, str]) -> dict:
+        if len(source) > _SERVE_MAX_SOURCE:
+            raise PackError(f"--host serve: the rule for {source} is {len(source)} characters, over the {_SERVE_MAX_SOURCE} serve reads; export under a shorter --url-path")
+        return {"source": source, "headers": [{"key": name, "value": value} for name, value in headers.items()]}
+
+    rules = [rule("**", PAGE_ISOLATION), rule(f"{url_path}**", {"Cache-Control": cache_control("immutable"), **RESOURCE_POLICY})]
+    by_suffix: dict[str, list[Served]] = {}
     for item in served:
-        body_url = url_path + item.body
-        rules.append({"source": body_url, "headers": pairs({
-            "Content-Type": item.content_type, "Content-Encoding": item.encoding, "Cache-Control": item.cache_control,
-            **RESOURCE_POLICY, **PAGE_ISOLATION, "Vary": "Accept-Encoding" if item.encoding else None,
-        })})
+        suffix = PurePosixPath(item.path).suffix + (".br" if item.encoding else "")
+        by_suffix.setdefault(suffix if PurePosixPath(item.path).suffix else "", []).append(item)
+    for suffix, items in sorted(by_suffix.items()):
+        if suffix and len({item.content_type for item in items}) == 1:
+            rules.append(rule(f"{url_path}**/*{suffix}", {"Content-Type": items[0].content_type}))
+        else:
+            rules += [rule(url_path + item.body, {"Content-Type": item.content_type}) for item in items]
+    if any(item.encoding for item in served):
+        rules.append(rule(f"{url_path}**/*.br", {"Content-Encoding": "br", "Vary": "Accept-Encoding"}))
+    for short in _folded(served, url_path, lambda item: item.cache_control):
+        if short.item.cache_control != cache_control("immutable"):
+            rules.append(rule(f"{url_path}{short.folder}/**" if short.folder else url_path + short.item.body, {"Cache-Control": short.item.cache_control}))
     config = {
         "rewrites": [{"source": item.url, "destination": url_path + item.body} for item in served if item.encoding],
         "headers": rules,
     }
     del head  # serve refuses keys it does not know: JSON has no place for the note
-    return json.dumps(config, indent=2) + "\n"
+    return json.dumps(config, indent=2) + "\n", len(rules)
 
 
 def _nginx_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _nginx(head: str, served: list[Served], url_path: str) -> str:
+def _nginx(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
     """A server-context snippet. add_header in a location replaces every add_header it would
     inherit, so each location repeats the isolation headers."""
     isolation = [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
@@ -189,10 +255,10 @@ def _nginx(head: str, served: list[Served], url_path: str) -> str:
         headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": item.encoding, "Vary": "Accept-Encoding"} if item.encoding else {}), **RESOURCE_POLICY}
         lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in headers.items()]
         lines += [f"    {line}" for line in isolation] + ["}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", len(served)
 
 
-def _apache(head: str, served: list[Served], url_path: str) -> str:
+def _apache(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
     """An .htaccess for the package's own folder: names are relative to it."""
     lines = [
         f"# {head}",
@@ -213,7 +279,7 @@ def _apache(head: str, served: list[Served], url_path: str) -> str:
         if item.encoding:
             lines += [f"    AddEncoding {item.encoding} .br", "    Header always merge Vary Accept-Encoding"]
         lines += [f"    Header always set Cache-Control {_apache_quote(item.cache_control)}", "</Files>"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", len(served)
 
 
 def _apache_quote(value: str) -> str:

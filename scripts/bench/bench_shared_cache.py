@@ -264,6 +264,8 @@ def main() -> None:
     for row in rows:
         second = row["second"]
         print(f"{Path(row['target']).name}: second machine {'linked the stored package (unchanged)' if second['unchanged'] else 'ran the stages'}; {second['shared'] or 'read nothing from the shared store'}")
+        if row["cold"]["exit_code"] or second["exit_code"]:
+            print(f"  exit codes: cold {row['cold']['exit_code']}, second {second['exit_code']} (a build that failed a check is never stored)")
         print("  second machine's local cache (MB): " + ", ".join(f"{name} {mb:.1f}" for name, mb in second["local_areas"].items()))
         print("  store: " + ", ".join(f"{name} {area['bytes'] / 1e6:.1f} MB ({area['objects']})" for name, area in row["store_areas"].items()))
         if row["partial"]:

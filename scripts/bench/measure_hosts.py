@@ -16,6 +16,7 @@ Each host serves `pack export PACKAGE` as its documentation says, with the app p
 - the plain static server with a `--bodies raw` export: what such a host moved before.
 
     .venv/bin/python scripts/bench/measure_hosts.py dist/gtcrn [--json]
+    .venv/bin/python scripts/bench/measure_hosts.py dist/small --smoke --json   # nginx and the plain server only
 
 Needs a package built by `pack build`, Chromium, nginx and apache2 (scripts/setup.sh), and npm for
 `serve`. WebGPU is off (the wasm EP, whose threads the hosts decide). Not a test: it prints figures.
@@ -67,9 +68,11 @@ def hosts() -> list[dict]:
     ]
 
 
-def measure(package: Path, browser) -> list[dict]:
+def measure(package: Path, browser, smoke: bool) -> list[dict]:
     rows = []
     for host in hosts():
+        if smoke and host["options"] not in (["--host", "nginx"], ["--host", "github-pages"]):
+            continue
         site, run = Path(tempfile.mkdtemp(prefix="pack-hosts-site-")), Path(tempfile.mkdtemp(prefix="pack-hosts-run-"))
         try:
             site.chmod(0o755)  # Apache's children run as nobody when this runs as root
@@ -87,7 +90,7 @@ def measure(package: Path, browser) -> list[dict]:
                 time.sleep(0.3)  # the last bytes through the relay
                 sent = count.sent
             rows.append({
-                "host": host["host"], "export_bytes": exported, "wire_bytes": sent, "isolated": result["isolated"], "threads": result["threads"],
+                "host": host["host"], "export_bytes": exported, "wire_bytes": sent, "isolated": result["isolated"], "threads": result["threads"], "cores": result["cores"],
                 "first_result_s": result["seconds"], "page_first_result_s": round(result["firstResultMs"] / 1000, 2),
                 "ep": result["ep"], "variant": result["variant"], "outputs_right": result["passed"], "outputs": result["text"],
             })
@@ -103,12 +106,13 @@ def measure(package: Path, browser) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package", type=Path, help="a package folder made by pack build (dist/<name>)")
+    parser.add_argument("--smoke", action="store_true", help="nginx and the plain static server only")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not (args.package / "manifest.json").is_file():
         fail(f"{args.package}: no manifest.json; give a package folder made by pack build (dist/<name>)")
     with launch_browser(webgpu=False) as browser:
-        rows = measure(args.package.resolve(), browser)
+        rows = measure(args.package.resolve(), browser, args.smoke)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
