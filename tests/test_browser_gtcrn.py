@@ -114,11 +114,11 @@ def test_the_br_export_is_lean_and_lists_only_what_it_holds(built, tmp_path) -> 
 
 
 def test_no_listed_file_exceeds_jsdelivrs_cap(built) -> None:
-    """[assets] max_file_mib 20 by default: onnxruntime-web 1.30's webgpu .wasm (25.5 MiB) ships in
+    """[assets] max_file_mib 19 by default (under jsDelivr's 20 MB): onnxruntime-web 1.30's webgpu .wasm (25.5 MiB) ships in
     parts (manifest `split`) that the browser checks above loaded through the package's loader."""
     package, _ = built
     manifest = json.loads((package / "manifest.json").read_text())
-    assert max(entry["size"] for entry in manifest["files"].values()) <= 20 * 2**20
+    assert max(entry["size"] for entry in manifest["files"].values()) <= 20_000_000  # jsDelivr's 20 MB read as 10^6 bytes
     wasm = manifest["runtime"]["bundles"]["webgpu"]["wasm"]
     split = manifest["split"][wasm]
     assert split["size"] > 20 * 2**20 and len(split["parts"]) == 2 and not (package / wasm).exists()

@@ -124,7 +124,7 @@ def test_nodes_kept_in_fp32_are_listed_with_their_cost(name, built):
 
 @needs_kernels
 def test_no_real_size_package_lists_a_file_over_the_host_cap(built):
-    """[assets] max_file_mib (default 20: jsDelivr's cap) on the same builds: no listed file is
+    """[assets] max_file_mib (default 19: under jsDelivr's 20 MB) on the same builds: no listed file is
     larger, and HTDemucs' sample at its real size (its 7.8 s inputs and both outputs, ~68 MB) and
     the webgpu runtime's .wasm ship in parts, listed instead of the whole."""
     cap = max_file_bytes(load_recipe_file(RECIPES_DIR / "htdemucs.toml"))

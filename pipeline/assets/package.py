@@ -28,7 +28,7 @@ from pipeline.graph.model_io import model_bytes
 from pipeline.precision.fp16w import widened_model_file
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
-from pipeline.recipe import Recipe
+from pipeline.recipe import DEFAULT_MAX_FILE_MIB, Recipe
 from pipeline.runtime import recipe_runtime
 from pipeline.sample_file import sample_bytes
 
@@ -137,7 +137,7 @@ class PackageContents:
     runtime: RuntimeFiles | None = None
     plain: tuple[PackageFile, ...] = ()  # loader files and demo page (no hash in their names)
     ep_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    max_file_mib: float = 20.0  # [assets] max_file_mib: no listed file is larger
+    max_file_mib: float = DEFAULT_MAX_FILE_MIB  # [assets] max_file_mib: no listed file is larger
 
     @property
     def files(self) -> dict[str, PackageFile]:
