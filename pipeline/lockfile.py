@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cache import file_mode
 from pipeline.errors import PackError
 from pipeline.recipe import RECIPES_DIR, Recipe
 
@@ -71,6 +73,8 @@ class LockFile:
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as file:
                 file.write(text)
+            # mkstemp's 0600 would hide a lock file a team commits from everyone but its writer
+            os.chmod(tmp, stat.S_IMODE(self.path.stat().st_mode) if self.path.exists() else file_mode())
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -6,6 +6,7 @@ concurrent builds share. Tiny generated models, --no-browser."""
 from __future__ import annotations
 
 import json
+import stat
 import os
 import signal
 import subprocess
@@ -184,3 +185,10 @@ def test_builds_writing_one_lock_file_at_once_lose_no_entry(tmp_path):
     assert [writer.wait(timeout=60) for writer in writers] == [0, 0, 0]
     data = json.loads(lock.read_text())
     assert len(data) == 1 + 3 * 40 and data["c-39"] == {"source": {"sha256": "39"}}
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o666 & ~umask()  # the umask's, as a committed file expects
+
+
+def umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
