@@ -32,7 +32,7 @@ from pipeline.assets.package import ModelFiles, PackageContents, io_entries, pla
 from pipeline.assets.samples import make_feeds
 from pipeline.assets.delivery import delivery_sizes
 from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish, temporary_folder
-from pipeline.errors import PackError
+from pipeline.errors import PackError, recorded_warnings, say_again
 from pipeline.graph import repairs
 from pipeline.graph.model_io import load_model, model_bytes
 from pipeline.graph.passes.base import PassSettings
@@ -48,7 +48,7 @@ from pipeline.report.render import write_report
 from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, parse_input_option, recipe_from_model
 from pipeline.lockfile import fp16_lock_for, lock_for
 from pipeline.keys import as_data
-from pipeline.reuse import KILL_AT_ENV, browser_version, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_package
+from pipeline.reuse import KILL_AT_ENV, browser_version, link_tree, pack_settings, reuse_enabled, source_hashes, store_package, stored_outcome, stored_package
 from pipeline.shared_cache import begin_traffic, check_shared_store, traffic_line as shared_traffic_line
 from pipeline.stage_table import Ledger, Stage, StageCache, StageRun, run_stage, stage_keys
 from pipeline.runtime import local_runtime, max_ir_version, recipe_runtime
@@ -517,6 +517,10 @@ def build_table(build: _Build) -> list[Stage]:
         fetched = ledger["fetched"]
         return source_hashes(fetched.path, fetched.sha256)
 
+    def source_record(ledger: Ledger) -> dict[str, str]:
+        fetched = ledger["fetched"]
+        return {"uri": public_uri(ledger["recipe"].source), "file": fetched.path.name, "checked": fetched.checked_against}
+
     return [
         # keyed by the bytes it fetched alone: how they were found (path, URL, registry) changes nothing below
         Stage("fetch", bound(_stage_fetch), _slice(), reads=("recipe",), makes=("fetched",), content=source_files),
@@ -539,8 +543,10 @@ def build_table(build: _Build) -> list[Stage]:
               reads=("contents", "thresholds", "reference"), makes=("browser", "contents"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
         Stage("judge", bound(_stage_judge), _slice("verify_require", "loader_select", "license"),
               reads=("contents", "made", "browser", "kernels", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"), code=("pipeline.manifest", "pipeline.verify.judgement.checks", "pipeline.web.select")),
+        # the report records how the source was found and checked: keyed by that record (the fetch's
+        # key, the bytes alone, does not hold it), so a reused package never names another source
         Stage("write", bound(_stage_write), _slice("name", environment=_environment),
-              reads=("manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "fetched", "source_sha"), makes=("report",),
+              reads=("manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "fetched", "source_sha"), makes=("report",), content=source_record,
               code=("pipeline.report", "pipeline.manifest", "pipeline.build", "pipeline.stage_table"), libraries=("jinja2", "numpy")),
     ]
 
@@ -560,6 +566,12 @@ def _reuse_stored(key: str, options: BuildOptions, recipe: Recipe) -> BuildResul
         link_tree(stored, staging)
         report = read_record(staging)
         _finish(staging, destination)
+    # what building would have done besides the package: say its warnings, write its lock entry
+    outcome = stored_outcome(key)
+    say_again([line for line in outcome.get("warnings", []) if isinstance(line, str)])
+    kept = fp16_lock_for(recipe, options.lock)
+    if isinstance(outcome.get("fp16_lock"), dict) and kept.path is not None and kept.get(recipe.name, "fp16") != outcome["fp16_lock"]:
+        kept.put(recipe.name, "fp16", outcome["fp16_lock"])
     return BuildResult(destination, report, reused=key, lock=lock_path(recipe, options.lock))
 
 
@@ -599,19 +611,20 @@ def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
             progress.note(f"nothing changed since the stored build {package_key[:12]}: its package is linked into place")
             return reused
     staged = table.index(next(stage for stage in table if stage.name == "models"))
-    for stage in table[1:staged]:
-        run_stage(stage, ledger, record, stage_boundary, keys[stage.name])
-    destination = options.out_dir / recipe.name
-    _make_out_dir(options.out_dir)
-    with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
-        run.staging = staging
-        ledger["timings"] = record.seconds  # the write stage reports every stage's time (its own as far as it got)
-        for stage in table[staged:]:
+    with recorded_warnings() as said:
+        for stage in table[1:staged]:
             run_stage(stage, ledger, record, stage_boundary, keys[stage.name])
-        report = ledger["report"]
-        if package_key is not None and report["passed"]:
-            stage_boundary("store")
-            store_package(package_key, staging)
-        stage_boundary("finish")
-        _finish(staging, destination)
+        destination = options.out_dir / recipe.name
+        _make_out_dir(options.out_dir)
+        with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
+            run.staging = staging
+            ledger["timings"] = record.seconds  # the write stage reports every stage's time (its own as far as it got)
+            for stage in table[staged:]:
+                run_stage(stage, ledger, record, stage_boundary, keys[stage.name])
+            report = ledger["report"]
+            if package_key is not None and report["passed"]:
+                stage_boundary("store")
+                store_package(package_key, staging, {"warnings": said, "fp16_lock": fp16_lock_for(recipe, options.lock).get(recipe.name, "fp16")})
+            stage_boundary("finish")
+            _finish(staging, destination)
     return BuildResult(destination, report, lock=lock_path(recipe, options.lock))

@@ -502,7 +502,7 @@ def _folder_fault(folder: Path) -> str | None:
 
 
 def _discard(path: Path, fault: str) -> None:
-    warn(f"cache entry {path}: {fault}; removed, it is made again")
+    warn(f"cache entry {path}: {fault}; removed, it is made again", local=True)
 
 
 # Last use, for `pack cache prune`. File atimes are unreliable (noatime, relatime), and touching an

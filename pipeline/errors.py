@@ -14,7 +14,9 @@ import re
 import shutil
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from pipeline.urls import mask_urls
 
@@ -126,6 +128,33 @@ def raise_terminated(signum: int, frame) -> None:  # noqa: ARG001 - signal handl
     raise Terminated()
 
 
-def warn(message: str) -> None:
-    """One line on stderr for something pack did on the user's behalf (stdout stays clean for --json)."""
-    print(f"warning: {mask_urls(message)}", file=sys.stderr, flush=True)
+# The warnings about a build's inputs, noted while a build runs (recorded_warnings): a stored
+# package that a later build reuses says them again, as building it would.
+_recorded: list[list[str]] = []
+
+
+def warn(message: str, local: bool = False) -> None:
+    """One line on stderr for something pack did on the user's behalf (stdout stays clean for --json).
+    `local`: about this machine (its caches), not the build's inputs: not said again on reuse."""
+    line = f"warning: {mask_urls(message)}"
+    print(line, file=sys.stderr, flush=True)
+    if not local:
+        for lines in _recorded:
+            lines.append(line)
+
+
+@contextmanager
+def recorded_warnings() -> Iterator[list[str]]:
+    """The warning lines (not `local` ones) said inside the block."""
+    lines: list[str] = []
+    _recorded.append(lines)
+    try:
+        yield lines
+    finally:
+        _recorded.remove(lines)
+
+
+def say_again(lines: list[str]) -> None:
+    """Warning lines a reused build recorded, said as building would have said them."""
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)

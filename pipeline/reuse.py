@@ -106,9 +106,21 @@ def stored_package(key: str) -> Path | None:
     return folder / "package" if sealed_folder(folder) else None
 
 
-def store_package(key: str, package_dir: Path) -> None:
+def stored_outcome(key: str) -> dict:
+    """What the stored build with this key did besides its package (store_package's `outcome`)."""
+    path = cache_dir("builds") / key / "outcome.json"
+    try:
+        outcome = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return outcome if isinstance(outcome, dict) else {}
+
+
+def store_package(key: str, package_dir: Path, outcome: dict | None = None) -> None:
     """Keep a passed package under its key (hard links where the file system allows: no copy),
-    sealed with its files' hashes, and renamed into place whole."""
+    sealed with its files' hashes, and renamed into place whole; `outcome` beside it: what the build
+    did besides the package (its warnings about the inputs, the lock entry it wrote), which a build
+    that reuses the package does again."""
     folder = cache_dir("builds") / key
     if sealed_folder(folder):
         return
@@ -117,6 +129,7 @@ def store_package(key: str, package_dir: Path) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
     try:
         link_tree(package_dir, scratch / "package")
+        (scratch / "outcome.json").write_text(json.dumps(outcome or {}, sort_keys=True) + "\n", encoding="utf-8")
         seal_folder(scratch)
         with folder_commit(folder):
             shutil.rmtree(folder, ignore_errors=True)

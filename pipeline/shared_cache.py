@@ -318,7 +318,7 @@ def _drop(store: SharedStore, error: BaseException) -> None:
     _dropped.add(store.url)
     from pipeline.s3 import describe_error
 
-    warn(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; going on with the local cache only")
+    warn(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; going on with the local cache only", local=True)
 
 
 def object_name(root: Path, path: Path, folder: bool = False) -> str | None:
@@ -363,7 +363,7 @@ def discard_object(name: str, fault: str) -> None:
     store = shared_store()
     _bad.add(name)
     traffic.discarded.append(name)
-    warn(f"shared cache {store.describe() if store else ''}: {name}: {fault}; discarded, it is made again here and replaced")
+    warn(f"shared cache {store.describe() if store else ''}: {name}: {fault}; discarded, it is made again here and replaced", local=True)
 
 
 def put_file(name: str, path: Path, sha256: str) -> None:

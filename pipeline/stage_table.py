@@ -46,7 +46,8 @@ class Stage:
     makes: tuple[str, ...] = ()
     code: tuple[str, ...] = ()  # pipeline modules/packages that compute it (keys.code_hash)
     libraries: tuple[str, ...] = ()
-    # content the stage keys besides its slice (the fetch keys the bytes it fetched): ledger -> data
+    # content the stage keys besides its slice (the fetch: the bytes it fetched; the write: how they
+    # were found): ledger -> data
     content: Callable[[Ledger], Mapping[str, str]] | None = None
     cache: StageCache | None = None  # kept under its key, read back instead of running
 
@@ -65,8 +66,8 @@ class StageRun:
 
 
 def stage_keys(table: list[Stage], settings: Any, ledger: Ledger) -> dict[str, str]:
-    """Every stage's key, in order, chained through the artefacts each reads (a stage with `content`
-    is keyed once it has run: call this after it)."""
+    """Every stage's key, in order, chained through the artefacts each reads. `content` reads the
+    ledger as it stands: call this once what it reads is there (the fetch keys its own result)."""
     keys: dict[str, str] = {}
     maker: dict[str, str] = {}
     for stage in table:

@@ -126,3 +126,35 @@ def test_where_caches_live_and_other_commands_settings_key_nothing(model_file, t
     assert again.exit_code == 0, again.output
     assert "unchanged: the inputs match the stored build" in again.output
     assert files_of(tmp_path / "a" / "reused-conv") == files_of(tmp_path / "b" / "reused-conv")
+
+
+def test_a_reused_package_says_its_warnings_and_writes_its_lock_entry_as_building_would(model_file, tmp_path):
+    """A second machine (another folder: its own lock file) that links the stored package gets
+    what building gives besides it: the warning about its float16 inputs, the fp16 entry of its
+    lock file; and a source found elsewhere is not answered with a package that names the first."""
+    import shutil
+
+    import numpy as np
+
+    npz = tmp_path / "half.npz"
+    np.savez(npz, x=np.random.default_rng(1).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float16))
+    results = {}
+    for machine in ("a", "b"):
+        folder = tmp_path / machine
+        folder.mkdir()
+        shutil.copy(model_file, folder / "model.onnx")
+        (folder / "kept.toml").write_text('source.uri = "model.onnx"\n[fp16]\nkeep_nodes = ["conv2"]\n')
+        results[machine] = build(str(folder / "kept.toml"), "--inputs", str(npz), "--no-browser", "--out", str(folder / "dist"))
+        assert results[machine].exit_code == 0, results[machine].output
+        warnings = [line for line in results[machine].output.splitlines() if line.startswith("warning:")]
+        assert warnings == [f"warning: --inputs {npz}: 'x' is float16, cast to the model's float32 (exact, no value changes)"], machine
+        lock = json.loads((folder / "kept.lock.json").read_text())
+        assert [entry["node"] for entry in lock["kept"]["fp16"]["kept"]] == ["conv2"], machine
+    assert "unchanged:" not in results["a"].output and "unchanged:" in results["b"].output
+    assert files_of(tmp_path / "a" / "dist" / "kept") == files_of(tmp_path / "b" / "dist" / "kept")
+    # the same bytes under another name: built again (from the cached stages), the report names it
+    shutil.copy(model_file, tmp_path / "b" / "renamed.onnx")
+    (tmp_path / "b" / "kept.toml").write_text('source.uri = "renamed.onnx"\n[fp16]\nkeep_nodes = ["conv2"]\n')
+    renamed = build(str(tmp_path / "b" / "kept.toml"), "--inputs", str(npz), "--no-browser", "--out", str(tmp_path / "c"))
+    assert renamed.exit_code == 0 and "unchanged:" not in renamed.output, renamed.output
+    assert json.loads((tmp_path / "c" / "kept" / "report.json").read_text())["source"]["uri"] == "renamed.onnx"

@@ -4,6 +4,7 @@ each stage keeps its contract (pipeline/stage_table.py)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -23,11 +24,16 @@ def _settings(**recipe_changes) -> BuildSettings:
     return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False}, None, "1.30.0", "Chromium 150", {})
 
 
-def _keys(settings: BuildSettings) -> dict[str, str]:
-    fetched = type("Fetched", (), {"path": None, "sha256": "a" * 64})()
+def _fetched(sha256: str = "a" * 64, uri: str = "https://example.com/m.onnx") -> dict:
+    """The ledger after the fetch: the source as found (recipe.source) and the file it gave."""
+    fetched = type("Fetched", (), {"path": Path("m.onnx"), "sha256": sha256, "checked_against": "--sha256"})()
+    return {"recipe": type("Found", (), {"source": uri})(), "fetched": fetched}
+
+
+def _keys(settings: BuildSettings, **fetch) -> dict[str, str]:
     table = _table()
     table[0] = dataclasses.replace(table[0], content=lambda ledger: {"model.onnx": ledger["fetched"].sha256})
-    return stage_keys(table, settings, {"fetched": fetched})
+    return stage_keys(table, settings, _fetched(**fetch))
 
 
 def test_every_recipe_key_is_read_by_a_stage():
@@ -56,11 +62,15 @@ def test_the_browser_and_the_source_bytes_are_keyed():
     base = _keys(_settings())
     other_browser = _keys(dataclasses.replace(_settings(), browser="Chromium 151"))
     assert other_browser["convert"] == base["convert"] and other_browser["write"] != base["write"]
-    fetched = type("Fetched", (), {"path": None, "sha256": "b" * 64})()
-    table = _table()
-    table[0] = dataclasses.replace(table[0], content=lambda ledger: {"model.onnx": ledger["fetched"].sha256})
-    other_source = stage_keys(table, _settings(), {"fetched": fetched})
+    other_source = _keys(_settings(), sha256="b" * 64)
     assert all(other_source[name] != base[name] for name in base)
+
+
+def test_where_the_source_was_found_keys_only_the_write_that_records_it():
+    """The same bytes from another URL: every stage's result is the same, but the report names the
+    source, so the stored package of the other URL is not reused."""
+    base, elsewhere = _keys(_settings()), _keys(_settings(), uri="https://mirror.example.org/m.onnx")
+    assert [name for name in base if base[name] != elsewhere[name]] == ["write"]
 
 
 def test_a_stage_that_breaks_its_contract_is_named():

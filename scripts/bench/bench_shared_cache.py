@@ -111,6 +111,7 @@ def timed_build(args: list[str], machine: Path, url: str, env: dict[str, str], b
         "package": package,
         "exit_code": done.returncode,
         "unchanged": any(line.startswith("unchanged:") for line in done.stdout.splitlines()),
+        "warnings": [line for line in done.stderr.splitlines() if line.startswith("warning:")],  # a discarded object, a store that stopped answering
         "shared": shared,
         "entries_read": int(read[1]) if read else 0,
         "read_mb": float(read[2]) if read else 0.0,
@@ -266,6 +267,9 @@ def main() -> None:
         print(f"{Path(row['target']).name}: second machine {'linked the stored package (unchanged)' if second['unchanged'] else 'ran the stages'}; {second['shared'] or 'read nothing from the shared store'}")
         if row["cold"]["exit_code"] or second["exit_code"]:
             print(f"  exit codes: cold {row['cold']['exit_code']}, second {second['exit_code']} (a build that failed a check is never stored)")
+        for machine in ("cold", "second"):
+            for line in row[machine]["warnings"]:
+                print(f"  {machine} machine: {line}")
         print("  second machine's local cache (MB): " + ", ".join(f"{name} {mb:.1f}" for name, mb in second["local_areas"].items()))
         print("  store: " + ", ".join(f"{name} {area['bytes'] / 1e6:.1f} MB ({area['objects']})" for name, area in row["store_areas"].items()))
         if row["partial"]:
