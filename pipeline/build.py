@@ -611,6 +611,7 @@ def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
             progress.note(f"nothing changed since the stored build {package_key[:12]}: its package is linked into place")
             return reused
     staged = table.index(next(stage for stage in table if stage.name == "models"))
+    # the fetch runs on a reuse too, and says its own warnings there: the others are recorded
     with recorded_warnings() as said:
         for stage in table[1:staged]:
             run_stage(stage, ledger, record, stage_boundary, keys[stage.name])

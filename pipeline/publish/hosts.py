@@ -217,8 +217,8 @@ def _serve(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
     rules = [rule("**", PAGE_ISOLATION), rule(f"{url_path}**", {"Cache-Control": cache_control("immutable"), **RESOURCE_POLICY})]
     by_suffix: dict[str, list[Served]] = {}
     for item in served:
-        suffix = PurePosixPath(item.path).suffix + (".br" if item.encoding else "")
-        by_suffix.setdefault(suffix if PurePosixPath(item.path).suffix else "", []).append(item)
+        extension = PurePosixPath(item.path).suffix  # none: the file takes a rule of its own
+        by_suffix.setdefault(extension + (".br" if item.encoding else "") if extension else "", []).append(item)
     for suffix, items in sorted(by_suffix.items()):
         if suffix and len({item.content_type for item in items}) == 1:
             rules.append(rule(f"{url_path}**/*{suffix}", {"Content-Type": items[0].content_type}))
