@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from pipeline.cache_location import CACHE_ENV, cache_root
 from pipeline.errors import PackError, error_path, is_environment_error, warn
 
-CACHE_ENV = "PACK_CACHE_DIR"
 
 
 def current_umask() -> int:
@@ -127,11 +127,6 @@ def swap_into_place(staging: Path, destination: Path) -> None:
                 old.unlink(missing_ok=True)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-
-def cache_root() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "pack"
 
 
 def cache_dir(*parts: str) -> Path:
@@ -425,7 +420,8 @@ def folder_commit(folder: Path) -> Iterator[None]:
     if name is not None and (folder / FOLDER_SEAL).is_file():
         from pipeline.shared_cache import put_folder
 
-        put_folder(name, folder)
+        sealed = json.loads((folder / FOLDER_SEAL).read_text())["files"]  # every other file's sha256
+        put_folder(name, folder, {**sealed, FOLDER_SEAL: file_sha256(folder / FOLDER_SEAL)})
 
 
 def sealed_folder(folder: Path) -> bool:

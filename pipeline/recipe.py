@@ -108,6 +108,11 @@ class Recipe:
     chunk_mib: float = DEFAULT_CHUNK_MIB  # [assets] chunk_mib: largest weight chunk (pipeline/assets/chunks.py)
     max_file_mib: float = DEFAULT_MAX_FILE_MIB  # [assets] max_file_mib: largest file the package lists
 
+    @property
+    def sample_rate(self) -> int | None:
+        """The audio sample rate an input's pattern declares (the demo page and the report play at it)."""
+        return next((int(s.pattern_options["sample_rate"]) for s in self.inputs.values() if "sample_rate" in s.pattern_options), None)
+
     def ships(self) -> str:
         """The variants a build of the published file makes: 'fp16+fp32', 'fp32', 'quantized as-is';
         ' (+fp16w)' when the recipe lists none: added where the weights dominate the model."""

@@ -1,8 +1,9 @@
 """Reusing a finished build when nothing it depends on has changed.
 
 The build's last stage key (pipeline/build.py, chained through every stage: the source bytes and
-their external data, the recipe as data, the options that change results, the lock entry, the
-runtime, each stage's code and libraries, the browser, the `PACK_*` settings) names a stored copy
+their external data, the recipe as data, the options that change results, the lock's fp16 entry, the
+runtime, each stage's code and libraries, the browser's and Mesa's versions, the `PACK_*` settings
+a stage declares as changing its result) names a stored copy
 of a package that passed; a rebuild with the same key links that copy into place instead of
 building again, so an unchanged rebuild is byte-identical (manifest and report included) and costs
 about one hash of the source. Failed builds are never stored: a failure is re-checked on every build.
@@ -24,17 +25,6 @@ from pipeline.errors import PackError
 REUSE_ENV = "PACK_BUILD_REUSE"
 # The fault tests' stage at which a build kills itself (pipeline/build.py stage_boundary)
 KILL_AT_ENV = "PACK_TEST_KILL_AT_STAGE"
-# Settings that do not change a build's result, so no key holds them (every other PACK_* does): where
-# the caches live (a machine with no shared cache, or another spelling of its URL, must find the
-# same entries), how many builds run at once, reuse itself, the fault hook, the test runner's, and
-# those of the commands that only move built packages (pack publish, pack export), which a CI job
-# may set for all its steps.
-_NEUTRAL_ENV = {
-    "PACK_CACHE_DIR", "PACK_CACHE_URL", "PACK_JOBS", REUSE_ENV, KILL_AT_ENV, "PACK_TEST_WORKERS", "PACK_TEST_SUITE_CACHE_URL",
-    "PACK_BUCKET", "PACK_PREFIX", "PACK_REGION", "PACK_ENDPOINT_URL", "PACK_CA_BUNDLE", "PACK_PUBLIC_URL", "PACK_ALLOW_FAILED",
-    "PACK_NO_CHECK", "PACK_CHECK_ORIGIN", "PACK_CORS", "PACK_PART_SIZE_MB", "PACK_WITH_REPORT",
-}
-_NEUTRAL_PREFIXES = ("PACK_EXPORT_",)
 _HASHED_NAME = re.compile(r"\.[0-9a-f]{16}\.")
 
 
@@ -89,14 +79,6 @@ def browser_version(executable: str | None) -> str | None:
         return subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30).stdout.strip() or executable
     except (OSError, subprocess.SubprocessError):
         return executable
-
-
-def pack_settings() -> dict[str, str]:
-    """The PACK_* settings a build's keys hold: all but the neutral ones."""
-    return {
-        name: value for name, value in sorted(os.environ.items())
-        if name.startswith("PACK_") and name not in _NEUTRAL_ENV and not name.startswith(_NEUTRAL_PREFIXES)
-    }
 
 
 def stored_package(key: str) -> Path | None:

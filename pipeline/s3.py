@@ -15,7 +15,9 @@ import json
 import marshal
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import botocore.exceptions
@@ -23,6 +25,7 @@ import botocore.loaders
 import botocore.session
 from botocore.config import Config
 
+from pipeline.cache_location import cache_root
 from pipeline.errors import PackError
 from pipeline.urls import mask_url
 
@@ -190,28 +193,33 @@ class _ModelFiles(botocore.loaders.JSONFileLoader):
 
 
 def _parsed_model(path: str, opener):
-    from pipeline.cache import atomic_write, cache_dir, cached_entry
-    from pipeline.errors import PackError
-
     state = os.stat(path)
     stamp = (path, state.st_size, state.st_mtime_ns)
     memo = None
     try:
         name = hashlib.sha256(path.encode()).hexdigest()[:32]
-        memo = cache_dir("botocore-models") / f"{name}.{sys.implementation.cache_tag}.marshal"
-        if cached_entry(memo):
-            remembered_stamp, data = marshal.loads(memo.read_bytes())  # marshal.load(file) reads piecemeal: slow
+        memo = cache_root() / "botocore-models" / f"{name}.{sys.implementation.cache_tag}.marshal"
+        stored = memo.read_bytes()  # its sha256, then the marshalled (stamp, data): a damaged memo reads as none
+        if hashlib.sha256(stored[32:]).digest() == stored[:32]:
+            remembered_stamp, data = marshal.loads(stored[32:])  # marshal.load(file) reads piecemeal: slow
             if tuple(remembered_stamp) == stamp:
                 return data
-    except (PackError, OSError, EOFError, ValueError, TypeError):
+    except (OSError, EOFError, ValueError, TypeError):
         pass  # not parsed yet, another botocore, or no usable cache
     with opener(path, "rb") as handle:
         data = json.loads(handle.read().decode("utf-8"))
     if memo is not None:
-        try:
-            atomic_write(memo, marshal.dumps((stamp, data)), entry=True)
+        scratch = None
+        try:  # whole or not at all (a rename)
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            fd, scratch = tempfile.mkstemp(dir=memo.parent, prefix=f".{memo.name}.")
+            with os.fdopen(fd, "wb") as handle:
+                payload = marshal.dumps((stamp, data))
+                handle.write(hashlib.sha256(payload).digest() + payload)
+            os.replace(scratch, memo)
         except (OSError, ValueError):
-            pass  # a cache that cannot be written only costs the next process the parse
+            if scratch is not None:
+                Path(scratch).unlink(missing_ok=True)  # a cache that cannot be written only costs the next process the parse
     return data
 
 

@@ -42,8 +42,8 @@ SHARED_ENV = "PACK_CACHE_URL"
 # Cache areas (first folder under the cache root) whose entries are keyed by what decides them or
 # named by their sha256: safe on any machine with the same key.
 SHARED_AREAS = frozenset({"brotli", "builds", "downloads", "external-data-names", "host-runs", "packages", "runtime", "runtime-probes", "stages", "webgpu-runs", "work"})
-_FOLDER_SUFFIX = ".listing.json"
-_BLOBS = "blobs"  # the files of folder entries, named by their sha256
+FOLDER_SUFFIX = ".listing.json"  # a folder entry's object: the listing of its files
+BLOBS = "blobs"  # the files of folder entries, named by their sha256
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHA_META = "sha256"
 
@@ -330,7 +330,7 @@ def object_name(root: Path, path: Path, folder: bool = False) -> str | None:
         return None
     if not relative.parts or relative.parts[0] not in SHARED_AREAS:
         return None
-    return relative.as_posix() + (_FOLDER_SUFFIX if folder else "")
+    return relative.as_posix() + (FOLDER_SUFFIX if folder else "")
 
 
 def fetch_file(name: str, scratch: Path, expected_sha256: str | None) -> str | None:
@@ -380,18 +380,17 @@ def put_file(name: str, path: Path, sha256: str) -> None:
         _drop(store, error)
 
 
-def put_folder(name: str, folder: Path) -> None:
+def put_folder(name: str, folder: Path, files: dict[str, str]) -> None:
     """Write a sealed folder entry: each file as a blob named by its sha256 (stored once however
-    many entries hold it: every package ships the same runtime), then the entry's listing."""
+    many entries hold it: every package ships the same runtime), then the entry's listing.
+    `files`: every file of the entry (its seal included), relative, with its sha256."""
     store = shared_store()
     if store is None:
         return
-    from pipeline.cache import file_sha256, remembered_digest
-
-    files = {path.relative_to(folder).as_posix(): remembered_digest(path, "sha256", file_sha256) for path in sorted(folder.rglob("*")) if path.is_file()}
+    files = dict(sorted(files.items()))
     try:
         for relative, sha256 in files.items():
-            blob = f"{_BLOBS}/{sha256}"
+            blob = f"{BLOBS}/{sha256}"
             if blob in _bad or not store.exists(blob):
                 put_file(blob, folder / relative, sha256)
     except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
@@ -425,7 +424,7 @@ def fetch_folder(name: str, destination: Path) -> bool:
             discard_object(name, f"its listing names {relative!r}, which is not a file of an entry")
             return False
         target.parent.mkdir(parents=True, exist_ok=True)
-        if fetch_file(f"{_BLOBS}/{sha256}", target, sha256) is None:
+        if fetch_file(f"{BLOBS}/{sha256}", target, sha256) is None:
             return False
     return True
 
@@ -443,3 +442,16 @@ class _Hashing(io.RawIOBase):
         self._digest.update(data)
         self._handle.write(data)
         return len(data)
+
+
+def listed_blobs(store: SharedStore, name: str) -> set[str]:
+    """The blobs (object names) a folder entry's listing lists; none for a listing that is not one
+    pack wrote (readers discard it)."""
+    buffer = io.BytesIO()
+    if store.read(name, buffer) is None:
+        return set()
+    try:
+        files = json.loads(buffer.getvalue().decode("utf-8"))["files"]
+        return {f"{BLOBS}/{sha256}" for sha256 in files.values() if _HEX64.fullmatch(str(sha256))}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return set()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 # The pipeline's order; shared modules at the top of pipeline/ (manifest, recipe, dtypes, cache, ...)
-# come before every stage, and commands/, cli.py and build.py after every stage.
+# come before every stage, and stages/ (the build's stage table), commands/, cli.py and build.py after every stage.
 STAGES = ("source", "graph", "precision", "verify", "assets", "report", "web", "publish")
-WIRING = ("commands", "cli", "build")
+WIRING = ("stages", "commands", "cli", "build")
 
 
 def _module_name(path: Path) -> str:

@@ -302,7 +302,7 @@ def test_cdp_endpoint_gets_the_local_package_through_the_connection(package, tmp
 def test_build_verification_and_measurements_take_every_browser():
     """What the build writes from a grid's checks and report: `verification.adapters` beside the
     merged runs, an endpoint's error as no run, and each endpoint's production times."""
-    from pipeline.build import _verification
+    from pipeline.stages.judge import verification as _verification
     from pipeline.manifest import measurements_from
 
     swiftshader = {"vendor": "google", "architecture": "swiftshader", "description": "", "fallback": True}

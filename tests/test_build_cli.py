@@ -137,7 +137,7 @@ def test_the_browser_stage_is_served_the_manifest_from_memory_and_it_is_written_
     then report.json once."""
     from contextlib import nullcontext
 
-    import pipeline.build
+    import pipeline.stages.write
     import pipeline.verify.engines.browser.grid as grid
     from pipeline.manifest import write_manifest
     from pipeline.verify.engines.browser.harness import BrowserResult
@@ -160,7 +160,7 @@ def test_the_browser_stage_is_served_the_manifest_from_memory_and_it_is_written_
     monkeypatch.setattr(grid, "verify_on_grid", fake_verify_on_grid)
     monkeypatch.setattr(grid, "browsers_for", lambda grid_settings, gpu: nullcontext(None))
     writes = []
-    monkeypatch.setattr(pipeline.build, "write_manifest", lambda folder, manifest: writes.append(manifest) or write_manifest(folder, manifest))
+    monkeypatch.setattr(pipeline.stages.write, "write_manifest", lambda folder, manifest: writes.append(manifest) or write_manifest(folder, manifest))
     result = build(str(conv_file), "--no-reuse", "--out", str(tmp_path / "d"))
     assert result.exit_code == 0, result.output
     # webgpu failed under NHWC, so the retry was served another in-memory manifest, with NCHW

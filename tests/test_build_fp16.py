@@ -117,7 +117,7 @@ def test_quantized_model_is_detected():
 
 def test_ir_version_cap_lowers_onnx_default_and_is_a_no_op_below():
     from pipeline.graph.passes.ir_version import ir_version_cap
-    from pipeline.build import repair_settings
+    from pipeline.stages.repair import repair_settings
     from pipeline.recipe import Recipe
 
     settings = repair_settings(Recipe(name="m"))  # the default runtime, its ceiling measured from the release

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from build_helpers import conv_model, save
+from build_helpers import STAGE_WORK, conv_model, save
 
 runner = CliRunner()
 
@@ -47,12 +47,10 @@ def _must_not_run(*args, **kwargs):
 
 
 def test_an_unchanged_rebuild_links_the_stored_package_byte_for_byte(model_file, tmp_path, monkeypatch):
-    import pipeline.build
-
     first = build(str(model_file), "--no-browser", "--out", str(tmp_path / "a"))
     assert first.exit_code == 0, first.output
-    for stage in ("make_variants", "write_models", "_host_verify", "webgpu_kernel_stage", "make_feeds"):
-        monkeypatch.setattr(pipeline.build, stage, _must_not_run)
+    for work in STAGE_WORK:
+        monkeypatch.setattr(work, _must_not_run)
     again = build(str(model_file), "--no-browser", "--out", str(tmp_path / "b"))
     assert again.exit_code == 0, again.output
     assert "unchanged: the inputs match the stored build" in again.output
@@ -68,12 +66,12 @@ def test_an_unchanged_rebuild_links_the_stored_package_byte_for_byte(model_file,
 
 @pytest.mark.parametrize("change", ["source bytes", "recipe key", "pack setting", "option", "--no-reuse"])
 def test_any_input_that_changes_the_result_builds_again(model_file, tmp_path, monkeypatch, change):
-    import pipeline.build
+    import pipeline.stages.convert
 
     assert build(str(model_file), "--no-browser", "--out", str(tmp_path / "a")).exit_code == 0
     ran = []
-    real = pipeline.build.make_variants
-    monkeypatch.setattr(pipeline.build, "make_variants", lambda *a, **k: ran.append(1) or real(*a, **k))
+    real = pipeline.stages.convert.make_variants
+    monkeypatch.setattr(pipeline.stages.convert, "make_variants", lambda *a, **k: ran.append(1) or real(*a, **k))
     args = [str(model_file), "--no-browser", "--out", str(tmp_path / "b")]
     if change == "source bytes":
         model = reused_model()
@@ -110,7 +108,7 @@ def test_where_caches_live_and_other_commands_settings_key_nothing(model_file, t
     that only move built packages (publish, export, cache; a CI job may set them for all its
     steps) leave every key as it is."""
     from pipeline.cli import load_command
-    from pipeline.reuse import pack_settings
+    from pipeline.build import result_settings
 
     assert build(str(model_file), "--no-browser", "--out", str(tmp_path / "a")).exit_code == 0
     declared = {
@@ -121,7 +119,7 @@ def test_where_caches_live_and_other_commands_settings_key_nothing(model_file, t
     (tmp_path / "store").mkdir()
     for name in sorted(declared | {"PACK_JOBS", "PACK_TEST_WORKERS"}):
         monkeypatch.setenv(name, str(tmp_path / "store") if name == "PACK_CACHE_URL" else "1")
-    assert pack_settings() == {}
+    assert not set(result_settings()) & (declared | {"PACK_JOBS", "PACK_TEST_WORKERS", "PACK_CACHE_DIR"})
     again = build(str(model_file), "--no-browser", "--out", str(tmp_path / "b"))
     assert again.exit_code == 0, again.output
     assert "unchanged: the inputs match the stored build" in again.output

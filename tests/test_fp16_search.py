@@ -99,8 +99,8 @@ def _fp16_bytes(package: Path) -> bytes:
     return (package / manifest["variants"]["fp16"]["model"]).read_bytes()
 
 
-def _build(recipe: Path, out: Path):
-    return runner.invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(out)])
+def _build(recipe: Path, out: Path, *extra: str):
+    return runner.invoke(app, ["build", str(recipe), "--no-browser", "--json", "--out", str(out), *extra])
 
 
 def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_skips_the_search(tmp_path, monkeypatch, host_only_search):
@@ -130,7 +130,7 @@ def test_overflow_model_fails_without_search_and_passes_with_it_and_the_lock_ski
 
     monkeypatch.setattr("pipeline.precision.kept_nodes.search_keep_set", no_search)
     monkeypatch.setattr("pipeline.precision.kept_nodes.rank_nodes", no_search)
-    again = _build(recipe, tmp_path / "b")
+    again = _build(recipe, tmp_path / "b", "--no-reuse")  # built, not the package stored under the lock's key
     assert again.exit_code == 0, again.output
     assert _fp16_bytes(tmp_path / "b" / "energy") == _fp16_bytes(tmp_path / "a" / "energy")
     lock_step = next(s for s in json.loads(again.stdout)["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]

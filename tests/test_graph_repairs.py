@@ -16,13 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from graph_helpers import assert_no_op, assert_repair, clean_conv_model, neg_slice_model, parse
-from pipeline.build import _repair, repair_settings
+from pipeline.stages.repair import repair as _repair, repair_settings
 from pipeline.cli import app
 from pipeline.errors import PackError
 from pipeline.graph import repairs
 from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.base import PassSettings
-from pipeline.keys import _code_hash, code_hash, code_sources
+from pipeline.keys import clear_code_hashes, code_hash, code_sources
 from pipeline.precision.variants import CONVERSION_CODE
 from pipeline.recipe import Recipe
 
@@ -183,14 +183,17 @@ def test_conversion_key_follows_every_module_the_conversion_imports(tmp_path):
     for edited in ("graph/passes/util.py", "graph/passes/base.py", "runtime.py"):
         path = copy / edited
         original = path.read_text()
-        path.write_text(original + "\n# edited\n")
-        _code_hash.cache_clear()
+        path.write_text(original + "\n# a comment changes nothing that runs\n")
+        clear_code_hashes()
+        assert code_hash(CONVERSION_CODE, copy) == key, edited
+        path.write_text(original + "\nEDITED = 1\n")
+        clear_code_hashes()
         assert code_hash(CONVERSION_CODE, copy) != key, edited
         path.write_text(original)
-    _code_hash.cache_clear()
+    clear_code_hashes()
     assert code_hash(CONVERSION_CODE, copy) == key
-    (copy / "publish" / "plan.py").write_text("# not part of the conversion\n")
-    _code_hash.cache_clear()
+    (copy / "publish" / "plan.py").write_text("NOT_PART_OF_THE_CONVERSION = 1\n")
+    clear_code_hashes()
     assert code_hash(CONVERSION_CODE, copy) == key
 
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import pipeline.shared_cache as shared
-from build_helpers import conv_model, save
+from build_helpers import STAGE_WORK, conv_model, save
 from pipeline.cache import atomic_write, cache_root, cached_entry, file_sha256, folder_commit, seal_folder, sealed_folder
 from pipeline.cli import app
 from pipeline.errors import PackError
@@ -231,8 +231,6 @@ def _listed_files(package: Path) -> dict[str, bytes]:
 
 
 def test_a_second_machine_builds_the_same_package_from_the_shared_cache(store_url, tmp_path, monkeypatch):
-    import pipeline.build
-
     model = save(conv_model(channels=11), tmp_path / "shared-conv.onnx")  # bytes no other test builds
     warm = Path(os.environ.get("PACK_CACHE_DIR") or Path.home() / ".cache" / "pack")
     a = machine(monkeypatch, tmp_path, "a")
@@ -244,8 +242,8 @@ def test_a_second_machine_builds_the_same_package_from_the_shared_cache(store_ur
     assert first.exit_code == 0, first.output
     assert "shared cache" in first.output and "written" in first.output
     machine(monkeypatch, tmp_path, "b")
-    for stage in ("make_variants", "write_models", "_host_verify", "webgpu_kernel_stage", "make_feeds"):
-        monkeypatch.setattr(pipeline.build, stage, lambda *a, **k: pytest.fail("a stage ran on the second machine"))
+    for work in STAGE_WORK:
+        monkeypatch.setattr(work, lambda *a, **k: pytest.fail("a stage ran on the second machine"))
     second = runner.invoke(app, ["build", str(model), "--no-browser", "--out", str(tmp_path / "out-b")])
     assert second.exit_code == 0, second.output
     assert "unchanged: the inputs match the stored build" in second.output, second.output
@@ -256,7 +254,6 @@ def test_a_second_machine_builds_the_same_package_from_the_shared_cache(store_ur
 
 
 def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url, tmp_path, monkeypatch):
-    import pipeline.build
     import pipeline.precision.variants
     import pipeline.verify.engines.host
 
@@ -274,7 +271,7 @@ def test_a_changed_setting_reuses_every_stage_entry_it_does_not_change(store_url
     recipe.write_text('source.uri = "partly.onnx"\n[outputs.y.fp32]\nmax_abs = 0.5\n')
     monkeypatch.setattr(pipeline.verify.engines.host, "_run_uncached", lambda *a, **k: pytest.fail("a host run was made again"))
     monkeypatch.setattr(pipeline.precision.variants, "convert_with_keeps", lambda *a, **k: pytest.fail("a conversion was made again"))
-    monkeypatch.setattr(pipeline.build, "_stage_repair", lambda *a, **k: pytest.fail("the repair stage ran again"))
+    monkeypatch.setattr("pipeline.stages.repair.repair", lambda *a, **k: pytest.fail("the repair stage ran again"))
     result = runner.invoke(app, ["build", str(recipe), "--no-browser", "--out", str(tmp_path / "out-b")])
     assert result.exit_code == 0, result.output
     assert "unchanged:" not in result.output and shared.traffic.read >= 3

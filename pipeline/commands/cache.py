@@ -3,8 +3,6 @@ or size (docs/cache.md). Light: boto3 loads only when a shared store on S3 is na
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import re
 import time
@@ -251,13 +249,13 @@ def _prune_shared(store, now: float, age_s: float | None, limit: int | None, dry
     """Entries (file objects and folder entries' listings) by age and size, then the blobs that no
     remaining listing lists. Listings go first, so no listing is ever left naming a blob the prune
     removed; a blob in its grace period stays (its writer may not have put its listing yet)."""
-    from pipeline.shared_cache import _BLOBS, _FOLDER_SUFFIX
+    from pipeline.shared_cache import BLOBS, FOLDER_SUFFIX, listed_blobs
 
     try:
         items = _shared_items(store)
-        blobs = {item.name: item for item in items if item.area == _BLOBS}
-        entries = [item for item in items if item.area != _BLOBS]
-        listed = {item.name: _listed_blobs(store, item.name) for item in entries if item.name.endswith(_FOLDER_SUFFIX)}
+        blobs = {item.name: item for item in items if item.area == BLOBS}
+        entries = [item for item in items if item.area != BLOBS]
+        listed = {item.name: listed_blobs(store, item.name) for item in entries if item.name.endswith(FOLDER_SUFFIX)}
         recent = now - GRACE_S
         holders: dict[str, int] = {}
         for names in listed.values():
@@ -283,8 +281,8 @@ def _prune_shared(store, now: float, age_s: float | None, limit: int | None, dry
                 store.remove(item.name)
             if free:
                 # a listing another machine put while this ran may list a blob that looked free
-                newer = {name for stored in store.objects() if stored.name.endswith(_FOLDER_SUFFIX) and stored.name not in gone and stored.name not in listed
-                         for name in _listed_blobs(store, stored.name)}
+                newer = {name for stored in store.objects() if stored.name.endswith(FOLDER_SUFFIX) and stored.name not in gone and stored.name not in listed
+                         for name in listed_blobs(store, stored.name)}
                 free = [blob for blob in free if blob.name not in newer]
                 for blob in free:
                     store.remove(blob.name)
@@ -296,21 +294,6 @@ def _prune_shared(store, now: float, age_s: float | None, limit: int | None, dry
         raise PackError(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; run the prune again (it removes only what is still there)") from None
     removed = chosen + free
     return Pruned(store.describe(), removed, total - sum(item.size for item in removed), kept, blobs=len(free))
-
-
-def _listed_blobs(store, name: str) -> set[str]:
-    """The blobs (object names) a folder entry's listing lists; none for a listing that is not one
-    pack wrote (readers discard it)."""
-    from pipeline.shared_cache import _BLOBS, _HEX64
-
-    buffer = io.BytesIO()
-    if store.read(name, buffer) is None:
-        return set()
-    try:
-        files = json.loads(buffer.getvalue().decode("utf-8"))["files"]
-        return {f"{_BLOBS}/{sha256}" for sha256 in files.values() if _HEX64.fullmatch(str(sha256))}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return set()
 
 
 # --- formatting --------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 
 import typer
 
-from pipeline.commands.build import BuildSettings, build_one, check_settings
+from pipeline.commands.build_target import BuildFlags, build_one, check_settings
 from pipeline.commands.common import cli_errors, print_json
 from pipeline.errors import EXIT_SIGINT, EXIT_SIGTERM, PackError, Terminated
 from pipeline.urls import mask_url
@@ -56,7 +56,7 @@ class Job:
                 "seconds": self.seconds, "error": self.error, "report": self.report}
 
 
-def build_catalog(targets: list[str], settings: BuildSettings, *, jobs: int, json_output: bool, per_target: dict[str, Any]) -> int:
+def build_catalog(targets: list[str], settings: BuildFlags, *, jobs: int, json_output: bool, per_target: dict[str, Any]) -> int:
     """Build every target, `jobs` at a time; the exit code: 2 when any target is bad input, else 1
     when any build failed, else 0 (130/143 when stopped: raised through cli_errors)."""
     with cli_errors(settings.out):
@@ -105,7 +105,7 @@ def resolve_targets(targets: list[str]) -> list[Job]:
 class Catalog:
     """Runs the jobs' child processes, at most `jobs` at once, and stops them all on a signal."""
 
-    def __init__(self, queue: list[Job], settings: BuildSettings, *, jobs: int, say: bool):
+    def __init__(self, queue: list[Job], settings: BuildFlags, *, jobs: int, say: bool):
         self.queue = queue
         self.settings = settings
         self.jobs = jobs
@@ -222,7 +222,7 @@ def main() -> None:
     try:
         with cli_errors():
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a stop that came while it started is raised here
-            build_one(job["target"], BuildSettings.from_data(job["settings"]), json_output=True)
+            build_one(job["target"], BuildFlags.from_data(job["settings"]), json_output=True)
     except typer.Exit as done:
         sys.exit(done.exit_code)
 

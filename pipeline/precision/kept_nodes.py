@@ -56,9 +56,10 @@ class Fp16Context:
     feeds: dict[str, np.ndarray]
     run_outputs: RunOutputs
     evaluators: list[Evaluator]
-    lock: LockFile
+    lock: LockFile  # read only: the entry found is `found_lock_entry`, which the build writes
     progress: Progress
     refusal: Callable[[onnx.ModelProto], str | None] | None = None  # onnxruntime's refusal to load, if any
+    found_lock_entry: dict | None = None  # set by fp16_with_kept_nodes: the lock's fp16 entry to write
 
 
 # keep {node: why} -> (fp16 model or None, steps, refusal or None, kept {node: why} incl. the converter's)
@@ -334,7 +335,7 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
 def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Convert, steps: list[dict], refused: dict[str, str], context: Fp16Context | None) -> tuple[onnx.ModelProto, list[dict]] | None:
     """(fp16 model, kept [{node, op, why}]) for the (named) fp32 model, or None when fp16 is
     refused (the reason goes to `refused`). Appends report steps (a `fp16_keep_fp32` step among
-    them) to `steps` and writes the lock."""
+    them) to `steps` and sets the lock entry it found (`context.found_lock_entry`)."""
     model_sha = hashlib.sha256(model_bytes(named)).hexdigest()
     keep = {name: "recipe key fp16.keep_nodes" for name in recipe.fp16_keep_nodes}
     record: dict = {}
@@ -374,7 +375,7 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
         record["what"] = summary
         steps.append({"name": "fp16_keep_fp32", "changed": bool(kept_list), "records": [record]})
         if context and not from_lock and (search is None or "failed" not in search):
-            context.lock.put(recipe.name, "fp16", {"model_sha256": model_sha, "kept": kept_list, "search": {k: search[k] for k in ("trials", "seconds", "minimal", "stopped")} if search else None})
+            context.found_lock_entry = {"model_sha256": model_sha, "kept": kept_list, "search": {k: search[k] for k in ("trials", "seconds", "minimal", "stopped")} if search else None}
     elif "lock" in record:
         steps.append({"name": "fp16_keep_fp32", "changed": False, "records": [{**record, "what": record["lock"]}]})
     return converted, kept_list

@@ -98,6 +98,7 @@ class ResolvedSource:
     path: Path
     sha256: str | None  # of the file as fetched, when it was hashed
     checked_against: str  # "--sha256" | "recipe" | "lock" | "pinned now" | "unchecked"
+    uri: str = ""  # the source as asked for (--source or the recipe's source.uri)
 
 
 ORIGIN_LABELS = {"--sha256": "--sha256", "recipe": "recipe key 'source.sha256'"}
@@ -187,4 +188,4 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         lock.put(request.recipe_name, LOCK_SECTION, {"uri": mask_url(pinned_uri), "sha256": actual, "size": path.stat().st_size})
         progress.note(f"pinned {_file_name(pinned_uri)} (sha256 {actual[:12]}…) in {lock.path}")
         origin = "pinned now"
-    return ResolvedSource(path=path, sha256=actual, checked_against=origin)
+    return ResolvedSource(path=path, sha256=actual, checked_against=origin, uri=request.uri)

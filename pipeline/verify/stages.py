@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from pipeline.cache import temporary_folder
+from pipeline.errors import PackError
 from pipeline.graph.model_io import model_bytes
 from pipeline.precision.kept_nodes import DID_NOT_RUN, Evaluator
 from pipeline.precision.variants import Variant
@@ -25,6 +26,26 @@ from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, ep_thresholds
 
 # Ops whose kernels onnxruntime's NHWC layout transform rewrites on WebGPU.
 LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "Resize", "InstanceNormalization", "BatchNormalization", "DepthToSpace", "SpaceToDepth", "GridSample"})
+
+
+def reference_outputs(reference_model: onnx.ModelProto, variants: list[Variant], model_paths: dict[str, Path], feeds: dict[str, np.ndarray], source_path: Path) -> dict[str, np.ndarray]:
+    """fp32 outputs on onnxruntime CPU: the reference every check compares against (the shipped
+    fp32 file when there is one, so the run is the host check's own, cached)."""
+    shipped = next((model_paths[v.name] for v in variants if v.model is reference_model), None)
+    with temporary_folder("pack-ref-") as tmp:
+        model_file = shipped or Path(tmp) / "reference.onnx"
+        if shipped is None:
+            model_file.write_bytes(model_bytes(reference_model))
+        run = run_model(model_file, feeds)
+    if run.outputs is None:
+        raise PackError(f"{source_path.name}: onnxruntime cannot run the model on the sample inputs: {run.error}; check the inputs (--input/--inputs) and the model")
+    for name, values in run.outputs.items():
+        bad = ~np.isfinite(values) if values.dtype.kind == "f" else None
+        if bad is not None and bad.any():
+            index = [int(i) for i in np.argwhere(bad)[0]] if values.ndim else []
+            raise PackError(f"{source_path.name}: the fp32 reference output '{name}' has {int(bad.sum())} NaN or Inf values of {values.size} (first at index {index}) "
+                            "on finite sample inputs: the model yields NaN on this sample; give another (--inputs, or the recipe's inputs tables)")
+    return run.outputs
 
 
 def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], recipe: Recipe, progress: Progress, model_files: dict[str, Path]) -> list[Check]:

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.assets.samples import make_feeds  # noqa: E402
-from pipeline.build import BuildOptions, _repair, load_build_recipe  # noqa: E402
+from pipeline.build import BuildOptions, load_build_recipe  # noqa: E402
+from pipeline.stages.repair import repair as _repair  # noqa: E402
 from pipeline.graph.model_io import load_model, model_bytes  # noqa: E402
 from pipeline.precision.fp16 import convert_with_keeps  # noqa: E402
 from pipeline.progress import Progress  # noqa: E402
