@@ -189,9 +189,12 @@ export class Files {
     return nativeBrotli() ? 'DecompressionStream' : shipped ? shipped.package : null;
   }
 
-  /** The decoded bytes of a brotli body, by `by` (see brotli()). */
+  /**
+   * { bytes, where } of a brotli body decoded by `by` (see brotli()); `where` the package decoder
+   * ran: 'worker', or the loader's thread where the helper Worker could not start.
+   */
   async decode(body, by) {
-    if (by === 'DecompressionStream') return decodeNative(body);
+    if (by === 'DecompressionStream') return { bytes: await decodeNative(body), where: null };
     const shipped = this.manifest.runtime && this.manifest.runtime.decoder;
     if (!shipped) throw new PackLoadError('manifest.json has no runtime.decoder to decode .br bodies with; rebuild the package with this pack');
     const [module, wasm] = await Promise.all([this.get(shipped.module), this.get(shipped.wasm)]);
@@ -200,7 +203,8 @@ export class Files {
     clearTimeout(decoding.timer);
     decoding.busy += 1;
     try {
-      return await decoding.widener.decode(body, { module, wasm });
+      const bytes = await decoding.widener.decode(body, { module, wasm });
+      return { bytes, where: decoding.widener.where };
     } finally {
       decoding.busy -= 1;
       if (decoding.busy === 0) {
@@ -263,7 +267,7 @@ export class Files {
       }
     }
     throwIfAborted(signal);
-    const { buffer: bytes, wireBytes, decodedBy } = await this.download(path, entry, signal);
+    const { buffer: bytes, wireBytes, decodedBy, decodedIn } = await this.download(path, entry, signal);
     const actual = await sha256Hex(bytes);
     if (actual !== entry.sha256) {
       throw new PackIntegrityError(
@@ -272,7 +276,7 @@ export class Files {
         { file: path, expected: entry.sha256, actual },
       );
     }
-    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes, ...(decodedBy ? { decodedBy } : {}) });
+    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes, ...(decodedBy ? { decodedBy } : {}), ...(decodedIn ? { decodedIn } : {}) });
     if (this.cache) {
       const response = new Response(bytes, {
         headers: { 'Content-Type': entry.mediaType || 'application/octet-stream', 'Content-Length': String(entry.size) },
@@ -376,7 +380,7 @@ export class Files {
           throw retryable(`its brotli body does not decode (${messageOf(error)})`);
         }
         advance(entry.size);
-        return { buffer: decoded, wireBytes: received, decodedBy: by };
+        return { buffer: decoded.bytes, wireBytes: received, decodedBy: by, decodedIn: decoded.where };
       } catch (error) {
         this.progress.rollback(counted);
         throw error;
