@@ -64,8 +64,8 @@ def site():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _get(url: str) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "br, gzip"})
+def _get(url: str, origin: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "br, gzip", **({"Origin": origin} if origin else {})})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, {k.lower(): v for k, v in answer.headers.items()}, answer.read()
@@ -167,6 +167,27 @@ def test_cloudflare_pages_refuses_an_export_over_its_100_rules_naming_the_fix():
         render(HOSTS["cloudflare-pages"], manifest, "/big/")
     manifest["files"] = dict(list(manifest["files"].items())[:97])
     assert "/big/part." in render(HOSTS["cloudflare-pages"], manifest, "/big/")
+
+
+def test_cors_goes_only_where_a_host_can_send_it_and_exits_2_naming_the_option(package, tmp_path):
+    no_host = export(str(package), str(tmp_path / "a"), "--cors", "https://app.example.com")
+    assert no_host.exit_code == 2 and "--cors" in no_host.output and "--host" in no_host.output
+    bad = export(str(package), str(tmp_path / "b"), "--host", "nginx", "--cors", "https://app.example.com/path")
+    assert bad.exit_code == 2 and "--cors 'https://app.example.com/path'" in bad.output
+    pages = export(str(package), str(tmp_path / "c"), "--host", "github-pages", "--cors", "*")
+    assert pages.exit_code == 2 and "GitHub Pages takes no configuration" in pages.output
+    for host in ("serve", "netlify", "vercel"):  # one Access-Control-Allow-Origin value for everyone
+        several = export(str(package), str(tmp_path / host), "--host", host, "--cors", "https://a.example.com,https://b.example.com")
+        assert several.exit_code == 2 and len(several.output.strip().splitlines()) == 1 and "give one origin or *" in several.output, several.output
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "c", "serve", "netlify", "vercel"))
+    # one origin, or *, goes into every host's file; repeated options and comma lists are one list
+    for host, config in (("netlify", "_headers"), ("vercel", "vercel.json"), ("serve", "serve.json"), ("nginx", "nginx.conf"), ("apache", ".htaccess")):
+        done = export(str(package), str(tmp_path / f"{host}-star"), "--host", host, "--cors", "*")
+        assert done.exit_code == 0, done.output
+        text = (tmp_path / f"{host}-star" / config).read_text()
+        assert "Access-Control-Allow-Origin" in text and "*" in text, host
+    repeated = runner.invoke(app, ["export", str(package), str(tmp_path / "rep"), "--host", "nginx", "--cors", "https://a.example.com", "--cors", "https://b.example.com", "--json"])
+    assert repeated.exit_code == 0 and json.loads(repeated.output)["cors"] == ["https://a.example.com", "https://b.example.com"], repeated.output
 
 
 # --- real servers ---------------------------------------------------------------------------
@@ -328,3 +349,54 @@ def test_coi_shim_isolates_a_page_on_a_plain_static_server(package, site):
 class _PlainHandler(SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
+
+
+class _IsolatedPageHandler(SimpleHTTPRequestHandler):
+    """The app's own origin: its pages cross-origin isolated, the package on another origin."""
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("host", ["nginx", "apache", pytest.param("serve", marks=pytest.mark.network_registry)])
+def test_a_page_on_another_origin_loads_the_export_through_its_cors_headers(package, site, tmp_path, host):
+    """The page on one 127.0.0.1 port, the package on another: the host's configuration from
+    `--cors` lets the page import the loader and fetch every file, cross-origin isolated (COEP
+    accepts CORS answers), wasm on threads. nginx and Apache answer each of several origins with
+    itself and a foreign origin with nothing; serve takes one origin."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    host_servers.app_page(pages)
+    page_server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_IsolatedPageHandler, directory=str(pages)))
+    threading.Thread(target=page_server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{page_server.server_address[1]}"
+    origins = [origin] if host == "serve" else ["https://app.example.com", origin]
+    result = export(str(package), str(site / NAME), "--host", host, "--cors", ",".join(origins))
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    run.mkdir()
+    servers = {
+        "nginx": lambda: host_servers.nginx(site, site / NAME / "nginx.conf", run),
+        "apache": lambda: host_servers.apache(site, run),
+        "serve": lambda: host_servers.serve(site, site / NAME / "serve.json"),
+    }
+    try:
+        with servers[host]() as base:
+            url = f"{base}{NAME}/manifest.json"
+            _, headers, _ = _get(url, origin)
+            assert headers.get("access-control-allow-origin") == origin, headers
+            assert "Content-Encoding" in headers.get("access-control-expose-headers", ""), headers
+            if host != "serve":
+                _, foreign, _ = _get(url, "https://elsewhere.example.com")
+                assert "access-control-allow-origin" not in foreign, foreign
+                assert "Origin" in headers.get("vary", ""), headers  # answers differ by Origin: caches must know
+            page = _result(f"{origin}/index.html?package={base}{NAME}/", isolated=True)
+    finally:
+        page_server.shutdown()
+    _assert_threads_and_outputs(page)

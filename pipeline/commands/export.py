@@ -46,6 +46,14 @@ def export(
         Optional[str],
         typer.Option("--url-path", envvar="PACK_EXPORT_URL_PATH", show_envvar=True, help="The URL path the site serves DEST under (--host); default /<DEST's name>/."),
     ] = None,
+    cors: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--cors", envvar="PACK_EXPORT_CORS", show_envvar=True,
+            help="Let pages on ORIGIN (scheme://host[:port], or *) fetch the package: CORS headers in the host's configuration "
+            "(--host). Repeatable or comma-separated; several origins on nginx and Apache, one (or *) elsewhere.",
+        ),
+    ] = None,
     coi_shim: Annotated[
         bool,
         typer.Option("--coi-shim", help="Add coi-serviceworker.js: a service worker that makes the pages cross-origin isolated (wasm threads) on hosts that cannot send COOP/COEP (GitHub Pages)."),
@@ -54,19 +62,24 @@ def export(
 ) -> None:
     """Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page."""
     from pipeline.publish.export import export_package, parse_variants
-    from pipeline.publish.hosts import COI_SHIM, github_pages_lines, host_named, render, shim_bytes, url_path_of
+    from pipeline.publish.cors import validate_origins
+    from pipeline.publish.hosts import COI_SHIM, Cors, github_pages_lines, host_named, render, shim_bytes, url_path_of
 
     with cli_errors():
         require_package_folder(package, "export")
         target = host_named(host) if host is not None else None
         if target is None and url_path is not None:
             raise PackError(f"--url-path {url_path}: only a host's configuration uses it; add --host NAME")
+        allowed = Cors(tuple(validate_origins(cors or [])))
+        if allowed.origins and (target is None or not target.config):
+            where = f"{target.title} takes no configuration" if target is not None else "only a host's configuration carries it"
+            raise PackError(f"--cors {','.join(allowed.origins)}: {where}; add --host NAME (nginx, apache, serve, netlify, cloudflare-pages, vercel)")
         served_under = url_path_of(url_path if url_path is not None else destination.resolve().name)
         def extra(manifest) -> dict[str, bytes]:
             files = {}
             if target is not None:
                 if target.config:
-                    files[target.config] = render(target, manifest, served_under).encode()
+                    files[target.config] = render(target, manifest, served_under, allowed).encode()
             if coi_shim:
                 files[COI_SHIM] = shim_bytes()
             return files
@@ -89,6 +102,7 @@ def export(
             "files": [{"path": path, "bytes": size} for path, size in exported.files],
             "host": target.name if target is not None else None,
             "url_path": served_under if target is not None else None,
+            "cors": list(allowed.origins),
             "config": config,
             "coi_shim": COI_SHIM if coi_shim else None,
             "notes": notes,

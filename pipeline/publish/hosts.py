@@ -8,7 +8,10 @@ pipeline/media_types.py, the one table every server of pack uses):
 - `Cache-Control`: immutable for content-hashed files, short for manifest.json and the loader;
 - `Content-Type` by the manifest (.wasm application/wasm, .mjs/.js text/javascript);
 - `Cross-Origin-Opener-Policy`/`Cross-Origin-Embedder-Policy` for the site's pages (wasm threads
-  need a cross-origin isolated page) and `Cross-Origin-Resource-Policy` on the package's files.
+  need a cross-origin isolated page) and `Cross-Origin-Resource-Policy` on the package's files;
+- with `--cors ORIGIN`, CORS on the package's files (pipeline/publish/cors.py) for pages on other
+  origins: one Access-Control-Allow-Origin value ('*' or the one origin) on every host; several
+  origins only where the server can answer each with itself (nginx, Apache).
 
 Rules name the files of the export (their names carry content hashes, so the configuration is
 written again with every export): one rule per file, or per sub-folder whose files take the same
@@ -35,6 +38,7 @@ from pipeline.errors import PackError
 from pipeline.http_headers import PAGE_ISOLATION, RESOURCE_POLICY, SHORT_CACHE, cache_control
 from pipeline.manifest import Manifest, stored_body
 from pipeline.media_types import content_type
+from pipeline.publish.cors import allowed_origin, cors_headers
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,34 @@ class Served:
     encoding: str | None  # "br": X is answered with the X.br body and Content-Encoding: br
 
 
+@dataclass(frozen=True)
+class Cors:
+    """The origins `--cors` lets fetch the package (none: pages of the package's own origin only)."""
+
+    origins: tuple[str, ...] = ()
+
+    @property
+    def fixed(self) -> str | None:
+        """The one Access-Control-Allow-Origin value for every allowed origin, else None."""
+        return allowed_origin(list(self.origins)) if self.origins else None
+
+    @property
+    def echoed(self) -> bool:
+        """Several origins: the server answers each allowed request's Origin with itself."""
+        return bool(self.origins) and self.fixed is None
+
+    def headers(self) -> dict[str, str]:
+        """The CORS headers of a package file where the value is fixed ({} without --cors)."""
+        return cors_headers(self.fixed) if self.fixed else {}
+
+    def pattern(self) -> str:
+        """A regular expression (PCRE, no backslashes) that matches exactly the allowed origins."""
+        def one(origin: str) -> str:
+            return "".join("[.]" if char == "." else "[A-Za-z0-9-]+" if char == "*" else char for char in origin)
+
+        return "^(" + "|".join(one(origin) for origin in self.origins) + ")$"
+
+
 def host_named(name: str) -> Host:
     """The host `--host NAME` names; an error naming `--host` and the choices, or what to use instead."""
     key = name.strip().lower()
@@ -114,14 +146,19 @@ def served_files(manifest: Manifest, url_path: str, content_encoding: bool = Tru
     return served
 
 
-def render(host: Host, manifest: Manifest, url_path: str) -> str:
-    """The text of `host.config` for this export served under `url_path`."""
+def render(host: Host, manifest: Manifest, url_path: str, cors: Cors = Cors()) -> str:
+    """The text of `host.config` for this export served under `url_path`, with CORS for `cors`."""
+    if cors.echoed and host.form not in ECHOES_ORIGIN:
+        raise PackError(
+            f"--cors {','.join(cors.origins)}: {host.title} sends one Access-Control-Allow-Origin value to every origin; "
+            f"give one origin or * (nginx and Apache answer several)"
+        )
     served = served_files(manifest, url_path, host.content_encoding)
     head = (
         f"pack export --host {host.name}: headers for the package {manifest['name']} served under {url_path}; "
         f"written again by every export (the names carry content hashes). Goes in {host.place}."
     )
-    text, rules = RENDERERS[host.form](head, served, url_path)
+    text, rules = RENDERERS[host.form](head, served, url_path, cors)
     if host.max_rules is not None and rules > host.max_rules:
         raise PackError(
             f"--host {host.name}: {len(served)} files need {rules} header rules, over the {host.max_rules} that {host.title} reads; "
@@ -169,25 +206,25 @@ def _type_and_cache(item: Served) -> tuple[str, str]:
     return item.content_type, item.cache_control
 
 
-def _headers_file(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _headers_file(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """Netlify and Cloudflare Pages `_headers`: a URL line (a trailing `*` matches the rest), then
     indented `Name: value` lines."""
     lines = [f"# {head}", "# Every page of the site: cross-origin isolated, for wasm threads.", "/*"]
     lines += [f"  {name}: {value}" for name, value in PAGE_ISOLATION.items()]
-    lines += ["", f"{url_path}*"] + [f"  {name}: {value}" for name, value in RESOURCE_POLICY.items()]
+    lines += ["", f"{url_path}*"] + [f"  {name}: {value}" for name, value in {**RESOURCE_POLICY, **cors.headers()}.items()]
     rules = _folded(served, url_path, _type_and_cache)
     for rule in rules:
         lines += ["", f"{url_path}{rule.folder}/*" if rule.folder else rule.item.url, f"  Content-Type: {rule.item.content_type}", f"  Cache-Control: {rule.item.cache_control}"]
     return "\n".join(lines) + "\n", len(rules) + 2
 
 
-def _vercel(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _vercel(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     def pairs(headers: dict[str, str]) -> list[dict[str, str]]:
         return [{"key": name, "value": value} for name, value in headers.items()]
 
     rules = [
         {"source": "/(.*)", "headers": pairs(PAGE_ISOLATION)},
-        {"source": f"{url_path}(.*)", "headers": pairs(RESOURCE_POLICY)},
+        {"source": f"{url_path}(.*)", "headers": pairs({**RESOURCE_POLICY, **cors.headers()})},
     ]
     rules += [
         {"source": f"{url_path}{rule.folder}/(.*)" if rule.folder else rule.item.url, "headers": pairs({"Content-Type": rule.item.content_type, "Cache-Control": rule.item.cache_control})}
@@ -201,7 +238,7 @@ def _vercel(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
 _SERVE_MAX_SOURCE = 100
 
 
-def _serve(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _serve(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """serve's serve.json (serve-handler): rewrites X to X.br where X.br is the body (one per
     file; serve reads any number). Header rules match the file served (after the rewrite) by glob,
     and of several that match, the later one sets a header: so they go from general to particular
@@ -214,7 +251,7 @@ def _serve(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
             raise PackError(f"--host serve: the rule for {source} is {len(source)} characters, over the {_SERVE_MAX_SOURCE} serve reads; export under a shorter --url-path")
         return {"source": source, "headers": [{"key": name, "value": value} for name, value in headers.items()]}
 
-    rules = [rule("**", PAGE_ISOLATION), rule(f"{url_path}**", {"Cache-Control": cache_control("immutable"), **RESOURCE_POLICY})]
+    rules = [rule("**", PAGE_ISOLATION), rule(f"{url_path}**", {"Cache-Control": cache_control("immutable"), **RESOURCE_POLICY, **cors.headers()})]
     by_suffix: dict[str, list[Served]] = {}
     for item in served:
         extension = PurePosixPath(item.path).suffix  # none: the file takes a rule of its own
@@ -241,11 +278,23 @@ def _nginx_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _nginx(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+# nginx: the request's Origin where --cors allows it, else empty (add_header sends no empty value)
+_NGINX_ORIGIN = "$pack_cors_origin"
+
+
+def _nginx(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """A server-context snippet. add_header in a location replaces every add_header it would
     inherit, so each location repeats the isolation headers."""
     isolation = [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
     lines = [f"# {head}", "# Every page of the site (each location without add_header of its own): cross-origin isolated, for wasm threads.", *isolation]
+    allowed = cors.headers()
+    if cors.echoed:
+        lines += [
+            "# --cors: the request's Origin, where it is one of the allowed origins, is the Access-Control-Allow-Origin.",
+            f'set {_NGINX_ORIGIN} "";',
+            f"if ($http_origin ~ {_nginx_quote(cors.pattern())}) {{ set {_NGINX_ORIGIN} $http_origin; }}",
+        ]
+        allowed = {**cors_headers(_NGINX_ORIGIN), "Vary": "Origin"}
     for item in served:
         lines += ["", f"location = {item.url} {{"]
         if item.encoding:
@@ -254,11 +303,12 @@ def _nginx(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
         lines += [f"    types {{ }} default_type {_nginx_quote(item.content_type)};"]
         headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": item.encoding, "Vary": "Accept-Encoding"} if item.encoding else {}), **RESOURCE_POLICY}
         lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in headers.items()]
+        lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in allowed.items()]
         lines += [f"    {line}" for line in isolation] + ["}"]
     return "\n".join(lines) + "\n", len(served)
 
 
-def _apache(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _apache(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """An .htaccess for the package's own folder: names are relative to it."""
     lines = [
         f"# {head}",
@@ -266,7 +316,12 @@ def _apache(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
         "# put the 'Header always set Cross-Origin-...' lines below in the .htaccess of their folder too.",
         "RewriteEngine On",
     ]
-    lines += [f"Header always set {name} {_apache_quote(value)}" for name, value in {**PAGE_ISOLATION, **RESOURCE_POLICY}.items()]
+    lines += [f"Header always set {name} {_apache_quote(value)}" for name, value in {**PAGE_ISOLATION, **RESOURCE_POLICY, **cors.headers()}.items()]
+    if cors.echoed:
+        # --cors: the request's Origin, where it is one of the allowed origins, is the Access-Control-Allow-Origin.
+        allowed = _apache_quote(f"expr=%{{HTTP:Origin}} =~ m#{cors.pattern()}#")
+        lines += [f"Header always set {name} {_apache_quote(value)} {allowed}" for name, value in cors_headers("expr=%{req:Origin}").items()]
+        lines.append("Header always merge Vary Origin")
     prefix = len(url_path)
     for item in served:
         path, body = item.url[prefix:], item.body
@@ -287,6 +342,8 @@ def _apache_quote(value: str) -> str:
 
 
 RENDERERS = {"_headers": _headers_file, "vercel": _vercel, "serve": _serve, "nginx": _nginx, "apache": _apache}
+# The forms whose server can answer each allowed origin with itself (several --cors origins).
+ECHOES_ORIGIN = frozenset({"nginx", "apache"})
 
 
 def github_pages_lines(shim: bool) -> list[str]:
