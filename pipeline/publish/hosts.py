@@ -41,15 +41,29 @@ from pipeline.media_types import content_type
 from pipeline.publish.cors import allowed_origin, cors_headers
 
 
+# nginx: the site-level snippet (the pages' isolation headers), one per site whatever the number of
+# packages; each package's snippet holds its locations only, so no header is sent twice.
+NGINX_SITE = "pack-site.nginx.conf"
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
     title: str
-    config: str | None  # the file written into the export; None: the host takes no configuration
+    config: str | None  # the configuration file's name; None: the host takes no configuration
     content_encoding: bool  # can the host send Content-Encoding: br for a .br body under X's name
     place: str  # where the file goes, in words
     form: str | None = None  # which writer of RENDERERS: the file's format
     max_rules: int | None = None  # the host's limit on header rules
+    # A file the server reads from its own configuration goes beside DIR as <DIR's name>.<config>,
+    # never inside the folder the site serves (where it would be served too); Apache reads
+    # .htaccess only inside the folder (and serves no .ht* file), the _headers and vercel.json
+    # hosts from the published root.
+    beside: bool = False
+
+    def config_path(self, destination: Path) -> Path:
+        """Where this host's configuration for an export to `destination` is written."""
+        return destination.parent / f"{destination.name}.{self.config}" if self.beside else destination / self.config
 
 
 HOSTS: dict[str, Host] = {
@@ -59,9 +73,9 @@ HOSTS: dict[str, Host] = {
         # Cloudflare Pages reads at most 100 rules from _headers.
         Host("cloudflare-pages", "Cloudflare Pages", "_headers", False, "the root of the build output folder (merge with an existing _headers)", "_headers", 100),
         Host("vercel", "Vercel", "vercel.json", False, "the project root (merge its \"headers\" into an existing vercel.json)", "vercel"),
-        Host("nginx", "nginx", "nginx.conf", True, "an include in the site's server { } block, whose root holds the package folder", "nginx"),
+        Host("nginx", "nginx", "nginx.conf", True, f"an include in the site's server {{ }} block, whose root holds the package folder, after `include {NGINX_SITE};` (once per site)", "nginx", beside=True),
         Host("apache", "Apache", ".htaccess", True, "this folder as it is (AllowOverride FileInfo; mod_rewrite, mod_headers, mod_mime)", "apache"),
-        Host("serve", "serve (npm)", "serve.json", True, "the folder `serve` serves (or pass it with serve --config)", "serve"),
+        Host("serve", "serve (npm)", "serve.json", True, "serve --config (its absolute path: serve reads a relative one from the folder it serves)", "serve", beside=True),
         Host("github-pages", "GitHub Pages", None, False, ""),
     )
 }
@@ -278,31 +292,51 @@ def _nginx_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-# nginx: the request's Origin where --cors allows it, else empty (add_header sends no empty value)
-_NGINX_ORIGIN = "$pack_cors_origin"
+def nginx_site_snippet() -> str:
+    """The site-level nginx snippet: every page of the site cross-origin isolated (the locations
+    without add_header of their own inherit it); included once, before the packages' snippets."""
+    lines = [
+        f"# pack export --host nginx: {NGINX_SITE}, the site's part (the same for every package): include it once per server {{ }} block,",
+        "# then each package's <name>.nginx.conf. Every page of the site (each location without add_header of its own): cross-origin isolated, for wasm threads.",
+    ]
+    lines += [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
+    lines += ["", "# The snippets are written beside the packages' folders, which may lie under the root: never serve them.", 'location ~ "\\.nginx\\.conf$" { return 404; }']
+    return "\n".join(lines) + "\n"
+
+
+# A client that did not say it accepts brotli (Accept-Encoding) gets 404 for X, whose only body is
+# X.br: the loader then fetches X.br as a file of its own and decodes it (docs/loader.md).
+_NGINX_ACCEPTS_BR = '"(^|[ ,])br([ ,;]|$)"'
 
 
 def _nginx(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
-    """A server-context snippet. add_header in a location replaces every add_header it would
-    inherit, so each location repeats the isolation headers."""
+    """The package's server-context snippet: its locations only (the pages' headers are the site
+    snippet's, once). add_header in a location replaces every add_header it would inherit, so each
+    location repeats the isolation headers."""
     isolation = [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
-    lines = [f"# {head}", "# Every page of the site (each location without add_header of its own): cross-origin isolated, for wasm threads.", *isolation]
+    lines = [f"# {head}"]
     allowed = cors.headers()
     if cors.echoed:
+        # the request's Origin where this package's --cors allows it, else empty (add_header sends
+        # no empty value); named by the URL path, so packages with other origins keep their own
+        origin = "$pack_cors" + re.sub(r"[^A-Za-z0-9]", "_", url_path)
         lines += [
             "# --cors: the request's Origin, where it is one of the allowed origins, is the Access-Control-Allow-Origin.",
-            f'set {_NGINX_ORIGIN} "";',
-            f"if ($http_origin ~ {_nginx_quote(cors.pattern())}) {{ set {_NGINX_ORIGIN} $http_origin; }}",
+            f'set {origin} "";',
+            f"if ($http_origin ~ {_nginx_quote(cors.pattern())}) {{ set {origin} $http_origin; }}",
         ]
-        allowed = {**cors_headers(_NGINX_ORIGIN), "Vary": "Origin"}
+        allowed = {**cors_headers(origin), "Vary": "Origin"}
     for item in served:
         lines += ["", f"location = {item.url} {{"]
         if item.encoding:
-            # X is stored as X.br: serve those bytes under X, marked as brotli (no gzip on top).
+            # X is stored as X.br: serve those bytes under X, marked as brotli (no gzip on top),
+            # to clients that accept brotli.
+            lines += [f"    if ($http_accept_encoding !~* {_NGINX_ACCEPTS_BR}) {{ return 404; }}"]
             lines += [f"    rewrite ^ {url_path}{item.body} break;", "    gzip off;"]
         lines += [f"    types {{ }} default_type {_nginx_quote(item.content_type)};"]
         headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": item.encoding, "Vary": "Accept-Encoding"} if item.encoding else {}), **RESOURCE_POLICY}
-        lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in headers.items()]
+        # Content-Encoding only on the body it describes (not `always`: never on the 404 above)
+        lines += [f"    add_header {name} {_nginx_quote(value)}{'' if name == 'Content-Encoding' else ' always'};" for name, value in headers.items()]
         lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in allowed.items()]
         lines += [f"    {line}" for line in isolation] + ["}"]
     return "\n".join(lines) + "\n", len(served)
@@ -326,8 +360,10 @@ def _apache(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple
     for item in served:
         path, body = item.url[prefix:], item.body
         if item.encoding:
-            # X is stored as X.br: answer X with those bytes, marked as brotli (mod_deflate leaves encoded bodies alone).
-            lines += ["", f"RewriteRule ^{re.escape(path)}$ {body} [END]"]
+            # X is stored as X.br: answer X with those bytes, marked as brotli (mod_deflate leaves
+            # encoded bodies alone), to clients that accept brotli; others get 404 for X and the
+            # loader fetches X.br as a file of its own.
+            lines += ["", "RewriteCond %{HTTP:Accept-Encoding} \\bbr\\b [NC]", f"RewriteRule ^{re.escape(path)}$ {body} [END]"]
         else:
             lines.append("")
         lines += [f'<Files "{Path(body).name}">', f"    ForceType {_apache_quote(item.content_type)}"]
