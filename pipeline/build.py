@@ -595,7 +595,7 @@ def build(options: BuildOptions, progress: Progress) -> BuildResult:
 
 def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
     run = _Build(options, progress, options.out_dir)
-    table = build_table(run)
+    table = [replace(stage, run=progress.step(f"stage {stage.name}", stage.run)) for stage in build_table(run)]  # a log line per stage (pipeline/progress.py)
     record = StageRun()
     recipe = load_build_recipe(options)
     lock_read = lock_for(recipe, options.lock).entry(recipe.name)  # as this build reads it: a pin the fetch writes is an output
