@@ -586,3 +586,63 @@ def test_skipping_keeps_the_bundle_whose_pair_passed_and_fails_clearly_when_noth
     assert "no execution provider can run here" in nothing["message"]
     assert "webgpu/fp32 on the webgpu bundle: failed its browser check at build time: y: rel_l2 0.5 > 0.001" in nothing["message"]
     assert "wasm/fp32 on the webgpu bundle: failed its browser check at build time" in nothing["message"]
+
+
+CACHE_KEYS = "async () => (await (await caches.open('pack-files-v1')).keys()).map((request) => request.url)"
+CACHE_STATE = "async (base) => (await import(base + 'loader.js')).cacheStatus({ baseUrl: base })"
+
+
+def _settled(page, base: str, gone: str | None = None) -> dict:
+    """cacheStatus() once the load's index is written ('cache' event: after 'ready', off the way to
+    the first result) and, with `gone`, that sha256 has left Cache Storage."""
+    page.wait_for_function(
+        """async ([base, gone]) => {
+          const { cacheStatus } = await import(base + 'loader.js');
+          const keys = (await (await caches.open('pack-files-v1')).keys()).map((r) => r.url);
+          return (await cacheStatus({ baseUrl: base })).cached && !(gone && keys.some((key) => key.endsWith(gone)));
+        }""",
+        arg=[base, gone], timeout=10_000,
+    )
+    return page.evaluate(CACHE_STATE, base)
+
+
+def test_a_newer_version_evicts_the_older_ones_files_and_clear_cache_frees_the_rest(browser, image_package, pages, tmp_path):
+    """One URL, two versions of its package: after the second loads, the first's model leaves
+    Cache Storage (the runtime both list stays), cacheStatus() gives the bytes held, and
+    clearCache() empties it."""
+    newer = make_package(tmp_path / "newer", "conv")  # another model, the same runtime
+    site = tmp_path / "site"
+    shutil.copytree(image_package, site)
+    old, new = read_manifest(image_package), read_manifest(newer)
+
+    def sha(manifest: dict, path: str) -> str:
+        return manifest["files"][path]["sha256"]
+
+    old_model, new_model = (sha(m, m["variants"]["fp32"]["model"]) for m in (old, new))
+    runtime = {sha(new, new["runtime"]["bundles"]["wasm"][part]) for part in ("module", "wasm")}
+    assert old_model != new_model and runtime <= {entry["sha256"] for entry in old["files"].values()}
+    with running_server(site, {TEST_PREFIX: pages}) as server:
+        page = blank_page(browser, server)
+        try:
+            first = load_and_run(page, server.url, {"executionProviders": ["wasm"]}, run=False)
+            assert first["ok"], first
+            assert _settled(page, server.url)["files"] >= 3
+            assert any(key.endswith(old_model) for key in page.evaluate(CACHE_KEYS))
+
+            shutil.rmtree(site)
+            shutil.copytree(newer, site)  # re-published at the same URL
+            page.reload()
+            second = load_and_run(page, server.url, {"executionProviders": ["wasm"]}, run=False)
+            assert second["ok"], second
+            state = _settled(page, server.url, gone=old_model)
+            keys = page.evaluate(CACHE_KEYS)
+            assert any(key.endswith(new_model) for key in keys) and all(any(key.endswith(h) for key in keys) for h in runtime), keys
+            held = {entry["sha256"]: entry["size"] for entry in new["files"].values() if any(key.endswith(entry["sha256"]) for key in keys)}
+            assert state == {"cached": True, "files": len(held), "bytes": sum(held.values())}, state
+
+            freed = page.evaluate("async (base) => (await import(base + 'loader.js')).clearCache({ baseUrl: base })", server.url)
+            assert freed == {"files": state["files"], "bytes": state["bytes"]}, (freed, state)
+            assert page.evaluate("async (base) => (await import(base + 'loader.js')).isCached({ baseUrl: base })", server.url) is False
+            assert page.evaluate(CACHE_KEYS) == []
+        finally:
+            page.context.close()

@@ -1,6 +1,7 @@
 // load(): fetch the manifest, plan the attempts once (platform chain, adapter, refusals, bundle),
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
+import { settleAfterLoad } from './cache.js';
 import { planVariant, variantModel } from './chunks.js';
 import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
@@ -197,6 +198,8 @@ export async function load(options = {}) {
   if (!selection.choice) selection.choice = { ep: runner.current.ep, variant: runner.current.variant };
   runner.selection = selection;
   emit({ type: 'ready', ...runner.info() });
+  // An earlier version's files leave Cache Storage now, off the way to the first result ('cache' event).
+  settleAfterLoad(cache, baseUrl, manifest, emit);
 
   const exclusive = lock();
   let released = false;
