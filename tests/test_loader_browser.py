@@ -310,10 +310,10 @@ def test_hung_run_hits_the_watchdog_and_falls_back(browser, server):
     assert result["ms"] >= 1500
 
 
-def test_progress_totals_are_the_manifest_decoded_sizes(browser, server):
+def test_progress_totals_are_the_manifest_decoded_sizes_and_phases_cover_the_wait(browser, server):
     page = blank_page(browser, server)
     try:
-        result = load_and_run(page, server.url, {}, run=False)
+        result = load_and_run(page, server.url, {})
     finally:
         page.context.close()
     assert result["ok"], result
@@ -321,11 +321,23 @@ def test_progress_totals_are_the_manifest_decoded_sizes(browser, server):
     bundle = manifest["runtime"]["bundles"][result["info"]["bundle"]]
     needed = [bundle["module"], bundle["wasm"], manifest["variants"][result["info"]["variant"]]["model"]]
     expected_total = sum(manifest["files"][path]["size"] for path in needed)
-    progress = result["progress"]
-    assert {p["total"] for p in progress} == {expected_total}
-    loaded = [p["loaded"] for p in progress]
+    downloads = [p for p in result["progress"] if p["phase"] == "download"]
+    # the sample file sampleFeeds() fetched after load() adds to the total then
+    assert {p["total"] for p in downloads if p["file"] in needed} == {expected_total}
+    loaded = [p["loaded"] for p in downloads if p["file"] in needed]
     assert loaded == sorted(loaded) and loaded[-1] == expected_total
-    assert {p["file"] for p in progress} == set(needed)
+    assert {p["file"] for p in downloads} - {manifest["sample"]["file"]} == set(needed)
+    # after the downloads: the session's creation, the pre-warm and the first run, each begun and
+    # done with its time, the elapsed time never going back, the last event the first result
+    ep, variant = result["info"]["ep"], result["info"]["variant"]
+    phases = [(p["phase"], p["state"]) for p in result["progress"] if p["phase"] != "download"]
+    assert phases == [("create", "start"), ("create", "done"), ("prewarm", "start"), ("prewarm", "done"), ("run", "start"), ("run", "done")], phases
+    waits = [p for p in result["progress"] if p["phase"] != "download"]
+    assert all((p["ep"], p["variant"]) == (ep, variant) for p in waits) and all(p["ms"] >= 0 for p in waits if p["state"] == "done"), waits
+    elapsed = [p["elapsedMs"] for p in result["progress"]]
+    assert elapsed == sorted(elapsed) and result["progress"][-1]["phase"] == "run"
+    created = next(e["ms"] for e in result["events"] if e["type"] == "session")
+    assert next(p["ms"] for p in waits if p["phase"] == "create" and p["state"] == "done") == round(created)
 
 
 def test_abort_signal_stops_the_load(browser, server):

@@ -96,10 +96,19 @@ export async function sha256Hex(bytes) {
   return hex(await crypto.subtle.digest('SHA-256', bytes));
 }
 
-/** Sums progress over every file a load fetches, against totals planned up front. */
+const clockMs = () => (globalThis.performance ? performance.now() : Date.now());
+
+/**
+ * The load's progress events: bytes over every file a load fetches, against totals planned up
+ * front (phase 'download'), and the waits after them, each as it starts and ends with its time
+ * (phases 'decode', 'create', 'prewarm', 'run': the first run), so a page can say what the wait is
+ * for until the first result. Every event carries the bytes so far and `elapsedMs` since load().
+ */
 export class ProgressTracker {
-  constructor(onProgress) {
+  constructor(onProgress, { clock = clockMs, started = clock() } = {}) {
     this.onProgress = onProgress;
+    this.clock = clock;
+    this.started = started;
     this.total = 0;
     this.loaded = 0;
     this.planned = new Set();
@@ -118,9 +127,23 @@ export class ProgressTracker {
 
   advance(file, bytes, fileLoaded, fileTotal) {
     this.loaded += bytes;
+    this.send({ phase: 'download', file, loaded: this.loaded, total: this.total, fileLoaded, fileTotal });
+  }
+
+  /**
+   * A phase begins (`state` 'start') or ends ('done': `details.ms`, or the time since its start).
+   * Returns the function that ends it, for `const done = progress.begin(...); ...; done()`.
+   */
+  begin(phase, details = {}) {
+    const started = this.clock();
+    this.send({ phase, state: 'start', ...details, loaded: this.loaded, total: this.total });
+    return (more = {}) => this.send({ phase, state: 'done', ...details, ms: Math.round(this.clock() - started), ...more, loaded: this.loaded, total: this.total });
+  }
+
+  send(event) {
     if (!this.onProgress) return;
     try {
-      this.onProgress({ file, loaded: this.loaded, total: this.total, fileLoaded, fileTotal });
+      this.onProgress({ ...event, elapsedMs: Math.round(this.clock() - this.started) });
     } catch (error) {
       console.error('[pack] onProgress threw:', error);
     }
@@ -373,12 +396,14 @@ export class Files {
         }
         if (received !== br.size) throw retryable(`the body ended after ${received} of ${br.size} bytes`, { received });
         let decoded;
+        const decodeDone = this.progress.begin('decode', { file: path });
         try {
           decoded = await this.decode(body, by);
         } catch (error) {
           if (error instanceof PackLoadError) throw error;
           throw retryable(`its brotli body does not decode (${messageOf(error)})`);
         }
+        decodeDone();
         advance(entry.size);
         return { buffer: decoded.bytes, wireBytes: received, decodedBy: by, decodedIn: decoded.where };
       } catch (error) {

@@ -28,6 +28,7 @@ export function withFirst(first, rest) {
  * release }. See loader.d.ts for the options.
  */
 export async function load(options = {}) {
+  const startedMs = performance.now(); // progress events' elapsedMs count from here
   const { signal } = options;
   throwIfAborted(signal);
   const emit = makeEmitter(options.onEvent);
@@ -109,7 +110,7 @@ export async function load(options = {}) {
   const onBundle = (list) => list.filter((a) => (bundle !== 'wasm' || a.ep === 'wasm') && (options.allowRefused || !isRefused(manifest, bundle, a.ep, a.variant)));
 
   const cache = options.cache === false ? null : await openCache(true, emit);
-  const progress = new ProgressTracker(options.onProgress);
+  const progress = new ProgressTracker(options.onProgress, { started: startedMs });
   const files = new Files({ baseUrl, manifest, cache, progress, emit, signal });
 
   // Measured choice: candidates on this bundle that the build did not refuse and that can be
