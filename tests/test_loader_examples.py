@@ -122,6 +122,23 @@ def test_plain_html_page_imports_the_loader_from_the_cdn(browser, published, tmp
     assert len(single) == 1, result["console"]
 
 
+def test_the_whole_model_runs_in_the_apps_worker(browser, published, tmp_path):
+    """docs/examples/worker: the page starts its own module Worker, which imports the loader from
+    the CDN, loads and runs the model; the page only exchanges messages (progress, the outputs)."""
+    site = shutil.copytree(EXAMPLES / "worker", tmp_path / "site")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers: list[str] = []
+    try:
+        result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package={published['url']}", on_worker=lambda w: workers.append(w.url))
+    finally:
+        server.shutdown()
+    _assert_ran(result)
+    assert result["inWorker"] is True and result["info"]["ep"] == "wasm", result
+    assert workers[0].endswith("/model.worker.js"), workers
+    assert "in a Worker: first result in" in result["text"]
+
+
 class _QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
