@@ -298,3 +298,41 @@ def test_vite_build_starts_the_loaders_own_worker_never_the_app_chunk(browser, p
     assert workers and {url.rsplit("/", 1)[-1] for url in workers} == {worker[0]}, workers
     assert handler.requests.count(f"/assets/{entry[0]}") == 1, handler.requests
     assert handler.requests.count("/models/gtcrn/manifest.json") == 1, handler.requests
+
+
+# --- webpack -------------------------------------------------------------------------------
+
+WEBPACK = EXAMPLES / "webpack"
+
+
+def test_webpack_build_emits_the_loaders_worker_and_runs(browser, published, tmp_path):
+    """docs/examples/webpack: `npm install <package>`, `webpack` (production), the built app and
+    the exported package on one plain host: webpack emits the loader's helper Worker as a chunk of
+    its own (never the app's), which decodes the `.br` bodies; the outputs are right."""
+    app_root = tmp_path / "app"
+    shutil.copytree(WEBPACK, app_root, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    _copy_tree(locked_node_modules(WEBPACK, "examples/webpack-", "webpack"), app_root / "node_modules")
+    (app_root / "node_modules" / ".package-lock.json").unlink(missing_ok=True)
+    npm("install", "--no-audit", "--no-fund", "--prefer-offline", str(published["package"]), cwd=app_root)
+    built = subprocess.run(["node", str(app_root / "node_modules" / "webpack-cli" / "bin" / "cli.js")], cwd=app_root, capture_output=True, text=True, timeout=180)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    scripts = sorted(p.name for p in (app_root / "dist").glob("*.js"))
+    app_script = [name for name in scripts if name.startswith("app.")]
+    assert len(app_script) == 1 and len(scripts) == 2, scripts  # the app and the loader's worker chunk
+    worker_chunk = next(name for name in scripts if name not in app_script)
+    assert "querySelector" not in (app_root / "dist" / worker_chunk).read_text()
+    exported = CliRunner().invoke(app, ["export", str(published["package"]), str(tmp_path / "gtcrn")])
+    assert exported.exit_code == 0, exported.output
+    site = shutil.copytree(app_root / "dist", tmp_path / "site")
+    shutil.copytree(tmp_path / "gtcrn", site / "models" / "gtcrn")
+    (site / "index.html").write_text((WEBPACK / "index.html").read_text().replace("APP_SCRIPT", app_script[0]))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers: list[str] = []
+    try:
+        result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package=/models/gtcrn/", on_worker=lambda w: workers.append(w.url))
+    finally:
+        server.shutdown()
+    _assert_ran(result)
+    assert result["decodedIn"] == ["worker"], result
+    assert workers and {url.rsplit("/", 1)[-1] for url in workers} == {worker_chunk}, workers
