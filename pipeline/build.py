@@ -198,8 +198,11 @@ def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
     locks = build_locks(recipe, options)
     context = StageContext(options, progress, locks)
     ledger: Ledger = {"recipe": recipe, "timings": record.seconds}  # the write stage reports every stage's time (its own as far as it got)
-    types = ARTEFACTS
-    run_stage(table[0], ledger, record, context, stage_boundary, types=types)
+
+    def run(stage: Stage, key: str | None = None) -> None:  # announced: a log line as each begins and ends (pipeline/progress.py)
+        progress.step(f"stage {stage.name}", run_stage)(stage, ledger, record, context, stage_boundary, key, ARTEFACTS)
+
+    run(table[0])
     settings = build_settings(recipe, options, locks)
     keys = stage_keys(table, settings, ledger)
     # Remote browsers are no input pack can hash (the device behind a URL changes): never reused.
@@ -213,14 +216,14 @@ def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:
     # the fetch runs on a reuse too, and says its own warnings there: the others are recorded
     with recorded_warnings() as said:
         for stage in table[1:staged]:
-            run_stage(stage, ledger, record, context, stage_boundary, keys[stage.name], types)
+            run(stage, keys[stage.name])
         lock_written = _write_fp16_lock(locks, recipe, ledger["fp16_lock"])
         destination = options.out_dir / recipe.name
         _make_out_dir(options.out_dir)
         with staging_folder(options.out_dir, prefix=f".{recipe.name}.build-") as staging:
             context.staging = staging
             for stage in table[staged:]:
-                run_stage(stage, ledger, record, context, stage_boundary, keys[stage.name], types)
+                run(stage, keys[stage.name])
             report = ledger["report"]
             if package_key is not None and report["passed"]:
                 stage_boundary("store")

@@ -27,6 +27,14 @@ TYPES: dict[str, int] = {
 
 ONNX_TO_NAME: dict[int, str] = {onnx_type: name for name, onnx_type in TYPES.items()}
 
+# name -> the typed array onnxruntime-web's Tensor.data is for it, as loader.d.ts names it (float16:
+# Float16Array where the browser has it, else Uint16Array: the union of every array, TensorData).
+TYPED_ARRAYS: dict[str, str] = {
+    "float32": "Float32Array", "float16": "TensorData", "float64": "Float64Array",
+    "int64": "BigInt64Array", "int32": "Int32Array", "int16": "Int16Array", "int8": "Int8Array",
+    "uint64": "BigUint64Array", "uint32": "Uint32Array", "uint16": "Uint16Array", "uint8": "Uint8Array", "bool": "Uint8Array",
+}
+
 
 def __getattr__(attribute: str):
     # NUMPY_DTYPES (name -> numpy scalar type) is made on first use: numpy loads only where used.

@@ -1,18 +1,34 @@
-"""Progress on a terminal, silence under --json or when stderr is not a terminal.
+"""Progress on a terminal, plain lines in a log, silence under --json.
 
 One `Progress` object is passed down a command; long steps call `task()` for a bar or `note()` for a
-status line. Bars are drawn by `rich` (rate and time left per bar, several bars at once, e.g.
-parallel uploads); all output goes to stderr so stdout stays clean for --json. Every URL in a
-line is masked (pipeline/urls.py).
+status line, and `step()` wraps a long call (a build stage). Three forms:
+- bars (`Progress()` when stderr is a terminal): drawn by `rich` (rate and time left per bar,
+  several bars at once, e.g. parallel uploads) on stderr, so stdout stays clean for --json;
+- plain lines (`Progress.lines(stream)`: `pack build` when its stdout is a pipe or a file, as in
+  CI): one line per note, per step and task begun and ended, each prefixed with the seconds since
+  the command began, and while a step or task runs a "still" line whenever `interval_s` (30 s)
+  passed without one, so a log never falls silent for longer; no bars, no control characters;
+- quiet (`Progress.quiet()`: --json, and other commands off a terminal).
+Every URL in a line is masked (pipeline/urls.py).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
+# A log line at least this often while a step runs (plain lines); the environment variable
+# shortens it for tests of a whole `pack build` (no real 30-s waits).
+LINE_INTERVAL_S = 30.0
+INTERVAL_ENV = "PACK_PROGRESS_INTERVAL_S"
+
+Result = TypeVar("Result")
+
+from pipeline.errors import PackError
 from pipeline.urls import mask_urls
 
 
@@ -87,8 +103,8 @@ class Task:
 
 
 class Progress:
-    """Writes to `stream` (stderr) when `enabled` (default: when it is a terminal);
-    `Progress.quiet()` is the --json form."""
+    """Writes bars to `stream` (stderr) when `enabled` (default: when it is a terminal);
+    `Progress.quiet()` is the --json form, `Progress.lines()` the plain form."""
 
     def __init__(self, enabled: bool | None = None, stream=None):
         self.stream = stream or sys.stderr
@@ -97,17 +113,46 @@ class Progress:
         self._console, self._bars = _rich_bars(self.stream) if self.enabled else (None, None)
         self._lock = threading.Lock()
         self._open_tasks = 0
+        self._plain: _Lines | None = None
 
     @classmethod
     def quiet(cls) -> "Progress":
         return cls(enabled=False)
 
+    @classmethod
+    def lines(cls, stream, interval_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> "Progress":
+        """Plain lines on `stream`, one at least every `interval_s` while a step or task runs
+        (default: $PACK_PROGRESS_INTERVAL_S, else 30 s)."""
+        progress = cls(enabled=False)
+        progress._plain = _Lines(stream, interval_s if interval_s is not None else _interval_from_env(), clock)
+        return progress
+
     def note(self, message: str) -> None:
-        if self.enabled:
+        if self._plain:
+            self._plain.line(message)
+        elif self.enabled:
             self._console.print(mask_urls(message), markup=False, highlight=False)
+
+    def step(self, label: str, run: Callable[..., Result]) -> Callable[..., Result]:
+        """`run`, announced: with plain lines, a line as it begins and ends and "still" lines while
+        it runs; otherwise `run` itself."""
+        if not self._plain:
+            return run
+        plain = self._plain
+
+        def announced(*args, **kwargs) -> Result:
+            with plain.running(label):
+                return run(*args, **kwargs)
+
+        return announced
 
     @contextmanager
     def task(self, label: str, total: float | None = None, unit: str = "items") -> Iterator[Task]:
+        if self._plain:
+            task = Task(self, label, total, unit, None)
+            with self._plain.running(label, lambda: f"{task.done:.0f}/{task.total:.0f} {unit}" if task.total else f"{task.done:.0f} {unit}"):
+                yield task
+            return
         if not self.enabled:
             yield Task(self, label, total, unit, None)
             return
@@ -130,6 +175,62 @@ class Progress:
                     self._bars.stop()
                     for old in list(self._bars.task_ids):
                         self._bars.remove_task(old)
+
+
+class _Lines:
+    """The plain form: timestamped lines, and a watcher thread per running step that writes a
+    "still" line whenever `interval_s` passed since the last line of any kind."""
+
+    def __init__(self, stream, interval_s: float, clock: Callable[[], float]):
+        self.stream = stream
+        self.interval_s = interval_s
+        self.clock = clock
+        self.started = clock()
+        self.last = self.started
+        self.lock = threading.Lock()
+
+    def line(self, message: str) -> None:
+        with self.lock:
+            now = self.clock()
+            self.last = now
+            self.stream.write(f"[{now - self.started:5.0f}s] {mask_urls(message)}\n")
+            self.stream.flush()  # a pipe is block-buffered: a CI log shows the line now
+
+    @contextmanager
+    def running(self, label: str, state: Callable[[], str] | None = None) -> Iterator[None]:
+        began = self.clock()
+        self.line(f"{label}: started")
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(max(0.0, self.interval_s - (self.clock() - self.last))):
+                if self.clock() - self.last >= self.interval_s:
+                    extra = f", {state()}" if state else ""
+                    self.line(f"{label}: still running ({self.clock() - began:.0f} s{extra})")
+
+        watcher = threading.Thread(target=watch, name=f"progress: {label}", daemon=True)
+        watcher.start()
+        try:
+            yield
+        except BaseException:
+            done.set()
+            watcher.join()
+            self.line(f"{label}: stopped after {self.clock() - began:.1f} s")
+            raise
+        done.set()
+        watcher.join()
+        self.line(f"{label}: done in {self.clock() - began:.1f} s")
+
+
+def _interval_from_env() -> float:
+    text = os.environ.get(INTERVAL_ENV, "").strip()
+    try:
+        value = float(text) if text else LINE_INTERVAL_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise PackError(f"{INTERVAL_ENV}={text!r}: give the most seconds between two progress lines (a positive number; default {LINE_INTERVAL_S:.0f})")
+    return value
 
 
 def _isatty(stream) -> bool:

@@ -67,16 +67,19 @@ def _binary(name: str, package: str) -> str:
 
 
 @contextmanager
-def nginx(site: Path, snippet: Path, run: Path) -> Iterator[str]:
-    """nginx serving `site` with `snippet` (an export's nginx.conf) included in its server block, as
-    docs/hosts.md says; `run` holds its pid, logs and temp folders. Yields the base URL."""
+def nginx(site: Path, snippets: list[Path], run: Path) -> Iterator[str]:
+    """nginx serving `site` with `snippets` (an export's pack-site.nginx.conf, then each package's
+    <name>.nginx.conf) included in its server block, as docs/hosts.md says; `run` holds its pid,
+    logs and temp folders. Yields the base URL."""
     port = free_port()
     temp = "".join(f"    {kind}_temp_path {run / kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     conf = run / "nginx.conf"
     conf.write_text(
         f"daemon off;\nmaster_process off;\npid {run / 'nginx.pid'};\nerror_log {run / 'error.log'};\nevents {{}}\n"
         f"http {{\n    access_log off;\n    include /etc/nginx/mime.types;\n{temp}"
-        f"    server {{\n        listen 127.0.0.1:{port};\n        root {site};\n        include {snippet};\n    }}\n}}\n"
+        f"    server {{\n        listen 127.0.0.1:{port};\n        root {site};\n"
+        + "".join(f"        include {snippet};\n" for snippet in snippets)
+        + "    }\n}\n"
     )
     with _running([_binary("nginx", "nginx-light"), "-c", str(conf), "-p", str(run)], port, run / "error.log") as url:
         yield url

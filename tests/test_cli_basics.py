@@ -112,3 +112,81 @@ def test_progress_draws_concurrent_bars_with_amounts_and_rates_and_is_silent_oth
     with not_a_terminal.task("x", total=1) as task:
         task.advance(1)
     assert quiet_stream.getvalue() == ""
+
+
+class _TimedLines:
+    """A log stream that records when each line was written."""
+
+    def __init__(self):
+        import time
+
+        self.clock = time.monotonic
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> None:
+        for line in text.splitlines():
+            self.lines.append((self.clock(), line))
+
+    def flush(self) -> None:
+        pass
+
+
+def test_plain_lines_never_leave_the_log_silent_longer_than_the_interval():
+    """A CI log (not a terminal): a line as each step begins and ends, and while a slow step runs a
+    "still running" line whenever the interval passed without one; the interval is injected (here
+    0.1 s for a 0.7-s step: the same code writes one every 30 s in a real build)."""
+    import time
+
+    from pipeline.progress import Progress
+
+    stream = _TimedLines()
+    started = stream.clock()
+    progress = Progress.lines(stream, interval_s=0.1)
+    progress.note("stage one, https://user:secret@example.com/m.onnx")
+    slow = progress.step("stage slow", lambda seconds: time.sleep(seconds) or "made")
+    assert slow(0.7) == "made"
+    with progress.task("upload", total=3, unit="files") as task:
+        for _ in range(3):
+            time.sleep(0.15)
+            task.advance(1)
+    failing = progress.step("stage broken", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing()
+    ended = stream.clock()
+    text = [line for _, line in stream.lines]
+    assert all(line.startswith("[") and "s] " in line for line in text), text
+    messages = [line.split("s] ", 1)[1] for line in text]
+    assert messages[0] == "stage one, https://***@example.com/m.onnx"  # URLs masked as everywhere
+    assert messages[1] == "stage slow: started" and any(m.startswith("stage slow: done in 0.7") for m in messages), messages
+    assert sum(m.startswith("stage slow: still running") for m in messages) >= 4, messages
+    assert any(m.startswith("upload: still running") and "/3 files" in m for m in messages), messages
+    assert messages[-1].startswith("stage broken: stopped after"), messages
+    # the gaps: from the start, between lines, to the end; never much over the interval
+    times = [started, *(when for when, _ in stream.lines), ended]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert max(gaps) < 0.1 + 0.15, gaps
+    # no watcher left behind
+    assert not [thread for thread in __import__("threading").enumerate() if thread.name.startswith("progress: ")]
+
+
+def test_pack_build_into_a_pipe_logs_each_stage_and_nothing_under_json(tmp_path):
+    import os
+
+    from build_helpers import conv_model, save
+
+    model = save(conv_model(), tmp_path / "tiny.onnx")
+    env = {**os.environ, "PACK_WEBGPU_KERNELS": "off", "PACK_PROGRESS_INTERVAL_S": "0.5", "NO_COLOR": "1"}
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(model), "--no-browser", "--out", str(tmp_path / "dist")]
+    built = subprocess.run([*command, "--no-reuse"], capture_output=True, text=True, env=env, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    log = built.stdout.splitlines()
+    for stage in ("fetch", "host_verify", "write"):
+        assert any(line.endswith(f"stage {stage}: started") for line in log), log
+        assert any(f"stage {stage}: done in " in line for line in log), log
+    assert "\x1b" not in built.stdout + built.stderr  # plain lines: no bars, no colours
+    # --json: the report alone on stdout
+    quiet = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert json.loads(quiet.stdout)["name"] == "tiny"
+    bad = subprocess.run(command, capture_output=True, text=True, env={**env, "PACK_PROGRESS_INTERVAL_S": "soon"}, timeout=120)
+    assert bad.returncode == 2 and "PACK_PROGRESS_INTERVAL_S='soon'" in bad.stderr, bad.stderr

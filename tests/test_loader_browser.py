@@ -310,10 +310,10 @@ def test_hung_run_hits_the_watchdog_and_falls_back(browser, server):
     assert result["ms"] >= 1500
 
 
-def test_progress_totals_are_the_manifest_decoded_sizes(browser, server):
+def test_progress_totals_are_the_manifest_decoded_sizes_and_phases_cover_the_wait(browser, server):
     page = blank_page(browser, server)
     try:
-        result = load_and_run(page, server.url, {}, run=False)
+        result = load_and_run(page, server.url, {})
     finally:
         page.context.close()
     assert result["ok"], result
@@ -321,11 +321,23 @@ def test_progress_totals_are_the_manifest_decoded_sizes(browser, server):
     bundle = manifest["runtime"]["bundles"][result["info"]["bundle"]]
     needed = [bundle["module"], bundle["wasm"], manifest["variants"][result["info"]["variant"]]["model"]]
     expected_total = sum(manifest["files"][path]["size"] for path in needed)
-    progress = result["progress"]
-    assert {p["total"] for p in progress} == {expected_total}
-    loaded = [p["loaded"] for p in progress]
+    downloads = [p for p in result["progress"] if p["phase"] == "download"]
+    # the sample file sampleFeeds() fetched after load() adds to the total then
+    assert {p["total"] for p in downloads if p["file"] in needed} == {expected_total}
+    loaded = [p["loaded"] for p in downloads if p["file"] in needed]
     assert loaded == sorted(loaded) and loaded[-1] == expected_total
-    assert {p["file"] for p in progress} == set(needed)
+    assert {p["file"] for p in downloads} - {manifest["sample"]["file"]} == set(needed)
+    # after the downloads: the session's creation, the pre-warm and the first run, each begun and
+    # done with its time, the elapsed time never going back, the last event the first result
+    ep, variant = result["info"]["ep"], result["info"]["variant"]
+    phases = [(p["phase"], p["state"]) for p in result["progress"] if p["phase"] != "download"]
+    assert phases == [("create", "start"), ("create", "done"), ("prewarm", "start"), ("prewarm", "done"), ("run", "start"), ("run", "done")], phases
+    waits = [p for p in result["progress"] if p["phase"] != "download"]
+    assert all((p["ep"], p["variant"]) == (ep, variant) for p in waits) and all(p["ms"] >= 0 for p in waits if p["state"] == "done"), waits
+    elapsed = [p["elapsedMs"] for p in result["progress"]]
+    assert elapsed == sorted(elapsed) and result["progress"][-1]["phase"] == "run"
+    created = next(e["ms"] for e in result["events"] if e["type"] == "session")
+    assert next(p["ms"] for p in waits if p["phase"] == "create" and p["state"] == "done") == round(created)
 
 
 def test_abort_signal_stops_the_load(browser, server):
@@ -586,3 +598,63 @@ def test_skipping_keeps_the_bundle_whose_pair_passed_and_fails_clearly_when_noth
     assert "no execution provider can run here" in nothing["message"]
     assert "webgpu/fp32 on the webgpu bundle: failed its browser check at build time: y: rel_l2 0.5 > 0.001" in nothing["message"]
     assert "wasm/fp32 on the webgpu bundle: failed its browser check at build time" in nothing["message"]
+
+
+CACHE_KEYS = "async () => (await (await caches.open('pack-files-v1')).keys()).map((request) => request.url)"
+CACHE_STATE = "async (base) => (await import(base + 'loader.js')).cacheStatus({ baseUrl: base })"
+
+
+def _settled(page, base: str, gone: str | None = None) -> dict:
+    """cacheStatus() once the load's index is written ('cache' event: after 'ready', off the way to
+    the first result) and, with `gone`, that sha256 has left Cache Storage."""
+    page.wait_for_function(
+        """async ([base, gone]) => {
+          const { cacheStatus } = await import(base + 'loader.js');
+          const keys = (await (await caches.open('pack-files-v1')).keys()).map((r) => r.url);
+          return (await cacheStatus({ baseUrl: base })).cached && !(gone && keys.some((key) => key.endsWith(gone)));
+        }""",
+        arg=[base, gone], timeout=10_000,
+    )
+    return page.evaluate(CACHE_STATE, base)
+
+
+def test_a_newer_version_evicts_the_older_ones_files_and_clear_cache_frees_the_rest(browser, image_package, pages, tmp_path):
+    """One URL, two versions of its package: after the second loads, the first's model leaves
+    Cache Storage (the runtime both list stays), cacheStatus() gives the bytes held, and
+    clearCache() empties it."""
+    newer = make_package(tmp_path / "newer", "conv")  # another model, the same runtime
+    site = tmp_path / "site"
+    shutil.copytree(image_package, site)
+    old, new = read_manifest(image_package), read_manifest(newer)
+
+    def sha(manifest: dict, path: str) -> str:
+        return manifest["files"][path]["sha256"]
+
+    old_model, new_model = (sha(m, m["variants"]["fp32"]["model"]) for m in (old, new))
+    runtime = {sha(new, new["runtime"]["bundles"]["wasm"][part]) for part in ("module", "wasm")}
+    assert old_model != new_model and runtime <= {entry["sha256"] for entry in old["files"].values()}
+    with running_server(site, {TEST_PREFIX: pages}) as server:
+        page = blank_page(browser, server)
+        try:
+            first = load_and_run(page, server.url, {"executionProviders": ["wasm"]}, run=False)
+            assert first["ok"], first
+            assert _settled(page, server.url)["files"] >= 3
+            assert any(key.endswith(old_model) for key in page.evaluate(CACHE_KEYS))
+
+            shutil.rmtree(site)
+            shutil.copytree(newer, site)  # re-published at the same URL
+            page.reload()
+            second = load_and_run(page, server.url, {"executionProviders": ["wasm"]}, run=False)
+            assert second["ok"], second
+            state = _settled(page, server.url, gone=old_model)
+            keys = page.evaluate(CACHE_KEYS)
+            assert any(key.endswith(new_model) for key in keys) and all(any(key.endswith(h) for key in keys) for h in runtime), keys
+            held = {entry["sha256"]: entry["size"] for entry in new["files"].values() if any(key.endswith(entry["sha256"]) for key in keys)}
+            assert state == {"cached": True, "files": len(held), "bytes": sum(held.values())}, state
+
+            freed = page.evaluate("async (base) => (await import(base + 'loader.js')).clearCache({ baseUrl: base })", server.url)
+            assert freed == {"files": state["files"], "bytes": state["bytes"]}, (freed, state)
+            assert page.evaluate("async (base) => (await import(base + 'loader.js')).isCached({ baseUrl: base })", server.url) is False
+            assert page.evaluate(CACHE_KEYS) == []
+        finally:
+            page.context.close()

@@ -70,11 +70,14 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _open(browser, url: str) -> dict:
-    """Opens `url` and returns what the example page put in window.example."""
+def _open(browser, url: str, on_worker=None) -> dict:
+    """Opens `url` and returns what the example page put in window.example; `on_worker` is called
+    with each Worker the page starts."""
     page = browser.new_context().new_page()
     errors: list[str] = []
     console: list[str] = []
+    if on_worker:
+        page.on("worker", on_worker)
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
     try:
@@ -117,6 +120,23 @@ def test_plain_html_page_imports_the_loader_from_the_cdn(browser, published, tmp
     assert result["threads"] == 1 and result["threadsWhy"].startswith("the page is not cross-origin isolated"), result
     single = [line for line in result["console"] if line.startswith("warning: [pack] wasm runs on 1 thread")]
     assert len(single) == 1, result["console"]
+
+
+def test_the_whole_model_runs_in_the_apps_worker(browser, published, tmp_path):
+    """docs/examples/worker: the page starts its own module Worker, which imports the loader from
+    the CDN, loads and runs the model; the page only exchanges messages (progress, the outputs)."""
+    site = shutil.copytree(EXAMPLES / "worker", tmp_path / "site")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers: list[str] = []
+    try:
+        result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package={published['url']}", on_worker=lambda w: workers.append(w.url))
+    finally:
+        server.shutdown()
+    _assert_ran(result)
+    assert result["inWorker"] is True and result["info"]["ep"] == "wasm", result
+    assert workers[0].endswith("/model.worker.js"), workers
+    assert "in a Worker: first result in" in result["text"]
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -200,8 +220,10 @@ def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stdout + build.stderr
     shipped = sorted(p.relative_to(vite_app / "dist").as_posix() for p in (vite_app / "dist").rglob("*") if p.is_file())
-    # The app's page and one script: the loader bundled with the app, nothing of the model or runtime.
-    assert len(shipped) == 2 and shipped[1] == "index.html" and shipped[0].startswith("assets/index-") and shipped[0].endswith(".js"), shipped
+    # The app's page, its script (the loader bundled with the app) and the loader's helper Worker;
+    # nothing of the model or runtime.
+    assert len(shipped) == 3 and shipped[2] == "index.html", shipped
+    assert shipped[0].startswith("assets/index-") and shipped[1].startswith("assets/worker-") and shipped[1].endswith(".js"), shipped
     script = (vite_app / "dist" / shipped[0]).read_bytes()
     assert len(script) < 80_000, len(script)
     assert b"InferenceSession.create" in script  # the loader's own code is there...
@@ -216,3 +238,101 @@ def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(
     for result in (built, dev_result):
         assert result["info"]["threads"] > 1 and result["info"]["threadsWhy"].startswith("cross-origin isolated: "), result["info"]
         assert not [line for line in result["console"] if "wasm runs on 1 thread" in line], result["console"]
+
+
+# Vite's default build injects the modulepreload polyfill (it touches `document`) into the entry
+# chunk; this config leaves it out, so a worker that started the entry chunk would run the app.
+_NO_POLYFILL_CONFIG = """import { defineConfig, mergeConfig } from 'vite';
+import base from './vite.config';
+export default mergeConfig(base, defineConfig({ build: { outDir: 'dist-no-polyfill', modulePreload: { polyfill: false } } }));
+"""
+
+
+class _LoggingHandler(SimpleHTTPRequestHandler):
+    """A static host that serves files as they are (so the loader decodes `.br` bodies in its
+    helper Worker) and records every path asked for."""
+
+    requests: list[str]
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        self.requests.append(self.path)
+
+
+@pytest.mark.parametrize("polyfill", [True, False], ids=["modulepreload-polyfill", "no-polyfill"])
+def test_vite_build_starts_the_loaders_own_worker_never_the_app_chunk(browser, published, vite_app, tmp_path, polyfill):
+    # The package beside the app on a plain host: `pack export` keeps the .br bodies, the host
+    # serves them as files, so the loader decodes them with the package's decoder in its Worker.
+    exported = CliRunner().invoke(app, ["export", str(published["package"]), str(tmp_path / "gtcrn")])
+    assert exported.exit_code == 0, exported.output
+    args = [] if polyfill else ["--config", "vite.no-polyfill.config.ts"]
+    (vite_app / "vite.no-polyfill.config.ts").write_text(_NO_POLYFILL_CONFIG)
+    out = vite_app / ("dist" if polyfill else "dist-no-polyfill")
+    env = {**_vite_env(published), "VITE_PACK_BASE_URL": "/models/gtcrn/"}
+    build = subprocess.run(["node", str(vite_app / "node_modules" / "vite" / "bin" / "vite.js"), "build", *args], cwd=vite_app, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stdout + build.stderr
+    site = shutil.copytree(out, tmp_path / "site")
+    shutil.copytree(tmp_path / "gtcrn", site / "models" / "gtcrn")
+    scripts = sorted(p.name for p in (site / "assets").glob("*.js"))
+    entry = [name for name in scripts if name.startswith("index-")]
+    worker = [name for name in scripts if name.startswith("worker-")]
+    # the app's chunk and the loader's worker chunk, which holds the decoder glue, not the app
+    assert len(entry) == 1 and len(worker) == 1 and len(scripts) == 2, scripts
+    worker_code = (site / "assets" / worker[0]).read_text()
+    assert "querySelector" not in worker_code and "MutationObserver" not in worker_code, worker_code[:2000]
+    assert (b"MutationObserver" in (site / "assets" / entry[0]).read_bytes()) == polyfill  # the polyfill watches for <link>s
+
+    handler = type("Handler", (_LoggingHandler,), {"requests": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers: list[str] = []
+    try:
+        page_url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
+        result = _open(browser, page_url, on_worker=lambda started: workers.append(started.url))
+    finally:
+        server.shutdown()
+    _assert_ran(result)
+    # .br bodies decoded in the loader's own Worker: its chunk started, the app's chunk never did
+    assert result["decodedIn"] == ["worker"], result
+    # (one per load's decoding: it closes 2 s after its last body, and a later file starts another)
+    assert workers and {url.rsplit("/", 1)[-1] for url in workers} == {worker[0]}, workers
+    assert handler.requests.count(f"/assets/{entry[0]}") == 1, handler.requests
+    assert handler.requests.count("/models/gtcrn/manifest.json") == 1, handler.requests
+
+
+# --- webpack -------------------------------------------------------------------------------
+
+WEBPACK = EXAMPLES / "webpack"
+
+
+def test_webpack_build_emits_the_loaders_worker_and_runs(browser, published, tmp_path):
+    """docs/examples/webpack: `npm install <package>`, `webpack` (production), the built app and
+    the exported package on one plain host: webpack emits the loader's helper Worker as a chunk of
+    its own (never the app's), which decodes the `.br` bodies; the outputs are right."""
+    app_root = tmp_path / "app"
+    shutil.copytree(WEBPACK, app_root, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    _copy_tree(locked_node_modules(WEBPACK, "examples/webpack-", "webpack"), app_root / "node_modules")
+    (app_root / "node_modules" / ".package-lock.json").unlink(missing_ok=True)
+    npm("install", "--no-audit", "--no-fund", "--prefer-offline", str(published["package"]), cwd=app_root)
+    built = subprocess.run(["node", str(app_root / "node_modules" / "webpack-cli" / "bin" / "cli.js")], cwd=app_root, capture_output=True, text=True, timeout=180)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    scripts = sorted(p.name for p in (app_root / "dist").glob("*.js"))
+    app_script = [name for name in scripts if name.startswith("app.")]
+    assert len(app_script) == 1 and len(scripts) == 2, scripts  # the app and the loader's worker chunk
+    worker_chunk = next(name for name in scripts if name not in app_script)
+    assert "querySelector" not in (app_root / "dist" / worker_chunk).read_text()
+    exported = CliRunner().invoke(app, ["export", str(published["package"]), str(tmp_path / "gtcrn")])
+    assert exported.exit_code == 0, exported.output
+    site = shutil.copytree(app_root / "dist", tmp_path / "site")
+    shutil.copytree(tmp_path / "gtcrn", site / "models" / "gtcrn")
+    (site / "index.html").write_text((WEBPACK / "index.html").read_text().replace("APP_SCRIPT", app_script[0]))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers: list[str] = []
+    try:
+        result = _open(browser, f"http://127.0.0.1:{server.server_address[1]}/index.html?package=/models/gtcrn/", on_worker=lambda w: workers.append(w.url))
+    finally:
+        server.shutdown()
+    _assert_ran(result)
+    assert result["decodedIn"] == ["worker"], result
+    assert workers and {url.rsplit("/", 1)[-1] for url in workers} == {worker_chunk}, workers

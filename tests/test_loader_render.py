@@ -48,7 +48,7 @@ MANIFEST = make_manifest(
 )
 
 
-MODULES = ["brotli", "chunks", "compare", "errors", "files", "load", "manifest_keys", "policy", "present", "runner", "runtime", "select", "tensors", "widen"]
+MODULES = ["brotli", "cache", "chunks", "compare", "errors", "files", "load", "manifest_keys", "policy", "present", "runner", "runtime", "select", "tensors", "widen", "worker"]
 
 
 def test_writes_loader_modules_types_demo_page_and_script(tmp_path):
@@ -148,17 +148,19 @@ def test_generated_scripts_are_valid_es_modules(tmp_path):
 
 TYPESCRIPT = "typescript@5.6.3"
 USAGE_TS = """
-import { load, detectPlatform, chainFor, compareOutputs, thresholdsFor, type Feeds } from './loader';
+import { load, detectPlatform, chainFor, compareOutputs, thresholdsFor, cacheStatus, clearCache, isCached, type Feeds } from './loader';
 export async function main(): Promise<void> {
   const model = await load({
     executionProviders: ['webgpu', 'wasm'], select: 'measured', selectBudgetMs: 2000, watchdogMs: 1000,
     onSelect: (e) => { if (e.type === 'trial' && e.phase === 'done') console.log(e.ep, e.steadyMs); },
-    onProgress: ({ loaded, total }) => console.log(loaded / total),
+    onProgress: (p) => console.log(p.loaded / p.total, p.elapsedMs, p.phase === 'download' ? p.fileLoaded : p.state, p.file),
     onEvent: (e) => { if (e.type === 'fallback') console.log(e.from.ep, e.error); },
   });
   const feeds: Feeds = await model.sampleFeeds();
   const outputs = await model.run(feeds);
   console.log(outputs.y.dims, model.info.ep, model.info.fallbacks[0]?.inputShapes, model.info.selection?.fromCache);
+  const y: Float32Array = outputs.y.data; // the output's dtype, no cast
+  console.log(y[0], await isCached(), (await cacheStatus({ baseUrl: 'https://cdn.example/m/' })).bytes, (await clearCache()).files);
   const { reference } = await model.sample();
   if (reference) console.log(compareOutputs(model.manifest, reference, outputs, thresholdsFor(model.manifest, 'wasm', 'fp32')).text);
   await model.session?.endProfiling();
@@ -171,6 +173,7 @@ import { load } from './loader';
 export async function main(): Promise<void> {
   const model = await load({ variant: 'int8' });
   await model.run({ nope: { data: new Float32Array(1), dims: [1], type: 'float32' } });
+  const wrong: Int32Array = (await model.run(await model.sampleFeeds())).y.data;
 }
 """
 
@@ -193,6 +196,7 @@ def test_declarations_type_check_usage_and_reject_misuse(tmp_path):
     assert good.returncode == 0, good.stdout
     bad = subprocess.run([str(tsc), *flags, "misuse.ts"], cwd=tmp_path, capture_output=True, text=True)
     assert "'\"int8\"' is not assignable" in bad.stdout and "'nope' does not exist" in bad.stdout, bad.stdout
+    assert "Type 'Float32Array' is not assignable to type 'Int32Array'" in bad.stdout or "'Float32Array<ArrayBufferLike>' is not assignable to type 'Int32Array" in bad.stdout, bad.stdout
 
 
 def test_package_json_makes_the_package_an_npm_package(tmp_path):

@@ -64,8 +64,8 @@ def site():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _get(url: str) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "br, gzip"})
+def _get(url: str, origin: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "br, gzip", **({"Origin": origin} if origin else {})})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, {k.lower(): v for k, v in answer.headers.items()}, answer.read()
@@ -127,9 +127,12 @@ def test_each_config_names_every_file_as_its_host_serves_it(package, tmp_path):
         result = export(str(package), str(tmp_path / host / NAME), "--host", host, "--json")
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
-        assert summary["config"] == config and summary["url_path"] == f"/{NAME}/"
+        # what a server reads from its own configuration is written beside the served folder, never in it
+        where = tmp_path / host / (f"{NAME}.{config}" if host in ("nginx", "serve") else f"{NAME}/{config}")
+        assert summary["config"] == str(where.resolve()) and summary["url_path"] == f"/{NAME}/"
+        assert (host in ("nginx", "serve")) != (tmp_path / host / NAME / config).exists(), host
         assert summary["bodies"] == "br", host  # brotli bytes on every host
-        text = (tmp_path / host / NAME / config).read_text()
+        text = where.read_text()
         manifest = json.loads((tmp_path / host / NAME / "manifest.json").read_text())
         stored = [path for path, entry in manifest["files"].items() if entry.get("stored") == "br"]
         assert stored, host
@@ -169,6 +172,27 @@ def test_cloudflare_pages_refuses_an_export_over_its_100_rules_naming_the_fix():
     assert "/big/part." in render(HOSTS["cloudflare-pages"], manifest, "/big/")
 
 
+def test_cors_goes_only_where_a_host_can_send_it_and_exits_2_naming_the_option(package, tmp_path):
+    no_host = export(str(package), str(tmp_path / "a"), "--cors", "https://app.example.com")
+    assert no_host.exit_code == 2 and "--cors" in no_host.output and "--host" in no_host.output
+    bad = export(str(package), str(tmp_path / "b"), "--host", "nginx", "--cors", "https://app.example.com/path")
+    assert bad.exit_code == 2 and "--cors 'https://app.example.com/path'" in bad.output
+    pages = export(str(package), str(tmp_path / "c"), "--host", "github-pages", "--cors", "*")
+    assert pages.exit_code == 2 and "GitHub Pages takes no configuration" in pages.output
+    for host in ("serve", "netlify", "vercel"):  # one Access-Control-Allow-Origin value for everyone
+        several = export(str(package), str(tmp_path / host), "--host", host, "--cors", "https://a.example.com,https://b.example.com")
+        assert several.exit_code == 2 and len(several.output.strip().splitlines()) == 1 and "give one origin or *" in several.output, several.output
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "c", "serve", "netlify", "vercel"))
+    # one origin, or *, goes into every host's file; repeated options and comma lists are one list
+    for host, config in (("netlify", "_headers"), ("vercel", "vercel.json"), ("serve", "serve.json"), ("nginx", "nginx.conf"), ("apache", ".htaccess")):
+        done = export(str(package), str(tmp_path / f"{host}-star"), "--host", host, "--cors", "*", "--json")
+        assert done.exit_code == 0, done.output
+        text = Path(json.loads(done.stdout)["config"]).read_text()
+        assert "Access-Control-Allow-Origin" in text and "*" in text, host
+    repeated = runner.invoke(app, ["export", str(package), str(tmp_path / "rep"), "--host", "nginx", "--cors", "https://a.example.com", "--cors", "https://b.example.com", "--json"])
+    assert repeated.exit_code == 0 and json.loads(repeated.output)["cors"] == ["https://a.example.com", "https://b.example.com"], repeated.output
+
+
 # --- real servers ---------------------------------------------------------------------------
 
 
@@ -176,7 +200,7 @@ def test_cloudflare_pages_refuses_an_export_over_its_100_rules_naming_the_fix():
 def nginx_site(package, site, tmp_path):
     result = export(str(package), str(site / NAME), "--host", "nginx")
     assert result.exit_code == 0, result.output
-    with host_servers.nginx(site, site / NAME / "nginx.conf", tmp_path) as base:
+    with host_servers.nginx(site, [site / "pack-site.nginx.conf", site / f"{NAME}.nginx.conf"], tmp_path) as base:
         yield base, site
 
 
@@ -200,7 +224,7 @@ def test_serve_from_npm_serves_the_export_from_the_generated_serve_json(package,
     result = export(str(package), str(site / NAME), "--host", "serve")
     assert result.exit_code == 0, result.output
     (site / "index.html").write_text("<!doctype html><title>app</title>")
-    with host_servers.serve(site, site / NAME / "serve.json") as base:
+    with host_servers.serve(site, site / f"{NAME}.serve.json") as base:
         assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
         _page_isolated(f"{base}index.html")
         # in Chromium: isolated by the served headers, wasm threads, the outputs right
@@ -242,8 +266,8 @@ def test_serve_takes_the_config_of_a_package_of_many_files(many_files, site):
     assert result.exit_code == 0, result.output
     manifest = json.loads((site / "many" / "manifest.json").read_text())
     assert len(manifest["files"]) > 80
-    assert len(json.loads((site / "many" / "serve.json").read_text())["headers"]) <= 50
-    with host_servers.serve(site, site / "many" / "serve.json") as base:
+    assert len(json.loads((site / "many.serve.json").read_text())["headers"]) <= 50
+    with host_servers.serve(site, site / "many.serve.json") as base:
         assert _check_package_headers(f"{base}many/", site / "many") > 50
 
 
@@ -328,3 +352,111 @@ def test_coi_shim_isolates_a_page_on_a_plain_static_server(package, site):
 class _PlainHandler(SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
+
+
+class _IsolatedPageHandler(SimpleHTTPRequestHandler):
+    """The app's own origin: its pages cross-origin isolated, the package on another origin."""
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("host", ["nginx", "apache", pytest.param("serve", marks=pytest.mark.network_registry)])
+def test_a_page_on_another_origin_loads_the_export_through_its_cors_headers(package, site, tmp_path, host):
+    """The page on one 127.0.0.1 port, the package on another: the host's configuration from
+    `--cors` lets the page import the loader and fetch every file, cross-origin isolated (COEP
+    accepts CORS answers), wasm on threads. nginx and Apache answer each of several origins with
+    itself and a foreign origin with nothing; serve takes one origin."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    host_servers.app_page(pages)
+    page_server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_IsolatedPageHandler, directory=str(pages)))
+    threading.Thread(target=page_server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{page_server.server_address[1]}"
+    origins = [origin] if host == "serve" else ["https://app.example.com", origin]
+    result = export(str(package), str(site / NAME), "--host", host, "--cors", ",".join(origins))
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    run.mkdir()
+    servers = {
+        "nginx": lambda: host_servers.nginx(site, [site / "pack-site.nginx.conf", site / f"{NAME}.nginx.conf"], run),
+        "apache": lambda: host_servers.apache(site, run),
+        "serve": lambda: host_servers.serve(site, site / f"{NAME}.serve.json"),
+    }
+    try:
+        with servers[host]() as base:
+            url = f"{base}{NAME}/manifest.json"
+            _, headers, _ = _get(url, origin)
+            assert headers.get("access-control-allow-origin") == origin, headers
+            assert "Content-Encoding" in headers.get("access-control-expose-headers", ""), headers
+            if host != "serve":
+                _, foreign, _ = _get(url, "https://elsewhere.example.com")
+                assert "access-control-allow-origin" not in foreign, foreign
+                assert "Origin" in headers.get("vary", ""), headers  # answers differ by Origin: caches must know
+            page = _result(f"{origin}/index.html?package={base}{NAME}/", isolated=True)
+    finally:
+        page_server.shutdown()
+    _assert_threads_and_outputs(page)
+
+
+def _header_counts(url: str, accept: str | None = "br, gzip") -> tuple[int, dict[str, list[str]]]:
+    """Status and every value of every header, as sent (a header sent twice has two values)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        connection.request("GET", parts.path, headers={"Accept-Encoding": accept} if accept else {"Accept-Encoding": ""})
+        answer = connection.getresponse()
+        answer.read()
+        values: dict[str, list[str]] = {}
+        for name, value in answer.getheaders():
+            values.setdefault(name.lower(), []).append(value)
+        return answer.status, values
+    finally:
+        connection.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("host", ["nginx", "apache"])
+def test_two_packages_on_one_site_send_each_header_once_and_the_page_runs_wasm_threads(package, site, tmp_path, host):
+    """Two exports under one site's /models/: every answer carries COOP/COEP once (the page is
+    cross-origin isolated, wasm on threads), no configuration file is served, and X's brotli body
+    goes only to a client that accepts brotli (others get 404 for X and the loader's X.br)."""
+    for name in ("first", "second"):
+        result = export(str(package), str(site / "models" / name), "--host", host, "--url-path", f"/models/{name}/")
+        assert result.exit_code == 0, result.output
+    (site / "models").chmod(0o755)
+    if host == "apache":  # the pages' folder takes the two lines, as the .htaccess says
+        (site / ".htaccess").write_text("Header always set Cross-Origin-Opener-Policy \"same-origin\"\nHeader always set Cross-Origin-Embedder-Policy \"require-corp\"\n")
+    else:
+        assert not any(path.name.endswith("nginx.conf") for path in (site / "models").rglob("*") if path.parent != site / "models")
+    host_servers.app_page(site)
+    manifest = json.loads((site / "models" / "first" / "manifest.json").read_text())
+    encoded = next(path for path, entry in manifest["files"].items() if entry.get("stored") == "br" and path.endswith(".onnx"))
+    run = tmp_path / "run"
+    run.mkdir()
+    snippets = [site / "models" / "pack-site.nginx.conf", site / "models" / "first.nginx.conf", site / "models" / "second.nginx.conf"]
+    server = host_servers.nginx(site, snippets, run) if host == "nginx" else host_servers.apache(site, run)
+    with server as base:
+        for url in (f"{base}index.html", f"{base}models/second/manifest.json", f"{base}models/first/{encoded}", f"{base}models/second/loader.js"):
+            status, headers = _header_counts(url)
+            assert status == 200, url
+            assert headers.get("cross-origin-opener-policy") == ["same-origin"] and headers.get("cross-origin-embedder-policy") == ["require-corp"], (url, headers)
+        status, headers = _header_counts(f"{base}models/first/{encoded}")
+        assert headers.get("content-encoding") == ["br"] and headers.get("cross-origin-resource-policy") == ["cross-origin"], headers
+        status, headers = _header_counts(f"{base}models/first/{encoded}", accept=None)
+        assert status == 404 and "content-encoding" not in headers, (status, headers)
+        assert _header_counts(f"{base}models/first/{encoded}.br", accept=None)[0] == 200
+        if host == "nginx":
+            for config in ("models/first.nginx.conf", "models/pack-site.nginx.conf", "models/first/nginx.conf"):
+                assert _header_counts(base + config)[0] == 404, config
+        page = _result(f"{base}index.html?package=models/second/", isolated=True)
+    _assert_threads_and_outputs(page)

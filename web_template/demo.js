@@ -277,12 +277,22 @@ function selectionText(selection) {
 
 // ----- run --------------------------------------------------------------------------------------
 
+// What the page waits for, as the loader's progress phases say (the waits after the downloads
+// are the longest on WebGPU: compiling the kernels).
+const PHASE_TEXT = {
+  download: ({ loaded, total }) => `Downloading… ${megabytes(loaded)} of ${megabytes(total)}`,
+  decode: ({ file }) => `Decoding ${file}…`,
+  create: ({ state, ep, variant, ms }) => (state === 'start' ? `Creating the ${ep}/${variant} session…` : `Session ready in ${ms} ms`),
+  prewarm: ({ state, ms }) => (state === 'start' ? 'Warming up (first run)…' : `Warmed up in ${ms} ms`),
+  run: ({ state, ms }) => (state === 'start' ? 'Running…' : `First result in ${ms} ms`),
+};
+
 function options() {
   const result = {
-    onProgress: ({ loaded, total }) => {
-      $('progress').max = total || 1;
-      $('progress').value = loaded;
-      $('status').textContent = `Downloading… ${megabytes(loaded)} of ${megabytes(total)}`;
+    onProgress: (event) => {
+      $('progress').max = event.total || 1;
+      $('progress').value = event.loaded;
+      $('status').textContent = PHASE_TEXT[event.phase](event);
     },
     onEvent: (event) => {
       countBytes(event);

@@ -9,6 +9,7 @@
 // provider when one fails.
 
 export { load } from './loader/load.js';
+export { cacheStatus, clearCache, isCached } from './loader/cache.js';
 export { PackLoadError, PackIntegrityError, PackRefusedError } from './loader/errors.js';
 export {
   bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, pickVariant, planAttempts, priorsFor, refusingRun, verificationStatus,

@@ -69,7 +69,7 @@ def build_one(target: str, settings: BuildFlags, *, source: str | None = None, s
 
         options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
                                browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid)
-        result = run_build(options, progress_for(json_output))
+        result = run_build(options, progress_for(json_output, lines_when_piped=True))
     if json_output:
         print_json(result.report)
     else:

@@ -112,8 +112,22 @@ def require_package_folder(folder: Path, command: str) -> None:
         raise PackError(f"{folder}: not a package (no manifest.json); {usage}")
 
 
-def progress_for(json_output: bool) -> Progress:
-    return Progress.quiet() if json_output else Progress()
+def progress_for(json_output: bool, lines_when_piped: bool = False) -> Progress:
+    """Quiet under --json; bars on a terminal; with `lines_when_piped`, plain lines on stdout when
+    it is a pipe or a file (a CI log: pipeline/progress.py)."""
+    if json_output:
+        return Progress.quiet()
+    if lines_when_piped and _piped(sys.stdout):
+        return Progress.lines(sys.stdout)
+    return Progress()
+
+
+def _piped(stream) -> bool:
+    """A pipe or a file: a real descriptor that is no terminal (not a test runner's buffer)."""
+    try:
+        return stream.fileno() >= 0 and not stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def print_json(document: Any) -> None:

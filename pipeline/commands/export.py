@@ -46,6 +46,14 @@ def export(
         Optional[str],
         typer.Option("--url-path", envvar="PACK_EXPORT_URL_PATH", show_envvar=True, help="The URL path the site serves DEST under (--host); default /<DEST's name>/."),
     ] = None,
+    cors: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--cors", envvar="PACK_EXPORT_CORS", show_envvar=True,
+            help="Let pages on ORIGIN (scheme://host[:port], or *) fetch the package: CORS headers in the host's configuration "
+            "(--host). Repeatable or comma-separated; several origins on nginx and Apache, one (or *) elsewhere.",
+        ),
+    ] = None,
     coi_shim: Annotated[
         bool,
         typer.Option("--coi-shim", help="Add coi-serviceworker.js: a service worker that makes the pages cross-origin isolated (wasm threads) on hosts that cannot send COOP/COEP (GitHub Pages)."),
@@ -54,28 +62,48 @@ def export(
 ) -> None:
     """Write the app copy of a package: manifest, loader, runtime and models, one body each; no report, no demo page."""
     from pipeline.publish.export import export_package, parse_variants
-    from pipeline.publish.hosts import COI_SHIM, github_pages_lines, host_named, render, shim_bytes, url_path_of
+    from pipeline.publish.cors import validate_origins
+    from pipeline.cache import atomic_write
+    from pipeline.publish.hosts import COI_SHIM, NGINX_SITE, Cors, github_pages_lines, host_named, nginx_site_snippet, render, shim_bytes, url_path_of
 
     with cli_errors():
         require_package_folder(package, "export")
         target = host_named(host) if host is not None else None
         if target is None and url_path is not None:
             raise PackError(f"--url-path {url_path}: only a host's configuration uses it; add --host NAME")
+        allowed = Cors(tuple(validate_origins(cors or [])))
+        if allowed.origins and (target is None or not target.config):
+            where = f"{target.title} takes no configuration" if target is not None else "only a host's configuration carries it"
+            raise PackError(f"--cors {','.join(allowed.origins)}: {where}; add --host NAME (nginx, apache, serve, netlify, cloudflare-pages, vercel)")
         served_under = url_path_of(url_path if url_path is not None else destination.resolve().name)
+        beside: dict[Path, bytes] = {}  # written after the export, beside it: never served from it
+
         def extra(manifest) -> dict[str, bytes]:
             files = {}
-            if target is not None:
-                if target.config:
-                    files[target.config] = render(target, manifest, served_under).encode()
+            if target is not None and target.config:
+                text = render(target, manifest, served_under, allowed).encode()
+                if target.beside:
+                    beside[target.config_path(destination)] = text
+                else:
+                    files[target.config] = text
             if coi_shim:
                 files[COI_SHIM] = shim_bytes()
             return files
 
         exported = export_package(package, destination, parse_variants(variants), bodies=bodies.value, extra=extra)
-    config = target.config if target is not None else None
+        if target is not None and target.name == "nginx":
+            beside[destination.parent / NGINX_SITE] = nginx_site_snippet().encode()
+        for path, data in beside.items():
+            try:
+                atomic_write(path, data)
+            except OSError as error:
+                raise PackError(f"{path}: cannot write it ({error.strerror or error}); give a DEST whose folder is writable") from None
+    config = target.config_path(destination).resolve() if target is not None and target.config else None
     notes = []
-    if target is not None and target.config:
-        notes.append(f"{target.title}: {destination / target.config} goes in {target.place}")
+    if target is not None and target.name == "nginx":
+        notes.append(f"nginx: {(destination.parent / NGINX_SITE).resolve()} goes once in the site's server {{ }} block (include it before the packages' snippets)")
+    if config is not None:
+        notes.append(f"{target.title}: {config} goes in {target.place}")
     if target is not None and target.name == "github-pages":
         notes += github_pages_lines(coi_shim)
     elif coi_shim:
@@ -89,7 +117,8 @@ def export(
             "files": [{"path": path, "bytes": size} for path, size in exported.files],
             "host": target.name if target is not None else None,
             "url_path": served_under if target is not None else None,
-            "config": config,
+            "cors": list(allowed.origins),
+            "config": str(config) if config is not None else None,
             "coi_shim": COI_SHIM if coi_shim else None,
             "notes": notes,
         })

@@ -8,7 +8,10 @@ pipeline/media_types.py, the one table every server of pack uses):
 - `Cache-Control`: immutable for content-hashed files, short for manifest.json and the loader;
 - `Content-Type` by the manifest (.wasm application/wasm, .mjs/.js text/javascript);
 - `Cross-Origin-Opener-Policy`/`Cross-Origin-Embedder-Policy` for the site's pages (wasm threads
-  need a cross-origin isolated page) and `Cross-Origin-Resource-Policy` on the package's files.
+  need a cross-origin isolated page) and `Cross-Origin-Resource-Policy` on the package's files;
+- with `--cors ORIGIN`, CORS on the package's files (pipeline/publish/cors.py) for pages on other
+  origins: one Access-Control-Allow-Origin value ('*' or the one origin) on every host; several
+  origins only where the server can answer each with itself (nginx, Apache).
 
 Rules name the files of the export (their names carry content hashes, so the configuration is
 written again with every export): one rule per file, or per sub-folder whose files take the same
@@ -35,17 +38,32 @@ from pipeline.errors import PackError
 from pipeline.http_headers import PAGE_ISOLATION, RESOURCE_POLICY, SHORT_CACHE, cache_control
 from pipeline.manifest import Manifest, stored_body
 from pipeline.media_types import content_type
+from pipeline.publish.cors import allowed_origin, cors_headers
+
+
+# nginx: the site-level snippet (the pages' isolation headers), one per site whatever the number of
+# packages; each package's snippet holds its locations only, so no header is sent twice.
+NGINX_SITE = "pack-site.nginx.conf"
 
 
 @dataclass(frozen=True)
 class Host:
     name: str
     title: str
-    config: str | None  # the file written into the export; None: the host takes no configuration
+    config: str | None  # the configuration file's name; None: the host takes no configuration
     content_encoding: bool  # can the host send Content-Encoding: br for a .br body under X's name
     place: str  # where the file goes, in words
     form: str | None = None  # which writer of RENDERERS: the file's format
     max_rules: int | None = None  # the host's limit on header rules
+    # A file the server reads from its own configuration goes beside DIR as <DIR's name>.<config>,
+    # never inside the folder the site serves (where it would be served too); Apache reads
+    # .htaccess only inside the folder (and serves no .ht* file), the _headers and vercel.json
+    # hosts from the published root.
+    beside: bool = False
+
+    def config_path(self, destination: Path) -> Path:
+        """Where this host's configuration for an export to `destination` is written."""
+        return destination.parent / f"{destination.name}.{self.config}" if self.beside else destination / self.config
 
 
 HOSTS: dict[str, Host] = {
@@ -55,9 +73,9 @@ HOSTS: dict[str, Host] = {
         # Cloudflare Pages reads at most 100 rules from _headers.
         Host("cloudflare-pages", "Cloudflare Pages", "_headers", False, "the root of the build output folder (merge with an existing _headers)", "_headers", 100),
         Host("vercel", "Vercel", "vercel.json", False, "the project root (merge its \"headers\" into an existing vercel.json)", "vercel"),
-        Host("nginx", "nginx", "nginx.conf", True, "an include in the site's server { } block, whose root holds the package folder", "nginx"),
+        Host("nginx", "nginx", "nginx.conf", True, f"an include in the site's server {{ }} block, whose root holds the package folder, after `include {NGINX_SITE};` (once per site)", "nginx", beside=True),
         Host("apache", "Apache", ".htaccess", True, "this folder as it is (AllowOverride FileInfo; mod_rewrite, mod_headers, mod_mime)", "apache"),
-        Host("serve", "serve (npm)", "serve.json", True, "the folder `serve` serves (or pass it with serve --config)", "serve"),
+        Host("serve", "serve (npm)", "serve.json", True, "serve --config (its absolute path: serve reads a relative one from the folder it serves)", "serve", beside=True),
         Host("github-pages", "GitHub Pages", None, False, ""),
     )
 }
@@ -77,6 +95,34 @@ class Served:
     content_type: str
     cache_control: str
     encoding: str | None  # "br": X is answered with the X.br body and Content-Encoding: br
+
+
+@dataclass(frozen=True)
+class Cors:
+    """The origins `--cors` lets fetch the package (none: pages of the package's own origin only)."""
+
+    origins: tuple[str, ...] = ()
+
+    @property
+    def fixed(self) -> str | None:
+        """The one Access-Control-Allow-Origin value for every allowed origin, else None."""
+        return allowed_origin(list(self.origins)) if self.origins else None
+
+    @property
+    def echoed(self) -> bool:
+        """Several origins: the server answers each allowed request's Origin with itself."""
+        return bool(self.origins) and self.fixed is None
+
+    def headers(self) -> dict[str, str]:
+        """The CORS headers of a package file where the value is fixed ({} without --cors)."""
+        return cors_headers(self.fixed) if self.fixed else {}
+
+    def pattern(self) -> str:
+        """A regular expression (PCRE, no backslashes) that matches exactly the allowed origins."""
+        def one(origin: str) -> str:
+            return "".join("[.]" if char == "." else "[A-Za-z0-9-]+" if char == "*" else char for char in origin)
+
+        return "^(" + "|".join(one(origin) for origin in self.origins) + ")$"
 
 
 def host_named(name: str) -> Host:
@@ -114,14 +160,19 @@ def served_files(manifest: Manifest, url_path: str, content_encoding: bool = Tru
     return served
 
 
-def render(host: Host, manifest: Manifest, url_path: str) -> str:
-    """The text of `host.config` for this export served under `url_path`."""
+def render(host: Host, manifest: Manifest, url_path: str, cors: Cors = Cors()) -> str:
+    """The text of `host.config` for this export served under `url_path`, with CORS for `cors`."""
+    if cors.echoed and host.form not in ECHOES_ORIGIN:
+        raise PackError(
+            f"--cors {','.join(cors.origins)}: {host.title} sends one Access-Control-Allow-Origin value to every origin; "
+            f"give one origin or * (nginx and Apache answer several)"
+        )
     served = served_files(manifest, url_path, host.content_encoding)
     head = (
         f"pack export --host {host.name}: headers for the package {manifest['name']} served under {url_path}; "
         f"written again by every export (the names carry content hashes). Goes in {host.place}."
     )
-    text, rules = RENDERERS[host.form](head, served, url_path)
+    text, rules = RENDERERS[host.form](head, served, url_path, cors)
     if host.max_rules is not None and rules > host.max_rules:
         raise PackError(
             f"--host {host.name}: {len(served)} files need {rules} header rules, over the {host.max_rules} that {host.title} reads; "
@@ -169,25 +220,25 @@ def _type_and_cache(item: Served) -> tuple[str, str]:
     return item.content_type, item.cache_control
 
 
-def _headers_file(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _headers_file(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """Netlify and Cloudflare Pages `_headers`: a URL line (a trailing `*` matches the rest), then
     indented `Name: value` lines."""
     lines = [f"# {head}", "# Every page of the site: cross-origin isolated, for wasm threads.", "/*"]
     lines += [f"  {name}: {value}" for name, value in PAGE_ISOLATION.items()]
-    lines += ["", f"{url_path}*"] + [f"  {name}: {value}" for name, value in RESOURCE_POLICY.items()]
+    lines += ["", f"{url_path}*"] + [f"  {name}: {value}" for name, value in {**RESOURCE_POLICY, **cors.headers()}.items()]
     rules = _folded(served, url_path, _type_and_cache)
     for rule in rules:
         lines += ["", f"{url_path}{rule.folder}/*" if rule.folder else rule.item.url, f"  Content-Type: {rule.item.content_type}", f"  Cache-Control: {rule.item.cache_control}"]
     return "\n".join(lines) + "\n", len(rules) + 2
 
 
-def _vercel(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _vercel(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     def pairs(headers: dict[str, str]) -> list[dict[str, str]]:
         return [{"key": name, "value": value} for name, value in headers.items()]
 
     rules = [
         {"source": "/(.*)", "headers": pairs(PAGE_ISOLATION)},
-        {"source": f"{url_path}(.*)", "headers": pairs(RESOURCE_POLICY)},
+        {"source": f"{url_path}(.*)", "headers": pairs({**RESOURCE_POLICY, **cors.headers()})},
     ]
     rules += [
         {"source": f"{url_path}{rule.folder}/(.*)" if rule.folder else rule.item.url, "headers": pairs({"Content-Type": rule.item.content_type, "Cache-Control": rule.item.cache_control})}
@@ -201,7 +252,7 @@ def _vercel(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
 _SERVE_MAX_SOURCE = 100
 
 
-def _serve(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _serve(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """serve's serve.json (serve-handler): rewrites X to X.br where X.br is the body (one per
     file; serve reads any number). Header rules match the file served (after the rewrite) by glob,
     and of several that match, the later one sets a header: so they go from general to particular
@@ -214,7 +265,7 @@ def _serve(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
             raise PackError(f"--host serve: the rule for {source} is {len(source)} characters, over the {_SERVE_MAX_SOURCE} serve reads; export under a shorter --url-path")
         return {"source": source, "headers": [{"key": name, "value": value} for name, value in headers.items()]}
 
-    rules = [rule("**", PAGE_ISOLATION), rule(f"{url_path}**", {"Cache-Control": cache_control("immutable"), **RESOURCE_POLICY})]
+    rules = [rule("**", PAGE_ISOLATION), rule(f"{url_path}**", {"Cache-Control": cache_control("immutable"), **RESOURCE_POLICY, **cors.headers()})]
     by_suffix: dict[str, list[Served]] = {}
     for item in served:
         extension = PurePosixPath(item.path).suffix  # none: the file takes a rule of its own
@@ -241,24 +292,57 @@ def _nginx_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _nginx(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
-    """A server-context snippet. add_header in a location replaces every add_header it would
-    inherit, so each location repeats the isolation headers."""
+def nginx_site_snippet() -> str:
+    """The site-level nginx snippet: every page of the site cross-origin isolated (the locations
+    without add_header of their own inherit it); included once, before the packages' snippets."""
+    lines = [
+        f"# pack export --host nginx: {NGINX_SITE}, the site's part (the same for every package): include it once per server {{ }} block,",
+        "# then each package's <name>.nginx.conf. Every page of the site (each location without add_header of its own): cross-origin isolated, for wasm threads.",
+    ]
+    lines += [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
+    lines += ["", "# The snippets are written beside the packages' folders, which may lie under the root: never serve them.", 'location ~ "\\.nginx\\.conf$" { return 404; }']
+    return "\n".join(lines) + "\n"
+
+
+# A client that did not say it accepts brotli (Accept-Encoding) gets 404 for X, whose only body is
+# X.br: the loader then fetches X.br as a file of its own and decodes it (docs/loader.md).
+_NGINX_ACCEPTS_BR = '"(^|[ ,])br([ ,;]|$)"'
+
+
+def _nginx(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
+    """The package's server-context snippet: its locations only (the pages' headers are the site
+    snippet's, once). add_header in a location replaces every add_header it would inherit, so each
+    location repeats the isolation headers."""
     isolation = [f"add_header {name} {_nginx_quote(value)} always;" for name, value in PAGE_ISOLATION.items()]
-    lines = [f"# {head}", "# Every page of the site (each location without add_header of its own): cross-origin isolated, for wasm threads.", *isolation]
+    lines = [f"# {head}"]
+    allowed = cors.headers()
+    if cors.echoed:
+        # the request's Origin where this package's --cors allows it, else empty (add_header sends
+        # no empty value); named by the URL path, so packages with other origins keep their own
+        origin = "$pack_cors" + re.sub(r"[^A-Za-z0-9]", "_", url_path)
+        lines += [
+            "# --cors: the request's Origin, where it is one of the allowed origins, is the Access-Control-Allow-Origin.",
+            f'set {origin} "";',
+            f"if ($http_origin ~ {_nginx_quote(cors.pattern())}) {{ set {origin} $http_origin; }}",
+        ]
+        allowed = {**cors_headers(origin), "Vary": "Origin"}
     for item in served:
         lines += ["", f"location = {item.url} {{"]
         if item.encoding:
-            # X is stored as X.br: serve those bytes under X, marked as brotli (no gzip on top).
+            # X is stored as X.br: serve those bytes under X, marked as brotli (no gzip on top),
+            # to clients that accept brotli.
+            lines += [f"    if ($http_accept_encoding !~* {_NGINX_ACCEPTS_BR}) {{ return 404; }}"]
             lines += [f"    rewrite ^ {url_path}{item.body} break;", "    gzip off;"]
         lines += [f"    types {{ }} default_type {_nginx_quote(item.content_type)};"]
         headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": item.encoding, "Vary": "Accept-Encoding"} if item.encoding else {}), **RESOURCE_POLICY}
-        lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in headers.items()]
+        # Content-Encoding only on the body it describes (not `always`: never on the 404 above)
+        lines += [f"    add_header {name} {_nginx_quote(value)}{'' if name == 'Content-Encoding' else ' always'};" for name, value in headers.items()]
+        lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in allowed.items()]
         lines += [f"    {line}" for line in isolation] + ["}"]
     return "\n".join(lines) + "\n", len(served)
 
 
-def _apache(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
+def _apache(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:
     """An .htaccess for the package's own folder: names are relative to it."""
     lines = [
         f"# {head}",
@@ -266,13 +350,20 @@ def _apache(head: str, served: list[Served], url_path: str) -> tuple[str, int]:
         "# put the 'Header always set Cross-Origin-...' lines below in the .htaccess of their folder too.",
         "RewriteEngine On",
     ]
-    lines += [f"Header always set {name} {_apache_quote(value)}" for name, value in {**PAGE_ISOLATION, **RESOURCE_POLICY}.items()]
+    lines += [f"Header always set {name} {_apache_quote(value)}" for name, value in {**PAGE_ISOLATION, **RESOURCE_POLICY, **cors.headers()}.items()]
+    if cors.echoed:
+        # --cors: the request's Origin, where it is one of the allowed origins, is the Access-Control-Allow-Origin.
+        allowed = _apache_quote(f"expr=%{{HTTP:Origin}} =~ m#{cors.pattern()}#")
+        lines += [f"Header always set {name} {_apache_quote(value)} {allowed}" for name, value in cors_headers("expr=%{req:Origin}").items()]
+        lines.append("Header always merge Vary Origin")
     prefix = len(url_path)
     for item in served:
         path, body = item.url[prefix:], item.body
         if item.encoding:
-            # X is stored as X.br: answer X with those bytes, marked as brotli (mod_deflate leaves encoded bodies alone).
-            lines += ["", f"RewriteRule ^{re.escape(path)}$ {body} [END]"]
+            # X is stored as X.br: answer X with those bytes, marked as brotli (mod_deflate leaves
+            # encoded bodies alone), to clients that accept brotli; others get 404 for X and the
+            # loader fetches X.br as a file of its own.
+            lines += ["", "RewriteCond %{HTTP:Accept-Encoding} \\bbr\\b [NC]", f"RewriteRule ^{re.escape(path)}$ {body} [END]"]
         else:
             lines.append("")
         lines += [f'<Files "{Path(body).name}">', f"    ForceType {_apache_quote(item.content_type)}"]
@@ -287,6 +378,8 @@ def _apache_quote(value: str) -> str:
 
 
 RENDERERS = {"_headers": _headers_file, "vercel": _vercel, "serve": _serve, "nginx": _nginx, "apache": _apache}
+# The forms whose server can answer each allowed origin with itself (several --cors origins).
+ECHOES_ORIGIN = frozenset({"nginx", "apache"})
 
 
 def github_pages_lines(shim: bool) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 
+from pipeline.dtypes import TYPED_ARRAYS
 from pipeline.web.npm import PACKAGE_JSON, package_json
 from pipeline.manifest import validate
 from pipeline.errors import PackError
@@ -109,6 +110,7 @@ def _io_item(item: dict) -> dict[str, str]:
         "key": json.dumps(item["name"]),
         "dtype": item["dtype"],
         "dtype_literal": json.dumps(item["dtype"]),
+        "typed_array": TYPED_ARRAYS[item["dtype"]],
         "shape": ", ".join(str(dim) for dim in shape),
         # symbolic dims are numbers at run time
         "shape_type": "readonly [" + ", ".join(str(d) if isinstance(d, int) and d >= 0 else "number" for d in shape) + "]",

@@ -58,9 +58,9 @@ def hosts() -> list[dict]:
     """Each host: its name, the export options, the server (site, run folder → base URL), what the
     page needs beside the export."""
     return [
-        {"host": "nginx (--host nginx)", "options": ["--host", "nginx"], "server": lambda site, run, name: host_servers.nginx(site, site / name / "nginx.conf", run)},
+        {"host": "nginx (--host nginx)", "options": ["--host", "nginx"], "server": lambda site, run, name: host_servers.nginx(site, [site / "pack-site.nginx.conf", site / f"{name}.nginx.conf"], run)},
         {"host": "Apache (--host apache)", "options": ["--host", "apache"], "server": lambda site, run, name: host_servers.apache(site, run), "htaccess": True},
-        {"host": "serve from npm (--host serve)", "options": ["--host", "serve"], "server": lambda site, run, name: host_servers.serve(site, site / name / "serve.json"), "at_root": True},
+        {"host": "serve from npm (--host serve)", "options": ["--host", "serve"], "server": lambda site, run, name: host_servers.serve(site, site / f"{name}.serve.json"), "at_root": True},
         {"host": "plain static server (--host github-pages)", "options": ["--host", "github-pages"], "server": lambda site, run, name: plain_static_server(site)},
         {"host": "the same, --coi-shim", "options": ["--host", "github-pages", "--coi-shim"], "server": lambda site, run, name: plain_static_server(site), "shim": True},
         {"host": "plain, an app's fallback page for unknown paths", "options": [], "server": lambda site, run, name: plain_static_server(site, "index.html")},

@@ -38,7 +38,7 @@ function setup(files, listed, cache = null) {
   const manifest = { files: Object.fromEntries(Object.entries(listed).map(([path, bytes]) => [path, { sha256: digest(bytes), size: bytes.length }])) };
   const events = [];
   const progress = [];
-  const tracker = new ProgressTracker((p) => progress.push(p));
+  const tracker = new ProgressTracker((p) => progress.push(p), { clock: () => 7, started: 0 });
   const store = new Files({ baseUrl: new URL('https://cdn.test/pkg/'), manifest, cache, progress: tracker, emit: (e) => events.push(e), signal: null });
   return { store, events, progress, tracker, requests: serve(files) };
 }
@@ -53,7 +53,7 @@ test('a file is downloaded, checked, counted against the manifest size and cache
   const { store, events, progress, requests } = setup({ 'pkg/m.onnx': bytes }, { 'm.onnx': bytes }, cache);
   store.plan('m.onnx');
   assert.deepEqual(Array.from(await store.get('m.onnx')), [1, 2, 3, 4, 5]);
-  assert.deepEqual(progress.at(-1), { file: 'm.onnx', loaded: 5, total: 5, fileLoaded: 5, fileTotal: 5 });
+  assert.deepEqual(progress.at(-1), { phase: 'download', file: 'm.onnx', loaded: 5, total: 5, fileLoaded: 5, fileTotal: 5, elapsedMs: 7 });
   assert.deepEqual(events.map((e) => e.type), ['download']);
   assert.ok(cache.entries.has(CACHE_KEY_PREFIX + digest(bytes)));
   // The second time it comes from the cache, checked again, without a request.
@@ -174,7 +174,7 @@ test('a transient failure (network error, 503) is retried and the download then 
   store.plan('m.onnx');
   assert.deepEqual(Array.from(await store.get('m.onnx')), [7, 8, 9]);
   assert.deepEqual(events.filter((e) => e.type === 'retry').map((e) => e.error), ['TypeError: Failed to fetch', 'HTTP 503']);
-  assert.deepEqual(progress.at(-1), { file: 'm.onnx', loaded: 3, total: 3, fileLoaded: 3, fileTotal: 3 });
+  assert.deepEqual(progress.at(-1), { phase: 'download', file: 'm.onnx', loaded: 3, total: 3, fileLoaded: 3, fileTotal: 3, elapsedMs: 7 });
   const missing = setup({}, { 'm.onnx': bytes });
   await assert.rejects(missing.store.get('m.onnx'), (e) => e.status === 404 && e.file === 'm.onnx' && e.url === 'https://cdn.test/pkg/m.onnx');
   assert.equal(missing.requests.length, 1);

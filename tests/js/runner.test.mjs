@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { PackIntegrityError, WatchdogError } from '../../web_template/loader/errors.js';
+import { ProgressTracker } from '../../web_template/loader/files.js';
 import { Runner, epSpec, lock, withWatchdog } from '../../web_template/loader/runner.js';
 import { threadPlan, warnSingleThread } from '../../web_template/loader/runtime.js';
 import { fakeOrt, manifest } from './helpers.mjs';
@@ -122,4 +123,32 @@ test('withFirst: the chosen pair, then the fallbacks in order, each once', async
   const wasm = { ep: 'wasm', variant: 'fp32' };
   const webgpu = { ep: 'webgpu', variant: 'fp32' };
   assert.deepEqual(withFirst(wasm, [webgpu, wasm, webgpu]), [wasm, webgpu]);
+});
+
+test('the waits after the downloads are progress phases with their times: create, pre-warm, the first run', async (t) => {
+  t.mock.method(console, 'warn', () => {});
+  let now = 0;
+  const progress = [];
+  const tracker = new ProgressTracker((p) => progress.push(p), { clock: () => (now += 5), started: 0 });
+  const ort = fakeOrt({ 'webgpu/fp16': { createError: 'requires f16' } });
+  const files = { get: async (path) => new TextEncoder().encode(path.includes('fp16') ? 'fp16' : 'fp32'), progress: tracker };
+  const r = new Runner({
+    ort, manifest: manifest(), files, attempts: [{ ep: 'webgpu', variant: 'fp16' }, { ep: 'wasm', variant: 'fp32' }], fallbacks: [], skipped: [], options: { watchdogMs: 1000 },
+    emit: () => {}, bundle: 'webgpu', platform: 'desktop', chain: ['webgpu', 'wasm'], threads: 1, selection: null,
+  });
+  await r.openNext({ prewarm: true, signal: null });
+  const feeds = { x: { data: new Float32Array(4), dims: [1, 4], type: 'float32' } };
+  await r.run(feeds);
+  await r.run(feeds); // later runs are not a phase of the load
+  const phases = progress.map((p) => [p.phase, p.state, p.ep, p.variant]);
+  assert.deepEqual(phases, [
+    ['create', 'start', 'webgpu', 'fp16'], // failed: no 'done', the fallback creates the next
+    ['create', 'start', 'wasm', 'fp32'], ['create', 'done', 'wasm', 'fp32'],
+    ['prewarm', 'start', 'wasm', 'fp32'], ['prewarm', 'done', 'wasm', 'fp32'],
+    ['run', 'start', 'wasm', 'fp32'], ['run', 'done', 'wasm', 'fp32'],
+  ]);
+  for (const event of progress) assert.ok(event.elapsedMs > 0 && event.loaded === 0 && event.total === 0, JSON.stringify(event));
+  const done = progress.filter((p) => p.state === 'done');
+  assert.ok(done.every((p) => typeof p.ms === 'number' && p.ms >= 0), JSON.stringify(done));
+  assert.ok(progress.every((p, i) => i === 0 || p.elapsedMs > progress[i - 1].elapsedMs));
 });

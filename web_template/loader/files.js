@@ -96,10 +96,19 @@ export async function sha256Hex(bytes) {
   return hex(await crypto.subtle.digest('SHA-256', bytes));
 }
 
-/** Sums progress over every file a load fetches, against totals planned up front. */
+const clockMs = () => (globalThis.performance ? performance.now() : Date.now());
+
+/**
+ * The load's progress events: bytes over every file a load fetches, against totals planned up
+ * front (phase 'download'), and the waits after them, each as it starts and ends with its time
+ * (phases 'decode', 'create', 'prewarm', 'run': the first run), so a page can say what the wait is
+ * for until the first result. Every event carries the bytes so far and `elapsedMs` since load().
+ */
 export class ProgressTracker {
-  constructor(onProgress) {
+  constructor(onProgress, { clock = clockMs, started = clock() } = {}) {
     this.onProgress = onProgress;
+    this.clock = clock;
+    this.started = started;
     this.total = 0;
     this.loaded = 0;
     this.planned = new Set();
@@ -118,9 +127,23 @@ export class ProgressTracker {
 
   advance(file, bytes, fileLoaded, fileTotal) {
     this.loaded += bytes;
+    this.send({ phase: 'download', file, loaded: this.loaded, total: this.total, fileLoaded, fileTotal });
+  }
+
+  /**
+   * A phase begins (`state` 'start') or ends ('done': `details.ms`, or the time since its start).
+   * Returns the function that ends it, for `const done = progress.begin(...); ...; done()`.
+   */
+  begin(phase, details = {}) {
+    const started = this.clock();
+    this.send({ phase, state: 'start', ...details, loaded: this.loaded, total: this.total });
+    return (more = {}) => this.send({ phase, state: 'done', ...details, ms: Math.round(this.clock() - started), ...more, loaded: this.loaded, total: this.total });
+  }
+
+  send(event) {
     if (!this.onProgress) return;
     try {
-      this.onProgress({ file, loaded: this.loaded, total: this.total, fileLoaded, fileTotal });
+      this.onProgress({ ...event, elapsedMs: Math.round(this.clock() - this.started) });
     } catch (error) {
       console.error('[pack] onProgress threw:', error);
     }
@@ -189,9 +212,12 @@ export class Files {
     return nativeBrotli() ? 'DecompressionStream' : shipped ? shipped.package : null;
   }
 
-  /** The decoded bytes of a brotli body, by `by` (see brotli()). */
+  /**
+   * { bytes, where } of a brotli body decoded by `by` (see brotli()); `where` the package decoder
+   * ran: 'worker', or the loader's thread where the helper Worker could not start.
+   */
   async decode(body, by) {
-    if (by === 'DecompressionStream') return decodeNative(body);
+    if (by === 'DecompressionStream') return { bytes: await decodeNative(body), where: null };
     const shipped = this.manifest.runtime && this.manifest.runtime.decoder;
     if (!shipped) throw new PackLoadError('manifest.json has no runtime.decoder to decode .br bodies with; rebuild the package with this pack');
     const [module, wasm] = await Promise.all([this.get(shipped.module), this.get(shipped.wasm)]);
@@ -200,7 +226,8 @@ export class Files {
     clearTimeout(decoding.timer);
     decoding.busy += 1;
     try {
-      return await decoding.widener.decode(body, { module, wasm });
+      const bytes = await decoding.widener.decode(body, { module, wasm });
+      return { bytes, where: decoding.widener.where };
     } finally {
       decoding.busy -= 1;
       if (decoding.busy === 0) {
@@ -263,7 +290,7 @@ export class Files {
       }
     }
     throwIfAborted(signal);
-    const { buffer: bytes, wireBytes, decodedBy } = await this.download(path, entry, signal);
+    const { buffer: bytes, wireBytes, decodedBy, decodedIn } = await this.download(path, entry, signal);
     const actual = await sha256Hex(bytes);
     if (actual !== entry.sha256) {
       throw new PackIntegrityError(
@@ -272,7 +299,7 @@ export class Files {
         { file: path, expected: entry.sha256, actual },
       );
     }
-    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes, ...(decodedBy ? { decodedBy } : {}) });
+    this.emit({ type: 'download', file: path, bytes: entry.size, wireBytes, ...(decodedBy ? { decodedBy } : {}), ...(decodedIn ? { decodedIn } : {}) });
     if (this.cache) {
       const response = new Response(bytes, {
         headers: { 'Content-Type': entry.mediaType || 'application/octet-stream', 'Content-Length': String(entry.size) },
@@ -369,14 +396,16 @@ export class Files {
         }
         if (received !== br.size) throw retryable(`the body ended after ${received} of ${br.size} bytes`, { received });
         let decoded;
+        const decodeDone = this.progress.begin('decode', { file: path });
         try {
           decoded = await this.decode(body, by);
         } catch (error) {
           if (error instanceof PackLoadError) throw error;
           throw retryable(`its brotli body does not decode (${messageOf(error)})`);
         }
+        decodeDone();
         advance(entry.size);
-        return { buffer: decoded, wireBytes: received, decodedBy: by };
+        return { buffer: decoded.bytes, wireBytes: received, decodedBy: by, decodedIn: decoded.where };
       } catch (error) {
         this.progress.rollback(counted);
         throw error;

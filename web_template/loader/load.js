@@ -1,6 +1,7 @@
 // load(): fetch the manifest, plan the attempts once (platform chain, adapter, refusals, bundle),
 // choose by measurement or by the chain, open the session, and hand back { run, info, ... }.
 
+import { settleAfterLoad } from './cache.js';
 import { planVariant, variantModel } from './chunks.js';
 import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
@@ -27,6 +28,7 @@ export function withFirst(first, rest) {
  * release }. See loader.d.ts for the options.
  */
 export async function load(options = {}) {
+  const startedMs = performance.now(); // progress events' elapsedMs count from here
   const { signal } = options;
   throwIfAborted(signal);
   const emit = makeEmitter(options.onEvent);
@@ -108,7 +110,7 @@ export async function load(options = {}) {
   const onBundle = (list) => list.filter((a) => (bundle !== 'wasm' || a.ep === 'wasm') && (options.allowRefused || !isRefused(manifest, bundle, a.ep, a.variant)));
 
   const cache = options.cache === false ? null : await openCache(true, emit);
-  const progress = new ProgressTracker(options.onProgress);
+  const progress = new ProgressTracker(options.onProgress, { started: startedMs });
   const files = new Files({ baseUrl, manifest, cache, progress, emit, signal });
 
   // Measured choice: candidates on this bundle that the build did not refuse and that can be
@@ -197,6 +199,8 @@ export async function load(options = {}) {
   if (!selection.choice) selection.choice = { ep: runner.current.ep, variant: runner.current.variant };
   runner.selection = selection;
   emit({ type: 'ready', ...runner.info() });
+  // An earlier version's files leave Cache Storage now, off the way to the first result ('cache' event).
+  settleAfterLoad(cache, baseUrl, manifest, emit);
 
   const exclusive = lock();
   let released = false;

@@ -69,8 +69,15 @@ export class Runner {
     Object.assign(this, { ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy, selection });
     this.next = 0;
     this.current = null; // { ep, variant, session }
+    this.ranOnce = false; // the app's first run is reported as a progress phase
     this.watchdogMs = options.watchdogMs ?? (manifest.loader && manifest.loader.watchdogMs) ?? DEFAULT_WATCHDOG_MS;
     this.prewarm = options.prewarm ?? (manifest.loader && manifest.loader.prewarm) ?? true;
+  }
+
+  /** A progress phase of this load (the Files' tracker): returns the function that ends it. */
+  phase(name, details) {
+    const tracker = this.files.progress;
+    return tracker ? tracker.begin(name, details) : () => {};
   }
 
   modelBytes(variant, signal) {
@@ -97,17 +104,21 @@ export class Runner {
         throwIfAborted(signal);
         const bytes = firstModel && firstModel.path === modelPath ? await firstModel.bytes : await this.modelBytes(variant, signal);
         throwIfAborted(signal);
+        const createDone = this.phase('create', { ep, variant });
         const created = await createSession({
           ort: this.ort, manifest: this.manifest, bytes, ep, variant, sessionOptions: this.options.sessionOptions, watchdogMs: this.watchdogMs,
         });
         session = created.session;
+        createDone({ ms: Math.round(created.createMs) });
         this.emit({ type: 'session', ep, variant, ms: created.createMs });
         throwIfAborted(signal);
         if (prewarm) {
           const feeds = dummyFeeds(this.ort, this.manifest);
           inputShapes = shapesOf(feeds);
           const warmStart = performance.now();
+          const prewarmDone = this.phase('prewarm', { ep, variant });
           await runSession(session, feeds, this.watchdogMs, `${ep}/${variant} pre-warm run`);
+          prewarmDone();
           this.emit({ type: 'prewarm', ep, variant, ms: performance.now() - warmStart });
         }
         this.current = { ep, variant, session };
@@ -148,8 +159,13 @@ export class Runner {
     for (;;) {
       const current = this.current || (await this.openNext({ prewarm: false, signal: null }));
       const { ep, variant, session } = current;
+      // the app's first run is the last wait of a load: a progress phase of its own
+      const runDone = this.ranOnce ? null : this.phase('run', { ep, variant });
       try {
-        return await runSession(session, tensors, this.watchdogMs, `${ep}/${variant} run`);
+        const outputs = await runSession(session, tensors, this.watchdogMs, `${ep}/${variant} run`);
+        this.ranOnce = true;
+        if (runDone) runDone();
+        return outputs;
       } catch (error) {
         await this.fail(current, error, 'run', shapesOf(tensors));
       }

@@ -5,8 +5,9 @@
 // every other field verbatim: the byte-for-byte twin of pipeline/precision/fp16w.py, which the
 // build's host and webgpu-kernels checks run.
 //
-// In a page the work runs in a module Worker started from this file (the main thread stays free);
-// where no Worker can be started (Node, a CSP that forbids it, a cross-origin loader) it runs here.
+// In a page the work runs in the loader's helper Worker, loader/worker.js (the main thread stays
+// free); where no Worker can be started (Node, a CSP that forbids it, a cross-origin loader) it
+// runs here.
 //
 // A chunked fp16w variant (manifest externalData.widened) is a graph whose narrowed initializers
 // lie at the end of its external data, from externalData.widened.offset on: the graph is widened
@@ -262,7 +263,7 @@ const now = () => (globalThis.performance ? performance.now() : Date.now());
 class WorkerDown extends Error {}
 
 /**
- * Widening for one load, off the main thread: a module Worker started from this file widens the
+ * Widening for one load, off the main thread: the helper Worker (loader/worker.js) widens the
  * graph and every chunk sent to it. Where none can start (Node, a CSP that forbids it, a
  * cross-origin loader), or it dies, the same functions run on this thread. `where` says where the
  * work ran, `why` why not in a Worker; `ms` is the widening time (in the Worker, its own).
@@ -282,7 +283,9 @@ export class Widener {
       return;
     }
     try {
-      this.worker = new Worker(new URL(import.meta.url), { type: 'module', name: 'pack-widen' });
+      // This exact pattern (a literal relative URL inside `new Worker`) is what bundlers recognise
+      // and emit as a worker chunk of its own; anything else would start the app's chunk.
+      this.worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module', name: 'pack-widen' });
     } catch (error) {
       this.fallBack(error && error.message ? error.message : String(error));
       return;
@@ -426,33 +429,4 @@ export async function variantBytes(files, manifest, variant, signal, emit = () =
   } finally {
     widener.close();
   }
-}
-
-// Worker entry: this module started as a Worker widens what it is sent (a graph, or one chunk)
-// and decodes brotli bodies (the decoder's bytes come with the first).
-if (typeof WorkerGlobalScope !== 'undefined' && globalThis instanceof WorkerGlobalScope) {
-  let decoderBytes = null;
-  globalThis.onmessage = async ({ data }) => {
-    const { id, kind } = data;
-    try {
-      if (kind === 'brotli') {
-        if (data.decoder) decoderBytes = data.decoder;
-        const started = now();
-        const decompress = await wasmDecoder(new Uint8Array(decoderBytes.module), new Uint8Array(decoderBytes.wasm));
-        const bytes = decompress(new Uint8Array(data.body));
-        globalThis.postMessage({ id, bytes: bytes.buffer, ms: now() - started }, [bytes.buffer]);
-      } else if (kind === 'chunk') {
-        const started = now();
-        const coded = new Uint8Array(data.coded);
-        const wide = new Uint8Array(2 * coded.length);
-        widenChunk(coded, data.planes, wide, 0);
-        globalThis.postMessage({ id, wide: wide.buffer, ms: now() - started }, [wide.buffer]);
-      } else {
-        const result = widenFp16Initializers(new Uint8Array(data.bytes), data.layout);
-        globalThis.postMessage({ id, bytes: result.bytes.buffer, tensors: result.tensors, values: result.values, ms: result.ms }, [result.bytes.buffer]);
-      }
-    } catch (error) {
-      globalThis.postMessage({ id, error: error && error.message ? error.message : String(error) });
-    }
-  };
 }
