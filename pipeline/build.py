@@ -396,7 +396,8 @@ def _read_repair(folder: Path) -> dict:
 
 
 def _stage_samples(build: _Build, ledger: Ledger) -> dict:
-    return {"feeds": make_feeds(ledger["model"], ledger["recipe"], build.options.inputs_npz)}
+    sample = make_feeds(ledger["model"], ledger["recipe"], build.options.inputs_npz)
+    return {"feeds": sample.feeds, "sample_step": sample.step}
 
 
 def _stage_convert(build: _Build, ledger: Ledger) -> dict:
@@ -486,7 +487,7 @@ def _stage_write(build: _Build, ledger: Ledger) -> dict:
         verdict=verdict["verdict"],
         refused=verdict["refused"],
         checks=ledger["checks"],
-        steps=ledger["repair_steps"] + made.steps + ledger["kernels"].steps + browser.steps,
+        steps=ledger["repair_steps"] + [ledger["sample_step"]] + made.steps + ledger["kernels"].steps + browser.steps,
         timings={f"{name}_s": seconds for name, seconds in ledger["timings"].items()},
         source={"uri": public_uri(recipe.source), "file": fetched.path.name, "sha256": ledger["source_sha"], "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
         license=recipe.license,
@@ -528,7 +529,7 @@ def build_table(build: _Build) -> list[Stage]:
               reads=("fetched",), makes=("model", "source_sha", "pass_settings", "repair_steps"), code=("pipeline.graph", "pipeline.runtime"), libraries=("onnx",),
               cache=StageCache(_keep_repair, _read_repair)),
         Stage("samples", bound(_stage_samples), _slice("inputs", "seed", inputs_npz=lambda s: s.options["inputs_npz"], input_shapes=lambda s: s.options["input_shapes"]),
-              reads=("model",), makes=("feeds",), code=("pipeline.assets.samples", "pipeline.assets.patterns"), libraries=("numpy",)),
+              reads=("model",), makes=("feeds", "sample_step"), code=("pipeline.assets.samples", "pipeline.assets.patterns", "pipeline.assets.sample_domain", "pipeline.graph.passes.util"), libraries=("numpy",)),
         Stage("convert", bound(_stage_convert), _slice("variants", "variants_stated", "fp16_block_ops", "fp16_keep_nodes", "fp16_search", "fp16_search_trials", "fp16_search_seconds", "outputs", lock=lambda s: s.lock, environment=_environment),
               reads=("model", "feeds", "source_sha", "pass_settings"), makes=("made",), code=("pipeline.precision", "pipeline.verify"), libraries=("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy")),
         Stage("models", bound(_stage_models), _slice("chunk_mib", "max_file_mib", "description", "chains", "watchdog_ms", "prewarm", "wasm_variant"),
@@ -546,7 +547,7 @@ def build_table(build: _Build) -> list[Stage]:
         # the report records how the source was found and checked: keyed by that record (the fetch's
         # key, the bytes alone, does not hold it), so a reused package never names another source
         Stage("write", bound(_stage_write), _slice("name", environment=_environment),
-              reads=("manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "fetched", "source_sha"), makes=("report",), content=source_record,
+              reads=("manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "sample_step", "fetched", "source_sha"), makes=("report",), content=source_record,
               code=("pipeline.report", "pipeline.manifest", "pipeline.build", "pipeline.stage_table"), libraries=("jinja2", "numpy")),
     ]
 
