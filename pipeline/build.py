@@ -66,6 +66,8 @@ class BuildOptions:
     target: str  # recipe name, recipe path, or model path
     source: str | None = None
     source_sha256: str | None = None  # --sha256: the hash --source must have (else the recipe's or the lock's)
+    source_data_sha256: dict[str, str] = field(default_factory=dict)  # --sha256 FILE=HEX: its external data files'
+    name: str | None = None  # --name: a bare model's package name
     inputs_npz: Path | None = None
     input_shapes: list[str] = field(default_factory=list)
     out_dir: Path = Path("dist")
@@ -111,10 +113,12 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
     recipe_path = find_recipe(options.target)
     if recipe_path is not None:
         recipe = load_recipe_file(recipe_path)
+        if options.name:
+            raise PackError(f"--name names the package of a bare model; recipe {recipe_path} names its own (key 'name')")
         if options.source_sha256 and not options.source:
             raise PackError(f"--sha256 checks --source or a model given as the target; for recipe {recipe_path} set its key 'source.sha256', or give --source with --sha256")
     elif is_url(options.target) or options.target.endswith(".onnx") or Path(options.target).exists():
-        recipe = recipe_from_model(Path(urlsplit(options.target).path) if is_url(options.target) else Path(options.target))
+        recipe = recipe_from_model(Path(urlsplit(options.target).path) if is_url(options.target) else Path(options.target), options.name)
         recipe.source = options.target
         recipe.source_sha256 = options.source_sha256
     else:
@@ -143,6 +147,8 @@ def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
         published_opset=recipe.source_opset,
         published_inputs=tuple(recipe.inputs),
         given_sha256=options.source_sha256,
+        given_data_sha256=options.source_data_sha256,
+        published_data_sha256=recipe.source_data_sha256,
         base_dir=Path.cwd() if options.source else recipe.base_dir,
     )
 

