@@ -39,6 +39,7 @@ CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "numpy")
 # still costs a full verification in every stage.
 FP16W_MIN_WEIGHT_SHARE = 0.5
 FP16W_MIN_SAVED_BYTES = 1 << 20
+SIZE_RULE_MIN_BYTES = 1 << 20  # fp32 models from this size never ship a narrowed variant that is not smaller
 
 
 @dataclass
@@ -177,6 +178,24 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
             made.variants.append(fp16)
     if "fp16w" in recipe.variants or not recipe.variants_stated:
         _fp16w_variant(model, made, "fp16w" in recipe.variants)
+    _drop_larger_than_fp32(made, model)
     if "fp32" in recipe.variants or not made.variants:
         made.variants.append(Variant("fp32", "fp32", model, "source"))
     return made
+
+
+def _drop_larger_than_fp32(made: VariantSet, fp32: onnx.ModelProto) -> None:
+    """A narrowed variant that is not smaller than the fp32 model saves nothing and would be
+    fetched first on WebGPU: it is not shipped, with the sizes as the reason. Below
+    SIZE_RULE_MIN_BYTES of fp32 model the converter's few hundred bytes of casts can outweigh the
+    halved weights, and a download that small is not what fp16 is shipped for (its kernels are)."""
+    limit = fp32.ByteSize()
+    if limit < SIZE_RULE_MIN_BYTES:
+        return
+    for variant in list(made.variants):
+        size = variant.model.ByteSize()
+        if size >= limit:
+            why = f"{size:,} B, not smaller than the fp32 model's {limit:,} B: it saves nothing"
+            made.variants.remove(variant)
+            made.refused[variant.name] = why
+            made.steps.append({"name": f"{variant.name}_size", "changed": False, "records": [], "refused": why})
