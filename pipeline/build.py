@@ -215,10 +215,10 @@ def _fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: 
 def _host_verify(models: ModelFiles, made: VariantSet, feeds: dict[str, np.ndarray], recipe: Recipe, source_path: Path, progress: Progress) -> tuple[dict[str, np.ndarray], list[dict]]:
     """The fp32 reference outputs and the host checks of every variant against them."""
     reference = _reference_outputs(made.reference, made.variants, models.model_paths, feeds, source_path)
-    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, progress, models.check_paths)
+    checks = host_checks([v for v in made.variants if not v.self_reference], reference, feeds, recipe, progress, models.check_paths)
     declared = io_entries(made.reference, reference, recipe, outputs=True)
     for variant in made.variants:
-        if variant.precision == "quantized":
+        if variant.self_reference:
             checks.extend(self_reference_checks(variant, reference, declared))
     return reference, checks
 

@@ -95,3 +95,83 @@ def test_a_refused_ep_leaves_the_chains_the_summary_prints(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "REFUSED EP: webgpu (no variant passed on it: webgpu-kernels fp32: failed); chains now: desktop wasm" in printed
     assert "REFUSED EP: wasm (no variant passed on it: host quantized: failed); chains now: apple-mobile none left" in printed
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def conv_net() -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1], name="conv"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("kind", ["lstm-matmul", "conv"])
+def test_the_dequantized_twin_is_the_fp32_model_up_to_weight_rounding(models, tmp_path, kind):
+    """The fp32 reference of a quantized model: its integer ops' float twins on the dequantized
+    weights. It lands within the weights' rounding of the fp32 original, and the quantized model
+    within the activations' quantization error of it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from pipeline.precision.dequantize import dequantized
+
+    if kind == "conv":
+        fp32_path = save_model(conv_net(), tmp_path / "conv.onnx")
+        int8_path = tmp_path / "conv-int8.onnx"
+        quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QUInt8, op_types_to_quantize=["Conv"])
+        x = np.random.default_rng(2).uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    else:
+        fp32_path, int8_path = models["fp32"], models["int8"]
+        x = np.random.default_rng(2).uniform(-1, 1, (S, 1, F)).astype(np.float32)
+    fp32, int8 = onnx.load(str(fp32_path)), onnx.load(str(int8_path))
+    twin = dequantized(int8)
+    assert not isinstance(twin, str), twin
+    onnx.checker.check_model(twin)
+    assert not quantized_ops(twin).keys() - {"DynamicQuantizeLinear"}  # its scale is all that is read of it
+    reference, quantized, original = _run(twin, {"x": x}), _run(int8, {"x": x}), _run(fp32, {"x": x})
+    spread = float(original.max() - original.min())
+    # uint8 per-tensor weights round by up to half a step of 1/255 of their range: ~1 % of the output's
+    assert np.abs(reference - original).max() / spread < 0.02
+    assert 0 < np.abs(quantized - reference).max() / spread < 0.1
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_quantized_model_is_judged_against_its_float_twin_on_the_host_and_the_webgpu_kernels(models, tmp_path):
+    result = build(str(models["int8"]), "--no-browser", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.output
+    assert "step fp32_reference: the model dequantized: every variant is judged against it" in result.stdout
+    lines = result.stdout.splitlines()
+    host = next(line for line in lines if "host    cpu/quantized" in line)
+    kernels = next(line for line in lines if "webgpu-kernels webgpu/quantized" in line)
+    assert "max_abs_of_range" in host and "(<= 0.5)" in host and "nan 0" not in host
+    assert kernels.lstrip().startswith(("ok", "FAIL", "n/v", "skip"))
+
+
+def test_a_quantized_model_without_a_float_twin_says_why_it_is_its_own_reference(tmp_path):
+    # static QDQ around a Relu: QuantizeLinear has no twin in pipeline/precision/dequantize.py
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), helper.make_node("Relu", ["d"], ["y"])],
+        "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    result = build(str(save_model(model, tmp_path / "qdq.onnx")), "--no-browser", "--out", str(tmp_path / "d"))
+    assert result.exit_code == 0, result.output
+    assert "step fp32_reference" not in result.stdout  # not changed: the record says none
+    report = json.loads((tmp_path / "d" / "qdq" / "report.json").read_text())
+    step = next(s for s in report["steps"] if s["name"] == "fp32_reference")
+    assert step["records"][0]["what"].startswith("none: no float twin for DequantizeLinear, QuantizeLinear")
+    kernels = next(c for c in report["checks"] if c["stage"] == "webgpu-kernels")
+    assert kernels["status"] == "skipped" and kernels["detail"] == "no fp32 reference to judge it by (no float twin for DequantizeLinear, QuantizeLinear)"

@@ -20,6 +20,7 @@ from pipeline.cache import atomic_write, cache_dir, cached_entry
 from pipeline.keys import stage_key
 from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.base import PassSettings
+from pipeline.precision.dequantize import dequantized
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_with_keeps, upcast_to_fp32
 from pipeline.precision.fp16w import WIDEN, narrow_initializers
@@ -52,6 +53,7 @@ class Variant:
     kept_fp32: list[dict] = field(default_factory=list)  # [{node, op, why}]: manifest fp16.keptFp32
     widen: str | None = None  # manifest variants[name].widen: how the loader widens it (fp16w.py)
     kept_initializers: list[dict] = field(default_factory=list)  # fp16w: float32 initializers left float32
+    self_reference: str | None = None  # a quantized source without a float twin: why it is its own reference
 
 
 def _work_key(source_bytes_sha: str, recipe: Recipe, settings: PassSettings) -> str:
@@ -159,7 +161,12 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
     precision, why = detect_precision(model)
     if precision == "quantized":
         step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
-        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], model, precision, why, [step])
+        twin = dequantized(model)
+        if isinstance(twin, str):
+            reference = {"name": "fp32_reference", "changed": False, "records": [{"what": f"none: {twin}; the quantized source is its own reference (it runs, finite)"}]}
+            return VariantSet([Variant("quantized", "quantized", model, "source (quantized)", self_reference=twin)], model, precision, why, [step, reference])
+        reference = {"name": "fp32_reference", "changed": True, "records": [{"what": "the model dequantized: every variant is judged against it (pipeline/precision/dequantize.py)"}]}
+        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], twin, precision, why, [step, reference])
     if precision == "fp16":
         reference, upcast = upcast_to_fp32(model)
         made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
