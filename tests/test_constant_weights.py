@@ -88,7 +88,7 @@ def test_a_paddle_style_build_counts_converts_and_keeps_its_constant_weights(tmp
     fp32_bytes = (16 * 3 * 9 + 3 * 16 * 9) * 4
     ideal = fp32_bytes // 2
     assert f"weights {ideal + 3 * 16 * 9 * 2} B vs all-fp16 ideal {ideal} B (+{3 * 16 * 9 * 2} B) and fp32 {fp32_bytes} B" in result.output
-    assert "step lift_constant_weights: Constant weight lifted to an initializer" in result.output
+    assert "step lift_constant_weights: w1: Constant weight of 432 values lifted to an initializer; w2: Constant weight of 432 values lifted to an initializer" in result.output
     package = tmp_path / "d" / "paddle-conv"
     manifest = json.loads((package / "manifest.json").read_text())
     fp16 = onnx.load(str(package / manifest["variants"]["fp16"]["model"]))

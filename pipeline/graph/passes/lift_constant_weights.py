@@ -71,7 +71,7 @@ def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
         initializer.CopyFrom(tensor)
         initializer.name = node.output[0]  # readers keep reading the same name
         graph.initializer.append(initializer)
-        records.append({"node": node.name or node.output[0], "value": node.output[0], "what": "Constant weight lifted to an initializer", "elements": _elements(tensor)})
+        records.append({"node": node.name or node.output[0], "value": node.output[0], "what": f"{node.output[0]}: Constant weight of {_elements(tensor):,} values lifted to an initializer"})
     kept = [node for index, node in enumerate(graph.node) if index not in moved]
     del graph.node[:]
     graph.node.extend(kept)
