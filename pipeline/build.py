@@ -311,7 +311,7 @@ class BuildSettings:
 # Recipe keys no stage's key holds: where the recipe file lies (its content is what counts), and
 # how the source is found and checked (the fetch is keyed by the bytes it yields: the same file
 # from a path, a URL or a registry package is the same input).
-RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source", "source_sha256", "source_size", "source_opset", "source_precision", "source_instructions")
+RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source", "source_sha256", "source_data_sha256", "source_size", "source_opset", "source_precision", "source_instructions")
 
 
 def _recipe_slice(*names: str) -> Callable[[BuildSettings], dict]:
