@@ -65,10 +65,12 @@ def load_build_recipe(options: BuildOptions) -> Recipe:
     recipe_path = find_recipe(options.target)
     if recipe_path is not None:
         recipe = load_recipe_file(recipe_path)
+        if options.name:
+            raise PackError(f"--name names the package of a bare model; recipe {recipe_path} names its own (key 'name')")
         if options.source_sha256 and not options.source:
             raise PackError(f"--sha256 checks --source or a model given as the target; for recipe {recipe_path} set its key 'source.sha256', or give --source with --sha256")
     elif is_url(options.target) or options.target.endswith(".onnx") or Path(options.target).exists():
-        recipe = recipe_from_model(Path(urlsplit(options.target).path) if is_url(options.target) else Path(options.target))
+        recipe = recipe_from_model(Path(urlsplit(options.target).path) if is_url(options.target) else Path(options.target), options.name)
         recipe.source = options.target
         recipe.source_sha256 = options.source_sha256
     else:
@@ -110,7 +112,7 @@ class BuildSettings:
 # Recipe keys no stage's key holds: where the recipe file lies (its content is what counts), and
 # how the source is found and checked (the fetch is keyed by the bytes it yields: the same file
 # from a path, a URL or a registry package is the same input).
-RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source", "source_sha256", "source_size", "source_opset", "source_precision", "source_instructions")
+RECIPE_KEYS_OUTSIDE_KEYS = ("path", "source", "source_sha256", "source_data_sha256", "source_size", "source_opset", "source_precision", "source_instructions")
 
 
 def result_settings(table: tuple[Stage, ...] = STAGES) -> tuple[str, ...]:

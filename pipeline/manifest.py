@@ -556,7 +556,9 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
     runs = manifest["verification"]["runs"]
     unverifiable = [run for run in runs if run["status"] == "not-verifiable"]
     if not any(run["status"] == "passed" for run in runs):
-        first = f": {describe_run(unverifiable[0])}" if unverifiable else ""
+        failed = failed_runs(manifest)
+        # the headline names the check that decided it, failed before not verifiable
+        first = f": {describe_run((failed or unverifiable)[0])}" if failed or unverifiable else ""
         return False, [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
     problems = []
     for platform, chain in manifest["executionProviders"].items():

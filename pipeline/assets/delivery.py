@@ -110,9 +110,11 @@ def delivery_lines(delivery: dict[str, Any] | None) -> list[str]:
         plain = visit.get("without_features")
         if plain:
             extra += f"; without {', '.join(plain['lacking'])} the {plain['variant']} model: {_mb(plain['bytes'])}, {_mb(plain['wire_bytes'])} on the wire"
+        # no variant: every one was refused on the chain's EPs, so a visit loads the runtime and stops there
+        model = f"{visit['variant']} model" if visit.get("variant") else "no model: every variant is refused on this chain"
         lines.append(
             f"  first visit {platform} [{', '.join(visit['chain'])}]: {_mb(visit['bytes'])}, {_mb(visit['wire_bytes'])} on the wire "
-            f"({visit['files']} files: {visit['bundle']} runtime bundle, {visit['variant']} model){extra}"
+            f"({visit['files']} files: {visit['bundle']} runtime bundle, {model}){extra}"
         )
     repeat = delivery["repeat_visit"]
     lines.append(

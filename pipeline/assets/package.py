@@ -20,11 +20,12 @@ import onnx
 from pipeline.assets.chunks import MIB, chunk_bytes, write_chunked, write_split
 from pipeline.assets.decoder import PACKAGE as DECODER_PACKAGE, VERSION as DECODER_VERSION, decoder_files
 from pipeline.assets.files import PackageFile, add_hashed_file, add_hashed_files, describe_file
-from pipeline.errors import PackError
+from pipeline.errors import PackError, warn
 from pipeline.manifest import LoaderSettings, Manifest, Measurement, Sample, SplitFile, Thresholds, Verification, VariantEntry, chain_bundle, make_manifest
 from pipeline.assets.samples import declared_shape, tensor_dtype
 from pipeline.graph.hazards import preferred_layout
 from pipeline.graph.model_io import model_bytes
+from pipeline.graph.passes.stale_shapes import shapes_disagree
 from pipeline.precision.fp16w import widened_model_file
 from pipeline.precision.variants import Variant
 from pipeline.progress import Progress
@@ -41,11 +42,27 @@ def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, rec
         entry = {"name": info.name, "shape": declared_shape(info), "dtype": tensor_dtype(info)}
         if values is not None and info.name in values:
             entry["sampleShape"] = list(values[info.name].shape)
+            if shapes_disagree(entry["shape"], entry["sampleShape"]):
+                entry["shape"] = entry["sampleShape"]  # as every variant gives it: stale_declarations says why
         if outputs:
             spec = recipe.outputs.get(info.name)
             entry["kind"] = spec.kind if spec else "tensor"
         entries.append(entry)
     return entries
+
+
+def stale_declarations(model: onnx.ModelProto, outputs: dict[str, np.ndarray]) -> list[str]:
+    """A line per output whose declared shape the reference run contradicts. The stale_shapes
+    repair fixes what shape inference can see; behind an op it cannot type (com.microsoft's
+    quantized ops) a stale declaration stays, and onnxruntime only warns. Every variant is then
+    judged, and the manifest declares the output, as the run gives it."""
+    lines = []
+    for info in model.graph.output:
+        declared = declared_shape(info)
+        if info.name in outputs and shapes_disagree(declared, list(outputs[info.name].shape)):
+            lines.append(f"output '{info.name}' declares shape {declared}, the model gives {list(outputs[info.name].shape)} on the sample; "
+                         "the package declares what it gives (fix the export's declaration to silence this)")
+    return lines
 
 
 def variant_for(variants: list[Variant], recipe: Recipe) -> dict[str, list[str]]:
@@ -233,6 +250,8 @@ def write_sample(staging: Path, recipe: Recipe, reference_model: onnx.ModelProto
     """The sample file: inputs, then their fp32 reference outputs; and the outputs' sample shapes."""
     data, tensors, outputs = sample_bytes(feeds, reference)
     shapes = io_entries(reference_model, reference, recipe, outputs=True)
+    for line in stale_declarations(reference_model, reference):
+        warn(line)
     if len(data) > max_file_bytes(recipe):
         path, parts, split = write_split(staging, "sample", ".bin", data, max_file_bytes(recipe), progress)
         return SampleFile(tuple(parts), {"file": path, "tensors": tensors, "outputs": outputs}, shapes, {path: split})

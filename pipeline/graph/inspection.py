@@ -110,6 +110,8 @@ def human_lines(document: dict[str, Any]) -> list[str]:
         lines.append(f"layout: webgpu EP needs preferredLayout '{layout['as_is']}' as is; after repairs: {layout['after_repairs'] or 'default (NHWC)'}")
     fp16 = d["fp16"]
     lines.append(f"fp16: {'ready' if fp16['ready'] else 'not ready'} (model is {fp16['precision']}: {fp16['why']})")
+    if fp16.get("quantized_ops"):
+        lines.append("quantized ops: " + ", ".join(f"{op} {count}" for op, count in fp16["quantized_ops"].items()))
     for finding in fp16["findings"]:
         fix = f"repair: {finding['repair']}" if finding["repair"] else "no repair in pack"
         lines.append(f"fp16 finding {finding['hazard']} at '{finding['node']}': {finding['detail']} [{fix}]")

@@ -8,7 +8,31 @@ from onnx import TensorProto
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear", "ConvInteger", "MatMulInteger",
     "QLinearConv", "QLinearMatMul", "MatMulNBits", "QLinearAdd", "QLinearMul",
+    # onnxruntime's com.microsoft contrib ops its quantizers emit
+    "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QGemm", "GatherBlockQuantized",
+    "QEmbedLayerNormalization", "QuantizeBFP", "DequantizeBFP",
 }
+
+
+def _is_quantized_op(op_type: str) -> bool:
+    # the QLinear* family is open-ended (Concat, Sigmoid, Softmax, AveragePool, ...): named by prefix
+    return op_type in QUANTIZED_OPS or op_type.startswith("QLinear")
+
+
+def quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """Each quantized op of the model, subgraphs included, as `domain::Op` outside the default domain, with its count."""
+    counts: dict[str, int] = {}
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if _is_quantized_op(node.op_type):
+                name = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                counts[name] = counts.get(name, 0) + 1
+            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    return dict(sorted(counts.items()))
+
+
 _FLOAT_TYPES = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16", TensorProto.DOUBLE: "fp64"}
 
 
@@ -24,8 +48,7 @@ def weight_bytes_by_type(model: onnx.ModelProto) -> dict[str, int]:
 
 def detect_precision(model: onnx.ModelProto) -> tuple[str, str]:
     """(precision, why): 'quantized', 'fp16' or 'fp32'."""
-    ops = {node.op_type for node in model.graph.node}
-    quantized = sorted(ops & QUANTIZED_OPS)
+    quantized = quantized_ops(model)
     if quantized:
         return "quantized", f"quantized ops: {', '.join(quantized)}"
     weights = weight_bytes_by_type(model)

@@ -19,6 +19,7 @@ from pipeline.graph.model_io import model_bytes
 from pipeline.lockfile import LockFile
 from pipeline.precision.detect import weight_bytes_by_type
 from pipeline.precision.fp16 import SAFE_BLOCK_LIST
+from pipeline.precision.decision_paths import decision_paths
 from pipeline.precision.kernel_hazards import known_kernel_hazards
 from pipeline.precision.ranking import NodeStat, RunOutputs, divergent_nodes, rank_nodes
 from pipeline.precision.search import SearchResult, search_keep_set
@@ -352,6 +353,8 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
             record["lock"] = note
     shapes = {name: tuple(np.asarray(value).shape) for name, value in context.feeds.items()} if context else None
     for name, why in known_kernel_hazards(named, shapes).items():
+        keep.setdefault(name, why)
+    for name, why in decision_paths(named).items():
         keep.setdefault(name, why)
     converted, conversion_steps, refusal, kept = convert(keep)
     steps.extend(conversion_steps)

@@ -14,7 +14,7 @@ import onnx
 from pipeline.graph import repairs
 from pipeline.graph.hazards import detect_hazards
 from pipeline.graph.passes.base import FP16, hazard
-from pipeline.precision.detect import detect_precision
+from pipeline.precision.detect import detect_precision, quantized_ops
 
 _FP16_MAX = 65504.0
 _FP16_TINY = 5.96e-08  # smallest fp16 subnormal: smaller non-zero magnitudes become 0
@@ -41,4 +41,4 @@ def fp16_readiness(model: onnx.ModelProto, hazards: list[dict[str, Any]] | None 
             findings.append(hazard(init.name, "initializer", "outside-fp16-range", [FP16], None,
                                    f"{overflow} values above 65504 become inf, {underflow} of {nonzero} non-zero values below 6e-8 become 0 in fp16"))
     blocking = precision != "fp32" or any(f["repair"] is None and f["hazard"] == "if-subgraph" for f in findings)
-    return {"precision": precision, "why": why, "ready": not blocking, "findings": findings}
+    return {"precision": precision, "why": why, "ready": not blocking, "findings": findings, "quantized_ops": quantized_ops(model)}

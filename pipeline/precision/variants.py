@@ -20,6 +20,7 @@ from pipeline.cache import atomic_write, cache_dir, cached_entry
 from pipeline.keys import stage_key
 from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.base import PassSettings
+from pipeline.precision.dequantize import dequantized
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_with_keeps, upcast_to_fp32
 from pipeline.precision.fp16w import WIDEN, narrow_initializers
@@ -39,6 +40,7 @@ CONVERSION_LIBRARIES = ("onnx", "onnxconverter-common", "onnxruntime", "numpy")
 # still costs a full verification in every stage.
 FP16W_MIN_WEIGHT_SHARE = 0.5
 FP16W_MIN_SAVED_BYTES = 1 << 20
+SIZE_RULE_MIN_BYTES = 1 << 20  # fp32 models from this size never ship a narrowed variant that is not smaller
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Variant:
     kept_fp32: list[dict] = field(default_factory=list)  # [{node, op, why}]: manifest fp16.keptFp32
     widen: str | None = None  # manifest variants[name].widen: how the loader widens it (fp16w.py)
     kept_initializers: list[dict] = field(default_factory=list)  # fp16w: float32 initializers left float32
+    self_reference: str | None = None  # a quantized source without a float twin: why it is its own reference
 
 
 def _work_key(source_bytes_sha: str, recipe: Recipe, settings: PassSettings) -> str:
@@ -158,7 +161,12 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
     precision, why = detect_precision(model)
     if precision == "quantized":
         step = {"name": "fp16_convert", "changed": False, "records": [{"what": f"already quantized ({why}); shipped as is"}]}
-        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], model, precision, why, [step])
+        twin = dequantized(model)
+        if isinstance(twin, str):
+            reference = {"name": "fp32_reference", "changed": False, "records": [{"what": f"none: {twin}; the quantized source is its own reference (it runs, finite)"}]}
+            return VariantSet([Variant("quantized", "quantized", model, "source (quantized)", self_reference=twin)], model, precision, why, [step, reference])
+        reference = {"name": "fp32_reference", "changed": True, "records": [{"what": "the model dequantized: every variant is judged against it (pipeline/precision/dequantize.py)"}]}
+        return VariantSet([Variant("quantized", "quantized", model, "source (quantized)")], twin, precision, why, [step, reference])
     if precision == "fp16":
         reference, upcast = upcast_to_fp32(model)
         made = VariantSet([], reference, precision, why, [{"name": "fp16_convert", "changed": False, "records": [{"what": f"already fp16 ({why}); shipped as is"}]}])
@@ -177,6 +185,24 @@ def make_variants(model: onnx.ModelProto, recipe: Recipe, source_sha: str, conte
             made.variants.append(fp16)
     if "fp16w" in recipe.variants or not recipe.variants_stated:
         _fp16w_variant(model, made, "fp16w" in recipe.variants)
+    _drop_larger_than_fp32(made, model)
     if "fp32" in recipe.variants or not made.variants:
         made.variants.append(Variant("fp32", "fp32", model, "source"))
     return made
+
+
+def _drop_larger_than_fp32(made: VariantSet, fp32: onnx.ModelProto) -> None:
+    """A narrowed variant that is not smaller than the fp32 model saves nothing and would be
+    fetched first on WebGPU: it is not shipped, with the sizes as the reason. Below
+    SIZE_RULE_MIN_BYTES of fp32 model the converter's few hundred bytes of casts can outweigh the
+    halved weights, and a download that small is not what fp16 is shipped for (its kernels are)."""
+    limit = fp32.ByteSize()
+    if limit < SIZE_RULE_MIN_BYTES:
+        return
+    for variant in list(made.variants):
+        size = variant.model.ByteSize()
+        if size >= limit:
+            why = f"{size:,} B, not smaller than the fp32 model's {limit:,} B: it saves nothing"
+            made.variants.remove(variant)
+            made.refused[variant.name] = why
+            made.steps.append({"name": f"{variant.name}_size", "changed": False, "records": [], "refused": why})

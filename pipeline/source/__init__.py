@@ -14,6 +14,7 @@ from pipeline.progress import Progress
 from pipeline.source.download import DownloadMismatch, SourceUnreachable, download
 from pipeline.source.identify import describe_file, recipe_with_sha256
 from pipeline.source.packages import fetch_package_file
+from pipeline.source.pins import check_data, data_hashes
 from pipeline.urls import mask_url
 
 LOCK_SECTION = "source"
@@ -86,6 +87,8 @@ class SourceRequest:
     published_opset: int | None = None
     published_inputs: tuple[str, ...] = ()
     given_sha256: str | None = None  # --sha256: wins over everything else
+    given_data_sha256: dict[str, str] | None = None  # --sha256 FILE=HEX: the external data files, with --sha256
+    published_data_sha256: dict[str, str] | None = None  # the recipe's source.data_sha256, with its source.sha256
     base_dir: Path = Path(".")
 
     @property
@@ -183,9 +186,29 @@ def fetch_source(request: SourceRequest, lock: LockFile, progress: Progress) -> 
         actual = remembered_digest(path, "sha256", file_sha256) if expected is not None or from_registry or stand_in else None
         if expected is not None and actual != expected:
             raise _not_the_expected_file(request, path, actual, expected, origin, lock)
-    if expected is None and actual is not None and lock.path is not None:
+    data = _check_data(request, path, actual, origin, pinned, lock)
+    if (expected is None or (origin == "lock" and "data" not in pinned and data)) and actual is not None and lock.path is not None:
         pinned_uri = request.published_uri if request.overridden and not is_url(request.uri) and request.published_uri else request.uri
-        lock.put(request.recipe_name, LOCK_SECTION, {"uri": mask_url(pinned_uri), "sha256": actual, "size": path.stat().st_size})
-        progress.note(f"pinned {_file_name(pinned_uri)} (sha256 {actual[:12]}…) in {lock.path}")
-        origin = "pinned now"
+        entry = {"uri": mask_url(pinned_uri), "sha256": actual, "size": path.stat().st_size}
+        if data:  # a pin of the graph alone would not cover its weights
+            entry["data"] = {name: {"sha256": sha, "size": (path.parent / name).stat().st_size} for name, sha in data.items()}
+        lock.put(request.recipe_name, LOCK_SECTION, entry)
+        files = " and ".join([_file_name(pinned_uri), *data])
+        progress.note(f"pinned {files} (sha256 {actual[:12]}…) in {lock.path}")
+        origin = "pinned now" if expected is None else origin
     return ResolvedSource(path=path, sha256=actual, checked_against=origin, uri=request.uri)
+
+
+def _check_data(request: SourceRequest, path: Path, actual: str | None, origin: str, pinned: dict | None, lock: LockFile) -> dict[str, str]:
+    """The external data files of a checked model, each checked against its pin (pipeline/source/pins.py)."""
+    if actual is None or is_url(request.uri):  # an unchecked file; a download fetches the graph alone
+        return {}
+    data = data_hashes(path, actual)
+    if origin == "--sha256":
+        check_data(path, data, request.given_data_sha256 or {}, "--sha256", "--sha256 {name}={sha}")
+    elif origin == "recipe":
+        check_data(path, data, request.published_data_sha256 or {}, "recipe key 'source.data_sha256'", "recipe key 'source.data_sha256' entry \"{name}\" = \"{sha}\"")
+    elif origin == "lock" and "data" in pinned:
+        how = f"delete the '{LOCK_SECTION}' entry of '{request.recipe_name}' in {lock.path} to pin the files again"
+        check_data(path, data, {name: pin.get("sha256") for name, pin in pinned["data"].items()}, str(lock.path), how)
+    return data

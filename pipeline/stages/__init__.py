@@ -24,6 +24,7 @@ ARTEFACTS: dict[str, str] = {
     "pass_settings": "pipeline.graph.passes.base:PassSettings",
     "repair_steps": "builtins:list",
     "feeds": "builtins:dict",
+    "sample_step": "builtins:dict",
     "made": "pipeline.precision.variants:VariantSet",
     "fp16_lock": "builtins:dict",
     "models": "pipeline.assets.package:ModelFiles",

@@ -21,6 +21,8 @@ class BuildOptions:
     target: str  # recipe name, recipe path, or model path
     source: str | None = None
     source_sha256: str | None = None  # --sha256: the hash --source must have (else the recipe's or the lock's)
+    source_data_sha256: dict[str, str] = field(default_factory=dict)  # --sha256 FILE=HEX: its external data files'
+    name: str | None = None  # --name: a bare model's package name
     inputs_npz: Path | None = None
     input_shapes: list[str] = field(default_factory=list)
     out_dir: Path = Path("dist")

@@ -26,6 +26,8 @@ def source_request(recipe: Recipe, options: BuildOptions) -> SourceRequest:
         published_opset=recipe.source_opset,
         published_inputs=tuple(recipe.inputs),
         given_sha256=options.source_sha256,
+        given_data_sha256=options.source_data_sha256,
+        published_data_sha256=recipe.source_data_sha256,
         base_dir=Path.cwd() if options.source else recipe.base_dir,
     )
 

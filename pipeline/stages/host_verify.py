@@ -1,5 +1,5 @@
 """The host stage: the fp32 reference outputs on onnxruntime CPU, and every variant checked
-against them (a quantized source, which has no fp32 sibling, against itself: NaN and shape)."""
+against them (a quantized source with no float twin against itself: NaN and shape)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pipeline.verify.stages import host_checks, reference_outputs
 def run(artefacts: Artefacts, context: StageContext) -> dict:
     models, made, feeds, recipe = artefacts["models"], artefacts["made"], artefacts["feeds"], artefacts["recipe"]
     reference = reference_outputs(made.reference, made.variants, models.model_paths, feeds, artefacts["fetched"].path)
-    checks = host_checks([v for v in made.variants if v.precision != "quantized"], reference, feeds, recipe, context.progress, models.check_paths)
+    checks = host_checks([v for v in made.variants if not v.self_reference], reference, feeds, recipe, context.progress, models.check_paths)
     declared = io_entries(made.reference, reference, recipe, outputs=True)
     for variant in made.variants:
-        if variant.precision == "quantized":
+        if variant.self_reference:
             checks.extend(self_reference_checks(variant, reference, declared))
     return {"reference": reference, "host_checks": checks}
 

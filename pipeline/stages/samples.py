@@ -9,8 +9,9 @@ from pipeline.stages.context import StageContext
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    return {"feeds": make_feeds(artefacts["model"], artefacts["recipe"], context.options.inputs_npz)}
+    sample = make_feeds(artefacts["model"], artefacts["recipe"], context.options.inputs_npz)
+    return {"feeds": sample.feeds, "sample_step": sample.step}
 
 
 STAGE = Stage("samples", run, settings=("recipe.inputs", "recipe.seed", "options.inputs_npz", "options.input_shapes"),
-              reads=("recipe", "model"), makes=("feeds",), libraries=("numpy",))
+              reads=("recipe", "model"), makes=("feeds", "sample_step"), libraries=("numpy",))

@@ -25,7 +25,7 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
         verdict=verdict["verdict"],
         refused=verdict["refused"],
         checks=artefacts["checks"],
-        steps=artefacts["repair_steps"] + made.steps + artefacts["kernels"].steps + browser.steps,
+        steps=artefacts["repair_steps"] + [artefacts["sample_step"]] + made.steps + artefacts["kernels"].steps + browser.steps,
         timings={f"{name}_s": seconds for name, seconds in artefacts["timings"].items()},
         source={"uri": public_uri(fetched.uri), "file": fetched.path.name, "sha256": artefacts["source_sha"], "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
         license=recipe.license,
@@ -48,7 +48,7 @@ def source_record(artefacts: Artefacts) -> dict[str, str]:
 
 STAGE = Stage(
     "write", run, settings=("recipe.name",),
-    reads=("recipe", "manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "fetched", "source_sha", "timings"), makes=("report",),
+    reads=("recipe", "manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "sample_step", "fetched", "source_sha", "timings"), makes=("report",),
     content=source_record,
     code=("pipeline.report",),  # report.html's template
     libraries=("jinja2", "numpy"),

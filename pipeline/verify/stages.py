@@ -83,12 +83,17 @@ def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray
     """The build's `webgpu-kernels` stage on the fp16/fp32 variants, with the WebGPU bounds.
     `ep_options` are the package's WebGPU EP options; the outcome's are those plus a layout that
     fixed a failure."""
-    float_variants = [v for v in variants if v.precision in FLOAT_PRECISIONS]
-    if not float_variants:
-        return KernelOutcome(ep_options=dict(ep_options))
-    models = {v.name: model_files[v.name] for v in float_variants}
+    # a quantized variant runs like any against its float twin where a chain puts it on WebGPU; a row says why not
+    on_webgpu = any("webgpu" in chain for chain in recipe.chains.values())
+    unjudged = [check(webgpu_kernels.STAGE, "webgpu", v.name, "skipped", detail=f"no fp32 reference to judge it by ({v.self_reference})" if v.self_reference else "no platform chain runs it on WebGPU")
+                for v in variants if v.precision == "quantized" and (v.self_reference or not on_webgpu)]
+    judged = [v for v in variants if v.precision in FLOAT_PRECISIONS or (v.precision == "quantized" and not v.self_reference and on_webgpu)]
+    if not judged:
+        return KernelOutcome(unjudged, ep_options=dict(ep_options))
+    models = {v.name: model_files[v.name] for v in judged}
     kinds = {name: output_kind(recipe, name) for name in reference}
-    checks, facts = webgpu_kernel_checks(models, reference, feeds, ep_thresholds(float_variants, list(reference), recipe, "webgpu"), kinds, progress, ep_options)
+    checks, facts = webgpu_kernel_checks(models, reference, feeds, ep_thresholds(judged, list(reference), recipe, "webgpu"), kinds, progress, ep_options)
+    checks += unjudged
     steps = [{"name": "layout", "changed": True, "records": [facts["layout"]]}] if "layout" in facts else []
     return KernelOutcome(checks, facts, facts["ep_options"], steps)
 

@@ -50,7 +50,7 @@ def measure(target: str, kind: str | None, webgpu: bool = False) -> dict:
     recipe = load_build_recipe(BuildOptions(target=target))
     source = resolve_source(recipe.source, recipe.source_sha256, recipe.base_dir, Progress.quiet())
     model, _ = _repair(load_model(source), recipe)
-    feeds = make_feeds(model, recipe, None)
+    feeds = make_feeds(model, recipe, None).feeds
     fp16 = convert_with_keeps(model, recipe.fp16_block_ops).model
     webgpu_error = None
     with tempfile.TemporaryDirectory() as tmp:

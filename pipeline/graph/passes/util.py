@@ -52,14 +52,18 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def dims_of(value: onnx.ValueInfoProto) -> list[Dim] | None:
-    """The shape recorded in a ValueInfoProto, or None when it records no shape (unknown rank)."""
+    """The shape recorded in a ValueInfoProto, or None when it records no shape (unknown rank).
+
+    Dims are read as onnxruntime reads them, the one reading every part of pack uses: a size > 0 is
+    fixed; a symbolic name, an empty dim and a `dim_value` of 0 or below (paddle2onnx writes -1) are
+    dynamic, given as their name or None."""
     if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
         return None
     dims: list[Dim] = []
     for dim in value.type.tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
             dims.append(dim.dim_value)
-        elif dim.HasField("dim_param"):
+        elif dim.HasField("dim_param") and dim.dim_param:
             dims.append(dim.dim_param)
         else:
             dims.append(None)

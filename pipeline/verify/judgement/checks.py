@@ -112,6 +112,8 @@ def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], decl
         shape_ok = len(expected) == value.ndim and all(not isinstance(d, int) or d in (0, n) for d, n in zip(expected, value.shape))
         floating = value.dtype.kind == "f"
         metrics = {"shape_ok": shape_ok, "nan": int(np.isnan(value).sum()) if floating else 0, "inf": int(np.isinf(value).sum()) if floating else 0}
+        if not shape_ok:
+            metrics.update(shape=list(value.shape), expected_shape=expected)
         passed = shape_ok and not metrics["nan"] and not metrics["inf"]
         if not passed:
             detail = f"shape {list(value.shape)} vs declared {expected}" if not shape_ok else "non-finite outputs"

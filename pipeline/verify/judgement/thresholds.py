@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 BROWSER_EPS = ("wasm", "webgpu")
 FLOAT_PRECISIONS = ("fp32", "fp16", "fp16w")  # every other precision (quantized) is compared loosely
-# A quantized source is its own reference: its host check bounds non-finite values only.
+# A quantized source without a float twin is its own reference: its host check bounds non-finite values only.
 SELF_REFERENCE_BOUNDS = {"nan": 0, "inf": 0}
 
 _BASE = {
@@ -59,8 +59,12 @@ _IMAGE_BLOCK = {"fp32": 1e-3, "fp16": 1e-2, "fp16w": 5e-3}
 # (MI-GAN 512²: 0.19-0.26 % one level off in fp16); one level is allowed on this share, errors beyond
 # one level are judged by the bounds above.
 _ONE_LEVEL_SHARE = {"fp32": 5e-3, "fp16": 2e-2, "fp16w": 1e-2}
-# Precisions that are not float (quantized uint8/int8 shipped as-is) are compared loosely.
-_QUANTIZED = {"max_abs_of_range": 0.1, "rel_l2": 0.1}
+# Precisions that are not float (quantized uint8/int8 shipped as-is) are compared loosely: against
+# their dequantized twin (pipeline/precision/dequantize.py) the 8-bit activations' rounding adds up
+# layer by layer (ISNet's 119 dynamically quantized convs: rel_l2 0.12, max 0.15 of range on its
+# mask, 0.15 and 0.26 on a side output, 2026-12-03); the bounds still fail zeros, wrong slices and
+# overflow, whose errors are of order 100 % of the range.
+_QUANTIZED = {"max_abs_of_range": 0.5, "rel_l2": 0.25}
 
 
 def threshold_for(kind: str, precision: str, ep: str, override: dict | None = None) -> dict:
@@ -156,7 +160,7 @@ def threshold_table(variants: list[Variant], outputs: list[str], recipe: Recipe,
     table: dict[str, dict[str, dict[str, dict]]] = {"cpu": {}}
     for variant in variants:
         table["cpu"][variant.name] = {
-            name: dict(SELF_REFERENCE_BOUNDS) if variant.precision == "quantized" else recipe_bounds(recipe, variant.name, variant.precision, name, "cpu")
+            name: dict(SELF_REFERENCE_BOUNDS) if variant.self_reference else recipe_bounds(recipe, variant.name, variant.precision, name, "cpu")
             for name in outputs
         }
     for ep in BROWSER_EPS:

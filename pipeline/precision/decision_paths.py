@@ -1,0 +1,89 @@
+"""Float values that decide shapes, lengths, counts or indices stay fp32, found from the graph.
+
+A VITS voice's duration predictor rounds float durations (`Ceil`) into lengths: in fp16 a duration
+of 2.0004 becomes 2.0 and the waveform comes out 256 samples shorter (17,408 against 17,664 in
+fp32), a difference no bound on values can judge and a search over trials pays for dearly (930 s,
+then "fp16 refused"). Such nodes are found before any trial: from each input of an op that takes a
+shape, a length, a count or an index (`DECISION_INPUTS`), the walk goes up through the integer
+arithmetic that computes it to where a float becomes an integer (a `Cast` to an integer type, or a
+`Ceil`/`Floor`/`Round` whose result is cast) and keeps that node and every float node above it in
+fp32 (their weights with them: a kept node's initializers stay fp32). `Resize`'s float `scales`
+decide its output size the same way. The main graph only.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto
+
+from pipeline.graph.passes.util import constant_values, infer_shapes
+
+# op -> positions of the inputs that are shapes, lengths, counts or indices
+DECISION_INPUTS = {
+    "Range": (0, 1, 2), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Reshape": (1,),
+    "Slice": (1, 2, 3, 4), "Resize": (2, 3), "Upsample": (1,), "TopK": (1,), "Gather": (1,), "GatherElements": (1,),
+    "OneHot": (1,), "Pad": (1,), "CumSum": (1,),
+}
+_ROUNDING = {"Ceil", "Floor", "Round"}
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output] if v.type.HasField("tensor_type")}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type == "Cast":
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to is not None:
+                types[node.output[0]] = to
+    return types
+
+
+def decision_paths(model: onnx.ModelProto) -> dict[str, str]:
+    """{node name: why} for the main-graph nodes whose float values become a shape, a length, a
+    count or an index. Unnamed nodes are skipped (the conversion names every node first)."""
+    graph = model.graph
+    types = _elem_types(model)
+    constants = constant_values(graph)
+    producer = {output: node for node in graph.node for output in node.output}
+    found: dict[str, str] = {}
+
+    def is_float(name: str) -> bool:
+        return types.get(name) in _FLOATS
+
+    def keep_float_ancestors(start: str, why: str) -> None:
+        stack = [start]
+        while stack:
+            node = producer.get(stack.pop())
+            if node is None or not node.name or node.name in found or node.op_type == "Constant":
+                continue
+            found[node.name] = why
+            # above a Cast from an integer the values are integers: nothing there rounds
+            stack += [name for name in node.input if name and name not in constants and is_float(name)]
+
+    for sink in graph.node:
+        for position in DECISION_INPUTS.get(sink.op_type, ()):
+            if position >= len(sink.input) or not sink.input[position] or sink.input[position] in constants:
+                continue
+            why = f"decides a shape, length, count or index: input {position} of {sink.op_type} '{sink.name or sink.output[0]}'; kept without a trial"
+            if is_float(sink.input[position]):  # Resize/Upsample scales: a float that sizes the output
+                keep_float_ancestors(sink.input[position], why)
+                continue
+            seen: set[str] = set()
+            stack = [sink.input[position]]
+            while stack:  # up through the integer arithmetic to where a float became an integer
+                name = stack.pop()
+                node = producer.get(name)
+                if node is None or name in seen or name in constants:
+                    continue
+                seen.add(name)
+                float_inputs = [i for i in node.input if i and i not in constants and is_float(i)]
+                if node.op_type == "Shape" or node.op_type == "Size":
+                    continue  # a tensor's shape is exact whatever its precision
+                if float_inputs and (node.op_type == "Cast" or node.op_type in _ROUNDING):
+                    keep_float_ancestors(name, why)
+                    continue
+                # integers only: a float reaching here (a comparison's operand) was not rounded into this value
+                stack += [i for i in node.input if i and not is_float(i)]
+    return found
