@@ -43,11 +43,32 @@ def _js_metrics(cases: list[dict]) -> list[dict]:
         "import { readFileSync } from 'node:fs';\n"
         "const cases = JSON.parse(readFileSync(0, 'utf8'));\n"
         "const tensor = (t) => ({ type: t.type, dims: t.dims, data: Float32Array.from(t.data.map((v) => v === null ? NaN : v)) });\n"
-        "console.log(JSON.stringify(cases.map((c) => compareTensor(tensor(c.reference), tensor(c.actual), c.kind))));\n"
+        "console.log(JSON.stringify(cases.map((c) => compareTensor(tensor(c.reference), tensor(c.actual), c.kind, c.parts || null))));\n"
     )
     result = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps(cases), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def _detection_head(rng: np.random.Generator) -> tuple[np.ndarray, dict]:
+    """A YOLO-style head [1, 4 + 3, 40]: boxes in pixels 0..320 beside class scores 0..1."""
+    head = np.concatenate([rng.uniform(0, 320, (1, 4, 40)), rng.uniform(0, 1, (1, 3, 40))], axis=1).astype(np.float32)
+    return head, {"axis": 1, "slices": [[0, 4], [4, None]]}
+
+
+def test_a_score_error_diluted_by_the_boxes_range_is_caught_per_part():
+    """0.01 on one score of a [1, 7, 40] head reads as 3e-5 of the whole tensor's range (0..320),
+    which passes fp16's 1e-2; per part it is 1e-2 of the scores' range, and fails a 5e-3 bound."""
+    from pipeline.verify.judgement.metrics import judge
+
+    head, parts = _detection_head(np.random.default_rng(3))
+    actual = head.copy()
+    actual[0, 5, 7] += 0.01
+    whole = compare(head, actual)
+    assert whole["max_abs_of_range"] < 1e-4
+    per_part = compare(head, actual, parts=parts)
+    assert per_part["worst_part"] == 1 and per_part["max_abs_of_range"] == pytest.approx(0.01 / float(head[0, 4:].max()), rel=1e-3)
+    assert judge(whole, {"max_abs_of_range": 5e-3})[0] and not judge(per_part, {"max_abs_of_range": 5e-3})[0]
 
 
 def test_compare_js_matches_the_python_metrics():
@@ -69,9 +90,18 @@ def test_compare_js_matches_the_python_metrics():
     with_nan[5] = np.nan
     cases.append(("tensor", cases[0][1], with_nan))
     encode = lambda a: {"type": str(a.dtype), "dims": list(a.shape), "data": [None if np.isnan(v) else float(v) for v in a.ravel()]}  # noqa: E731
-    js = _js_metrics([{"kind": k, "reference": encode(r), "actual": encode(a)} for k, r, a in cases])
-    for (kind, reference, actual), got in zip(cases, js):
-        expected = compare(reference, actual, kind)
+    parts = [None] * len(cases)
+    head, head_parts = _detection_head(rng)
+    for scores_off in (0.0, 0.01):  # a detection head: boxes 0..320 beside scores 0..1, per part
+        actual = head.copy()
+        actual[0, 4:, 3] += scores_off
+        cases.append(("tensor", head, actual))
+        parts.append(head_parts)
+    cases.append(("audio", head, head + np.float32(0.5)))  # an axis counted from the end, a stop past it
+    parts.append({"axis": -2, "slices": [[0, 2], [2, 99]]})
+    js = _js_metrics([{"kind": k, "reference": encode(r), "actual": encode(a), "parts": p} for (k, r, a), p in zip(cases, parts)])
+    for (kind, reference, actual), part, got in zip(cases, parts, js):
+        expected = compare(reference, actual, kind, part)
         assert set(got) == set(expected), (kind, got, expected)
         for key, value in expected.items():
             if isinstance(value, float):
