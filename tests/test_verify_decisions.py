@@ -13,6 +13,8 @@ import pytest
 from pipeline.errors import PackError
 from pipeline.graph.output_kinds import read_output_kinds, with_graph_kinds
 from pipeline.recipe import Recipe, parse_recipe
+from pipeline.verify.judgement.decisions import decide, greedy_ctc
+from pipeline.verify.judgement.metrics import compare, judge
 from pipeline.verify.judgement.thresholds import threshold_for
 
 
@@ -89,3 +91,100 @@ def test_the_recipe_wins_over_the_graph(graph):
     assert recipe.outputs["probs"].kind == "ctc" and recipe.outputs["probs"].found == "recipe"
     assert recipe.outputs["head"].parts == [[0, 4], [4, 7]]  # a declared plain tensor takes the parts the graph shows
     assert recipe.outputs["logits"].kind == "logits" and recipe.outputs["logits"].found.startswith("graph: ")
+
+
+# --- decision checks -----------------------------------------------------------------------------
+
+def _ctc_probabilities() -> np.ndarray:
+    """[1, 6, 4] per-step probabilities decoding to 1 2 1; step 3 is a near-tie (0.4879 blank vs 0.4805 class 3)."""
+    steps = [[0.1, 0.8, 0.05, 0.05], [0.9, 0.05, 0.03, 0.02], [0.05, 0.05, 0.85, 0.05], [0.4879, 0.0158, 0.0158, 0.4805], [0.1, 0.7, 0.1, 0.1], [0.97, 0.01, 0.01, 0.01]]
+    return np.array([steps], np.float32)
+
+
+def test_a_near_tie_flip_is_caught_and_shown_with_its_margin():
+    reference = _ctc_probabilities()
+    actual = reference.copy()
+    actual[0, 3, 0], actual[0, 3, 3] = 0.4841, 0.4843  # within fp16's numeric error: 0.0038 off
+    bounds = threshold_for("ctc", "fp16", "cpu")
+    assert judge(compare(reference, actual), bounds)[0]  # the numbers pass
+    figures, status, reason, shown = decide(reference, actual, {"kind": "ctc", "axis": -1, "blank": 0}, bounds)
+    assert figures["near_ties"] == 1 and figures["flips"] == 0 and figures["edit_distance"] == 1
+    assert status == "passed" and "step 3: fp32 0 by a margin of 0.0074" in reason and "variant 3" in reason  # shown, never hidden
+    assert shown == {"reference": "1 2 1", "actual": "1 2 3 1"}  # the text the near-tie changed
+    _, strict, why, _ = decide(reference, actual, {"kind": "ctc", "axis": -1, "blank": 0}, {**bounds, "near_ties": 0})
+    assert strict == "failed" and why.startswith("near_ties 1 > 0")
+
+
+def test_a_flip_beyond_the_allowed_error_fails_where_the_numbers_pass():
+    reference = _ctc_probabilities()
+    actual = reference.copy()
+    actual[0, 2, 2], actual[0, 2, 1] = 0.45, 0.46  # class 2 by 0.8 in fp32, lost
+    figures, status, reason, _ = decide(reference, actual, {"kind": "probabilities", "axis": -1, "top_k": 2}, threshold_for("probabilities", "fp16", "cpu"))
+    assert status == "failed" and figures["flips"] == 1 and reason.startswith("flips 1 > 0")
+    assert figures["top1_agreement"] == pytest.approx(5 / 6) and "top2_overlap" in figures
+
+
+def test_a_ctc_flip_that_leaves_the_text_as_it_is_passes_and_an_all_blank_sample_is_not_verifiable():
+    reference = _ctc_probabilities()
+    actual = reference.copy()
+    actual[0, 5, 0], actual[0, 5, 1] = 0.01, 0.97  # the last step repeats class 1 instead of blank: still 1 2 1
+    figures, status, _, shown = decide(reference, actual, {"kind": "ctc", "axis": -1, "blank": 0}, threshold_for("ctc", "fp16", "cpu"))
+    assert status == "passed" and figures["flips"] == 1 and figures["edit_distance"] == 0 and shown["actual"] == shown["reference"] == "1 2 1"
+    blank = np.zeros((1, 6, 4), np.float32)
+    blank[..., 0] = 0.9
+    blank[..., 1:] = np.float32(0.1 / 3)
+    _, status, reason, _ = decide(blank, blank, {"kind": "ctc", "axis": -1, "blank": 0}, threshold_for("ctc", "fp32", "cpu"))
+    assert status == "not-verifiable" and "every one of its 6 steps is the blank 0" in reason
+    assert greedy_ctc(np.array([0, 1, 1, 0, 1, 2, 2]), 0) == [1, 1, 2]
+
+
+def test_a_mask_passes_despite_off_threshold_noise_and_fails_a_flipped_region():
+    rng = np.random.default_rng(0)
+    reference = np.where(rng.random((1, 1, 32, 32)) < 0.4, rng.uniform(0.7, 1.0, (1, 1, 32, 32)), rng.uniform(0.0, 0.3, (1, 1, 32, 32))).astype(np.float32)
+    noisy = (reference + rng.choice([-0.02, 0.02], reference.shape)).astype(np.float32)
+    decision, bounds = {"kind": "mask", "threshold": 0.5}, threshold_for("mask", "fp16", "cpu")
+    assert not judge(compare(reference, noisy), threshold_for("tensor", "fp16", "cpu"))[0]  # 0.02 everywhere: over a tensor's max bound
+    figures, status, _, _ = decide(reference, noisy, decision, bounds)
+    assert status == "passed" and figures["mask_agreement"] == 1.0 and figures["flips"] == 0
+    broken = reference.copy()
+    broken[..., :4, :] = 1.0 - broken[..., :4, :]
+    figures, status, reason, _ = decide(reference, broken, decision, bounds)
+    assert status == "failed" and reason.startswith("mask_agreement") and figures["flips"] > 0
+    _, status, reason, _ = decide(np.full((4, 4), 0.1), np.full((4, 4), 0.1), decision, bounds)
+    assert status == "not-verifiable" and "below the threshold 0.5" in reason
+
+
+def _head(boxes: list[list[float]], scores: list[list[float]]) -> np.ndarray:
+    """A [1, 4 + C, N] head from N boxes (cx, cy, w, h) and their class scores."""
+    return np.concatenate([np.array(boxes, np.float32).T, np.array(scores, np.float32).T])[None]
+
+
+def test_detections_are_matched_one_to_one_and_a_lost_box_is_a_flip_or_a_near_tie():
+    reference = _head([[50, 50, 20, 20], [200, 100, 40, 30], [300, 300, 10, 10]], [[0.9, 0.05], [0.1, 0.8], [0.253, 0.1]])
+    decision, bounds = {"kind": "detection", "axis": 1, "boxes": "cxcywh", "threshold": 0.25}, threshold_for("detection", "fp16", "cpu")
+    shifted = reference.copy()
+    shifted[0, :, [0, 1]] = shifted[0, :, [1, 0]]  # the same boxes in another order, one moved a pixel
+    shifted[0, 0, 1] += 1
+    figures, status, _, shown = decide(reference, shifted, decision, bounds)
+    assert status == "passed" and figures["matched"] == 3 and 0.9 < figures["min_iou"] < 1 and figures["score_diff"] == 0
+    assert shown["reference"].startswith("0 0.90 [40, 40, 60, 60]")
+    lost = reference.copy()
+    lost[0, 4, 0] = 0.2  # a 0.9 box gone: far from the threshold
+    lost[0, 4, 2] = 0.245  # a box 0.003 over the threshold dropped under it: a near-tie
+    figures, status, reason, _ = decide(reference, lost, decision, bounds)
+    assert status == "failed" and figures["flips"] == 1 and figures["near_ties"] == 1 and "box 2 (class 0, fp32 score 0.253) lost" in reason
+    _, status, reason, _ = decide(reference * [[[1], [1], [1], [1], [0.1], [0.1]]], reference, decision, bounds)
+    assert status == "not-verifiable" and "no box scores 0.25 or more" in reason
+
+
+def test_embeddings_are_judged_by_their_cosine():
+    rng = np.random.default_rng(2)
+    reference = rng.standard_normal((3, 64)).astype(np.float32)
+    close = reference + 1e-3 * rng.standard_normal((3, 64)).astype(np.float32)
+    bounds = threshold_for("embedding", "fp16", "cpu")
+    assert decide(reference, close, {"kind": "embedding", "axis": -1}, bounds)[1] == "passed"
+    other = close.copy()
+    other[1] = rng.standard_normal(64)
+    figures, status, _, _ = decide(reference, other, {"kind": "embedding", "axis": -1}, bounds)
+    assert status == "failed" and figures["cosine"] < 0.5
+    assert decide(reference, reference[:2], {"kind": "embedding", "axis": -1}, bounds)[1] == "failed"  # a shape of its own
