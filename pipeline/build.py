@@ -35,6 +35,7 @@ from pipeline.cache import file_sha256, staging_folder, swap_into_place as _fini
 from pipeline.errors import PackError, recorded_warnings, say_again
 from pipeline.graph import repairs
 from pipeline.graph.model_io import load_model, model_bytes
+from pipeline.graph.output_kinds import with_graph_kinds
 from pipeline.graph.passes.base import PassSettings
 from pipeline.web.render import render_loader
 from pipeline.web.select import default_select
@@ -401,6 +402,7 @@ def _stage_samples(build: _Build, ledger: Ledger) -> dict:
 
 def _stage_convert(build: _Build, ledger: Ledger) -> dict:
     recipe, model, source_path = ledger["recipe"], ledger["model"], ledger["fetched"].path
+    with_graph_kinds(model, recipe)  # outputs the recipe leaves undeclared: what the graph shows of them
     build.progress.note(f"precision: {recipe.ships()} variants of {recipe.name}")
     context = _fp16_context(model, ledger["feeds"], recipe, build.options, source_path, build.progress)
     made = make_variants(model, recipe, ledger["source_sha"], context, ledger["pass_settings"])

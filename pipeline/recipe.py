@@ -95,9 +95,10 @@ class OutputSpec:
         return NUMERIC_KIND.get(self.kind, "tensor")
 
     def decision(self) -> dict | None:
-        """The manifest's `decision` of this output (kind, its keys, where it came from), or None
-        for a plain tensor, which decides nothing."""
-        if self.kind == "tensor":
+        """The manifest's `decision` of this output (kind, its keys, where it came from), or None:
+        a plain tensor decides nothing, and an image or audio output by its shape, which the
+        numeric check holds to fp32's."""
+        if self.kind in ("tensor", "image", "audio"):
             return None
         return {"kind": self.kind, **self.options, "from": self.found}
 

@@ -188,3 +188,67 @@ def test_embeddings_are_judged_by_their_cosine():
     figures, status, _, _ = decide(reference, other, {"kind": "embedding", "axis": -1}, bounds)
     assert status == "failed" and figures["cosine"] < 0.5
     assert decide(reference, reference[:2], {"kind": "embedding", "axis": -1}, bounds)[1] == "failed"  # a shape of its own
+
+
+def test_a_decision_failure_is_a_failure_the_fp16_search_fixes_where_the_numbers_pass():
+    from pipeline.verify.judgement.checks import output_checks, output_failures
+
+    reference = {"p": _ctc_probabilities()}
+    actual = reference["p"].copy()
+    actual[0, 3, 0], actual[0, 3, 3] = 0.4841, 0.4843  # a near-tie that changes the text
+    bounds = {"p": {**threshold_for("ctc", "fp16", "cpu"), "near_ties": 0}}
+    judging = {"p": {"decision": {"kind": "ctc", "axis": -1, "blank": 0}, "parts": None}}
+    assert output_failures(reference, {"p": actual}, bounds, {}) == {}  # the numbers alone pass
+    assert output_failures(reference, {"p": actual}, bounds, {}, judging)["p"].startswith("ctc decision: near_ties 1 > 0; near-ties: step 3")
+    numeric, decision = output_checks({"stage": "host", "ep": "cpu", "variant": "fp16"}, reference, {"p": actual}, bounds, {}, judging)
+    assert numeric["status"] == "passed" and "near_ties" not in numeric["threshold"]
+    assert decision["decision"] == "ctc" and decision["status"] == "failed" and decision["threshold"] == {"flips": 0, "near_ties": 0}
+    assert decision["decided"] == {"reference": "1 2 1", "actual": "1 2 3 1"}
+
+
+RECOGNIZER = """
+<ir_version: 8, opset_import: ["" : 17]>
+recognizer (float[1, 12, 16] x) => (float[1, 12, 6] probs, float[1, 12, 6] scores) {
+  logits = MatMul (x, w)
+  probs = Softmax <axis = -1> (logits)
+  scores = Mul (logits, two)
+}
+"""
+
+
+def test_a_build_checks_and_reports_the_decisions_of_declared_and_graph_read_kinds(tmp_path):
+    """A CTC output declared in the recipe, a Softmax output read from the graph: each has a decision
+    check beside its numeric one on the host, recorded in report.json with what each run decided,
+    its kind in the manifest (with where it came from), one summary line each, the text in report.html."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    model = onnx.parser.parse_model(RECOGNIZER)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([onnx.numpy_helper.from_array((3 * rng.standard_normal((16, 6))).astype(np.float32), "w"),
+                                    onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    onnx.save(model, str(tmp_path / "recognizer.onnx"))
+    (tmp_path / "r.toml").write_text('name = "recognizer"\nvariants = ["fp16", "fp32"]\n[source]\nuri = "recognizer.onnx"\n'
+                                     '[inputs.x]\nrange = [-1.0, 1.0]\n[outputs.scores]\nkind = "ctc"\nblank = 0\n')
+    result = CliRunner().invoke(app, ["build", str(tmp_path / "r.toml"), "--no-browser", "--no-reuse", "--out", str(tmp_path / "out")],
+                                env={"PACK_WEBGPU_KERNELS": "off"})
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "recognizer" / "report.json").read_text())
+    decisions = {(c["variant"], c["output"]): c for c in report["checks"] if c.get("decision")}
+    assert set(decisions) == {(v, o) for v in ("fp16", "fp32") for o in ("probs", "scores")}
+    ctc = decisions[("fp16", "scores")]
+    assert ctc["decision"] == "ctc" and ctc["status"] == "passed" and ctc["decided"]["reference"] and ctc["decided"]["reference"] == ctc["decided"]["actual"]
+    assert decisions[("fp16", "probs")]["decision"] == "probabilities" and decisions[("fp16", "probs")]["metrics"]["positions"] == 12
+    manifest = json.loads((tmp_path / "out" / "recognizer" / "manifest.json").read_text())
+    outputs = {o["name"]: o for o in manifest["outputs"]}
+    assert outputs["scores"]["decision"] == {"kind": "ctc", "axis": -1, "blank": 0, "from": "recipe"} and outputs["scores"]["kind"] == "tensor"
+    assert outputs["probs"]["decision"]["from"].startswith("graph: Softmax node")
+    assert manifest["thresholds"]["cpu"]["fp16"]["scores"]["near_ties"] == 1
+    assert f"scores (ctc decision)  flips 0 (<= 0), near_ties 0 (<= 0)" not in result.output  # the bound is the default one
+    lines = [line for line in result.output.splitlines() if "fp16" in line and "(ctc decision)" in line]
+    assert len(lines) == 1 and "near_ties 0 (<= 1)" in lines[0] and f"fp32: {ctc['decided']['reference']} (the same)" in lines[0]
+    html = (tmp_path / "out" / "recognizer" / "report.html").read_text()
+    assert "ctc decision" in html and ctc["decided"]["reference"] in html

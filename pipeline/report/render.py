@@ -179,9 +179,12 @@ def _check_rows(checks: list[dict]) -> list[dict]:
             "run": run,
             "runtime": check.get("runtime"),
             "output": check.get("output") or "",
+            "decision": check.get("decision"),
+            # what fp32 and the variant decided (labels, decoded text, boxes), beside the figures
+            "decided": check.get("decided") or {},
             "figures": figures_,
             "figure_text": format_metrics(metrics, threshold),
-            "detail": check.get("detail") if check["status"] != "passed" else None,
+            "detail": check.get("detail") if check["status"] != "passed" or check.get("decision") else None,
         })
     return sorted(rows, key=lambda row: row["order"])
 

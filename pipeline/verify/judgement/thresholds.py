@@ -207,6 +207,12 @@ def manifest_kind(output: dict) -> str:
     return (output.get("decision") or {}).get("kind") or output.get("kind", "tensor")
 
 
+def manifest_judging(manifest: dict) -> dict[str, dict]:
+    """Per manifest output, how it is judged besides its bounds, as output_judging gives it from a
+    recipe: its `decision` and `parts` (None each when it has none)."""
+    return {output["name"]: {"decision": output.get("decision"), "parts": output.get("parts")} for output in manifest["outputs"]}
+
+
 def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict[str, dict]]]:
     """thresholds[ep][variant][output] for the browser checks of a built package (`pack verify`):
     the bounds the build checked, from the manifest (its wasm bounds, else its webgpu ones), else
