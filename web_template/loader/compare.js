@@ -12,6 +12,8 @@
 // (worst_part), as metrics.py does.
 
 import { numbers } from './tensors.js';
+// decisions.js uses this module's judge: a cycle ES modules resolve (both export hoisted functions)
+import { decide } from './decisions.js';
 
 // the last four: decision checks (pipeline/verify/judgement/decisions.py)
 export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db', 'seg_snr_db', 'min_iou', 'mask_agreement', 'cosine', 'top1_agreement']);
@@ -275,7 +277,8 @@ export function thresholdsFor(manifest, ep, variant) {
 
 /**
  * Every output of a run against the reference: { passed, outputs: { name: { metrics, threshold,
- * passed, reason } }, text }. `thresholds` ({ output: bounds }) may be null: then figures only, and
+ * passed, reason, decision? } }, text }. An output with a manifest `decision` also gets its decision
+ * check (decisions.js: { figures, status, reason, shown }), whose failure fails the output. `thresholds` ({ output: bounds }) may be null: then figures only, and
  * `passed` is null (nothing to judge by). An output missing from the run fails. An output whose
  * reference is degenerate is not verifiable (its `passed` null, `verifiable` false, the reason
  * given): it neither passes nor, unless it is broken (shape, NaN/Inf), fails the run.
@@ -283,6 +286,7 @@ export function thresholdsFor(manifest, ep, variant) {
 export function compareOutputs(manifest, reference, actual, thresholds) {
   const kinds = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.kind || 'tensor']));
   const parts = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.parts || null]));
+  const decisions = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.decision || null]));
   const outputs = {};
   let passed = thresholds ? true : null;
   const texts = [];
@@ -309,6 +313,16 @@ export function compareOutputs(manifest, reference, actual, thresholds) {
     outputs[name] = { metrics, threshold, passed: judged, reason: verdict.reason };
     const shown = thresholds ? formatMetrics(metrics, threshold) : formatMetrics(metrics, { rel_l2: Infinity, max_abs_of_range: Infinity }).replace(/ ≤ Infinity/g, '');
     texts.push(`${name}: ${verdict.reason && !verdict.passed ? verdict.reason : shown}`);
+    if (decisions[name]) {
+      // beside the numbers, what the app decides from them (decisions.js): judged only with bounds
+      const decided = decide(expected, actual[name], decisions[name], threshold);
+      outputs[name].decision = decided;
+      if (thresholds && decided.status === 'failed') {
+        outputs[name].passed = false;
+        passed = false;
+      }
+      texts.push(`${name} (${decisions[name].kind} decision): ${decided.status}${decided.reason ? ` (${decided.reason})` : ''}`);
+    }
   }
   return { passed, outputs, text: texts.join('; ') };
 }
