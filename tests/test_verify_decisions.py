@@ -208,10 +208,12 @@ def test_a_decision_failure_is_a_failure_the_fp16_search_fixes_where_the_numbers
 
 RECOGNIZER = """
 <ir_version: 8, opset_import: ["" : 17]>
-recognizer (float[1, 12, 16] x) => (float[1, 12, 6] probs, float[1, 12, 6] scores) {
+recognizer (float[1, 12, 16] x) => (float[1, 12, 6] probs, float[1, 12, 6] scores, float[1, 12, 6] emb) {
   logits = MatMul (x, w)
   probs = Softmax <axis = -1> (logits)
   scores = Mul (logits, two)
+  small = Mul (logits, tenth)
+  emb = Tanh (small)
 }
 """
 
@@ -219,7 +221,9 @@ recognizer (float[1, 12, 16] x) => (float[1, 12, 6] probs, float[1, 12, 6] score
 def test_a_build_checks_and_reports_the_decisions_of_declared_and_graph_read_kinds(tmp_path):
     """A CTC output declared in the recipe, a Softmax output read from the graph: each has a decision
     check beside its numeric one on the host, recorded in report.json with what each run decided,
-    its kind in the manifest (with where it came from), one summary line each, the text in report.html."""
+    its kind in the manifest (with where it came from), one summary line each, the text in report.html.
+    An embedding held to a cosine of 1 fails fp16 on its decision alone: the fp16 search takes it up
+    as a failure to fix, and the variant is refused naming the decision."""
     import json
 
     from typer.testing import CliRunner
@@ -229,16 +233,23 @@ def test_a_build_checks_and_reports_the_decisions_of_declared_and_graph_read_kin
     model = onnx.parser.parse_model(RECOGNIZER)
     rng = np.random.default_rng(0)
     model.graph.initializer.extend([onnx.numpy_helper.from_array((3 * rng.standard_normal((16, 6))).astype(np.float32), "w"),
-                                    onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+                                    onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"), onnx.numpy_helper.from_array(np.array(0.1, np.float32), "tenth")])
     onnx.save(model, str(tmp_path / "recognizer.onnx"))
     (tmp_path / "r.toml").write_text('name = "recognizer"\nvariants = ["fp16", "fp32"]\n[source]\nuri = "recognizer.onnx"\n'
-                                     '[inputs.x]\nrange = [-1.0, 1.0]\n[outputs.scores]\nkind = "ctc"\nblank = 0\n')
+                                     '[inputs.x]\nrange = [-1.0, 1.0]\n[outputs.scores]\nkind = "ctc"\nblank = 0\n'
+                                     '[outputs.emb]\nkind = "embedding"\nfp16 = { cosine = 1.0 }\n')
     result = CliRunner().invoke(app, ["build", str(tmp_path / "r.toml"), "--no-browser", "--no-reuse", "--out", str(tmp_path / "out")],
                                 env={"PACK_WEBGPU_KERNELS": "off"})
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "recognizer" / "report.json").read_text())
     decisions = {(c["variant"], c["output"]): c for c in report["checks"] if c.get("decision")}
-    assert set(decisions) == {(v, o) for v in ("fp16", "fp32") for o in ("probs", "scores")}
+    assert set(decisions) == {(v, o) for v in ("fp16", "fp32") for o in ("probs", "scores", "emb")}
+    emb = decisions[("fp16", "emb")]
+    assert emb["status"] == "failed" and emb["detail"].startswith("cosine 0.99") and emb["detail"].endswith(" < 1")
+    assert [c["status"] for c in report["checks"] if c["stage"] == "host" and c["variant"] == "fp16" and c["output"] == "emb" and not c.get("decision")] == ["passed"]
+    assert any(r["by"] == "host fp16 (any bundle, any EP): failed: emb (embedding decision): " + emb["detail"] for r in report["refused"]), report["refused"]
+    searched = json.dumps([s for s in report["steps"] if s["name"] == "fp16_keep_fp32"])
+    assert "emb: embedding decision: cosine 0.99" in searched  # the search took the decision failure up
     ctc = decisions[("fp16", "scores")]
     assert ctc["decision"] == "ctc" and ctc["status"] == "passed" and ctc["decided"]["reference"] and ctc["decided"]["reference"] == ctc["decided"]["actual"]
     assert decisions[("fp16", "probs")]["decision"] == "probabilities" and decisions[("fp16", "probs")]["metrics"]["positions"] == 12

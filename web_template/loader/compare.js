@@ -237,6 +237,14 @@ function segmentalSnr(ref, diff, row) {
 }
 
 const g = (value) => Number(Number(value).toPrecision(3)).toString();
+// `value` to 3 significant digits, or as many more as tell it from `bound` (metrics.py figure)
+const near = (value, bound) => {
+  const at = (x, digits) => Number(Number(x).toPrecision(digits));
+  for (let digits = 3; digits < 12; digits++) {
+    if (value === bound || at(value, digits) !== at(bound, digits)) return String(at(value, digits));
+  }
+  return String(value);
+};
 
 /** { passed, reason }: a wrong shape or new NaN/Inf fails whatever the thresholds say. */
 export function judge(metrics, threshold = {}) {
@@ -249,7 +257,7 @@ export function judge(metrics, threshold = {}) {
     if (!(key in metrics)) continue;
     const value = metrics[key];
     if (LOWER_BOUNDS.includes(key) ? value < bound : value > bound) {
-      return { passed: false, reason: `${key} ${g(value)} ${LOWER_BOUNDS.includes(key) ? '<' : '>'} ${g(bound)}` };
+      return { passed: false, reason: `${key} ${near(value, bound)} ${LOWER_BOUNDS.includes(key) ? '<' : '>'} ${g(bound)}` };
     }
   }
   return { passed: true, reason: null };
@@ -260,7 +268,7 @@ export function formatMetrics(metrics, threshold = {}) {
   if (metrics.identical && metrics.shape_ok !== false) return 'identical to the reference';
   const parts = [];
   for (const [key, bound] of Object.entries(threshold)) {
-    if (key in metrics) parts.push(`${key} ${g(metrics[key])} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
+    if (key in metrics) parts.push(`${key} ${near(metrics[key], bound)} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
   }
   if (!metrics.shape_ok) parts.push(`shape [${metrics.shape}] vs [${metrics.expected_shape}]`);
   // Integer tensors are judged by exact equality: their bounds name no figure of theirs.

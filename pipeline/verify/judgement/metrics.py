@@ -198,6 +198,16 @@ def _segmental_snr(reference: np.ndarray, diff: np.ndarray) -> float:
     return round(float(np.mean(figures)), 3) if figures else high
 
 
+def figure(value: float, bound: float) -> str:
+    """`value` to 3 significant digits, or as many more as tell it from `bound` (a cosine of
+    0.99997 against a bound of 1 reads "0.99997", not "1")."""
+    for digits in range(3, 12):
+        shown = f"{value:.{digits}g}"
+        if value == bound or shown != f"{bound:.{digits}g}":
+            return shown
+    return repr(value)
+
+
 def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:
     """(passed, reason). A wrong shape or new NaN/Inf fails whatever the thresholds say."""
     if not metrics.get("shape_ok", False):
@@ -212,9 +222,9 @@ def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:
         value = metrics[key]
         if key in LOWER_BOUNDS:
             if value < bound:
-                return False, f"{key} {value:.3g} < {bound:g}"
+                return False, f"{key} {figure(value, bound)} < {bound:g}"
         elif value > bound:
-            return False, f"{key} {value:.3g} > {bound:g}"
+            return False, f"{key} {figure(value, bound)} > {bound:g}"
     return True, None
 
 
@@ -239,7 +249,7 @@ def format_metrics(metrics: dict, threshold: dict) -> str:
     for key, bound in threshold.items():
         if key in metrics:
             op = ">=" if key in LOWER_BOUNDS else "<="
-            parts.append(f"{key} {metrics[key]:.3g} ({op} {bound:g})")
+            parts.append(f"{key} {figure(metrics[key], bound)} ({op} {bound:g})")
     if not metrics.get("shape_ok", True):
         parts.append(f"shape {metrics.get('shape')} vs {metrics.get('expected_shape')}")
     return ", ".join(parts)
