@@ -29,7 +29,7 @@ import onnx
 
 from pipeline.manifest import Manifest, Thresholds, Verification, adapter_runs, chains_without_refused_eps, describe_run, measurements_from, package_verdict, refused, refused_eps, run_sort_key, runs_from_checks, write_manifest
 from pipeline.assets.package import ModelFiles, PackageContents, io_entries, plain_files, start_package, write_models, write_runtime, write_sample
-from pipeline.assets.samples import make_feeds
+from pipeline.assets.samples import decisive_feeds
 from pipeline.assets.delivery import delivery_sizes
 from pipeline.cache import file_sha256, staging_folder, swap_into_place as _finish, temporary_folder
 from pipeline.errors import PackError, recorded_warnings, say_again
@@ -397,12 +397,12 @@ def _read_repair(folder: Path) -> dict:
 
 
 def _stage_samples(build: _Build, ledger: Ledger) -> dict:
-    return {"feeds": make_feeds(ledger["model"], ledger["recipe"], build.options.inputs_npz)}
+    with_graph_kinds(ledger["model"], ledger["recipe"])  # outputs the recipe leaves undeclared: what the graph shows of them
+    return {"feeds": decisive_feeds(ledger["model"], ledger["recipe"], build.options.inputs_npz)}
 
 
 def _stage_convert(build: _Build, ledger: Ledger) -> dict:
     recipe, model, source_path = ledger["recipe"], ledger["model"], ledger["fetched"].path
-    with_graph_kinds(model, recipe)  # outputs the recipe leaves undeclared: what the graph shows of them
     build.progress.note(f"precision: {recipe.ships()} variants of {recipe.name}")
     context = _fp16_context(model, ledger["feeds"], recipe, build.options, source_path, build.progress)
     made = make_variants(model, recipe, ledger["source_sha"], context, ledger["pass_settings"])
@@ -529,8 +529,8 @@ def build_table(build: _Build) -> list[Stage]:
         Stage("repair", bound(_stage_repair), _slice("repairs_auto", "repairs", "runtime_version", "runtime_path", runtime=lambda s: s.runtime),
               reads=("fetched",), makes=("model", "source_sha", "pass_settings", "repair_steps"), code=("pipeline.graph", "pipeline.runtime"), libraries=("onnx",),
               cache=StageCache(_keep_repair, _read_repair)),
-        Stage("samples", bound(_stage_samples), _slice("inputs", "seed", inputs_npz=lambda s: s.options["inputs_npz"], input_shapes=lambda s: s.options["input_shapes"]),
-              reads=("model",), makes=("feeds",), code=("pipeline.assets.samples", "pipeline.assets.patterns"), libraries=("numpy",)),
+        Stage("samples", bound(_stage_samples), _slice("inputs", "seed", "outputs", inputs_npz=lambda s: s.options["inputs_npz"], input_shapes=lambda s: s.options["input_shapes"]),
+              reads=("model",), makes=("feeds",), code=("pipeline.assets.samples", "pipeline.assets.patterns", "pipeline.graph.output_kinds", "pipeline.verify.judgement.decisions"), libraries=("numpy", "onnxruntime")),
         Stage("convert", bound(_stage_convert), _slice("variants", "variants_stated", "fp16_block_ops", "fp16_keep_nodes", "fp16_search", "fp16_search_trials", "fp16_search_seconds", "outputs", lock=lambda s: s.lock, environment=_environment),
               reads=("model", "feeds", "source_sha", "pass_settings"), makes=("made",), code=("pipeline.precision", "pipeline.verify"), libraries=("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy")),
         Stage("models", bound(_stage_models), _slice("chunk_mib", "max_file_mib", "description", "chains", "watchdog_ms", "prewarm", "wasm_variant"),

@@ -49,7 +49,7 @@ def test_every_artefact_a_stage_reads_is_made_by_an_earlier_stage():
 
 
 @pytest.mark.parametrize("key, first_changed", [("repairs", "repair"), ("seed", "samples"), ("variants", "convert"), ("chunk_mib", "models"),
-                                                ("outputs", "convert"), ("license", "files"), ("loader_select", "judge"), ("name", "write")])
+                                                ("outputs", "samples"), ("license", "files"), ("loader_select", "judge"), ("name", "write")])
 def test_a_setting_changes_its_stage_and_every_stage_after_it_only(key, first_changed):
     before, after = _keys(_settings()), _keys(_settings(**{key: "changed"}))
     names = list(before)

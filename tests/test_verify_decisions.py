@@ -263,3 +263,44 @@ def test_a_build_checks_and_reports_the_decisions_of_declared_and_graph_read_kin
     assert len(lines) == 1 and "near_ties 0 (<= 1)" in lines[0] and f"fp32: {ctc['decided']['reference']} (the same)" in lines[0]
     html = (tmp_path / "out" / "recognizer" / "report.html").read_text()
     assert "ctc decision" in html and ctc["decided"]["reference"] in html
+
+
+# --- samples that make decisions -----------------------------------------------------------------
+
+def _gate(threshold: float) -> onnx.ModelProto:
+    """x[1, 6, 1] -> CTC probabilities [1, 6, 2]: class 1 where x > threshold, else the blank 0."""
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    gate (float[1, 6, 1] x) => (float[1, 6, 2] p) {
+      shifted = Sub (x, t)
+      logits = Concat <axis = 2> (zero, scaled)
+      scaled = Mul (shifted, gain)
+      p = Softmax <axis = -1> (logits)
+    }
+    """)
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.array([threshold], np.float32), "t"),
+                                    onnx.numpy_helper.from_array(np.zeros((1, 6, 1), np.float32), "zero"),
+                                    onnx.numpy_helper.from_array(np.array([50.0], np.float32), "gain")])
+    order = {"shifted": 0, "scaled": 1, "logits": 2, "p": 3}
+    nodes = sorted(model.graph.node, key=lambda n: order[n.output[0]])
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def test_a_generated_sample_on_which_fp32_decides_nothing_is_made_with_the_next_seed_that_decides(capsys):
+    from pipeline.assets.samples import SAMPLE_SEEDS, decisive_feeds, make_feeds
+
+    peaks = [float(np.random.default_rng(seed).uniform(-1, 1, (1, 6, 1)).max()) for seed in range(SAMPLE_SEEDS)]
+    later = next(seed for seed in range(1, SAMPLE_SEEDS) if peaks[seed] > peaks[0])
+    model = _gate((peaks[0] + peaks[later]) / 2)  # seed 0: every step blank; seed `later`: a step over it
+    recipe = _recipe('[outputs.p]\nkind = "ctc"\nblank = 0\n')
+    feeds = decisive_feeds(model, recipe, None)
+    assert np.array_equal(feeds["x"], make_feeds(model, recipe, None, later)["x"])
+    told = capsys.readouterr().err
+    assert f"fp32 decides nothing on the sample of seed 0 (p: every one of its 6 steps is the blank 0); the sample is made with seed {later}" in told
+    never = _gate(2.0)  # no uniform(-1, 1) value is over 2: no seed decides
+    assert np.array_equal(decisive_feeds(never, recipe, None)["x"], make_feeds(never, recipe, None)["x"])
+    assert f"fp32 decides nothing on the samples of seeds 0 to {SAMPLE_SEEDS - 1}" in capsys.readouterr().err
+    given = _recipe('[inputs.x]\nvalue = 0.5\n[outputs.p]\nkind = "ctc"\nblank = 0\n')
+    assert np.all(decisive_feeds(never, given, None)["x"] == 0.5) and capsys.readouterr().err == ""  # a given sample is used as given

@@ -1,5 +1,10 @@
 """Sample inputs: from --inputs NPZ, per-input .npy files, constants or seeded random ranges. The
-`sample.bin` the package ships them in (with their fp32 reference outputs) is pipeline/sample_file.py."""
+`sample.bin` the package ships them in (with their fp32 reference outputs) is pipeline/sample_file.py.
+
+A generated sample must make the decisions the checks judge (pipeline/verify/judgement/decisions.py):
+where fp32 decides nothing on it (every CTC step blank, no box over the threshold, a mask on one
+side), the next seeds are tried (`decisive_feeds`), and the one that decides is used, said in a
+warning; a sample the user gives is used as given."""
 
 from __future__ import annotations
 
@@ -10,11 +15,17 @@ import onnx
 from onnx import TensorProto
 
 from pipeline.assets.patterns import generate
+from pipeline.cache import temporary_folder
 from pipeline.dtypes import ONNX_TO_NAME
 from pipeline.errors import PackError, warn
+from pipeline.graph.model_io import model_bytes
 from pipeline.recipe import InputSpec, Recipe
+from pipeline.verify.engines.host import run_model
+from pipeline.verify.judgement.decisions import undecided
 
 ONNX_TO_NUMPY = ONNX_TO_NAME  # the one dtype table (pipeline/dtypes.py)
+SAMPLE_SEEDS = 8  # seeds tried for a generated sample on which fp32 decides something
+MAX_TRIAL_BYTES = 1_900_000_000  # a model over protobuf's 2 GB is not written out for trial runs
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -104,11 +115,13 @@ def _npz_array(array: np.ndarray, dtype: str, name: str, where: str) -> np.ndarr
     raise PackError(f"{where}: '{name}' is {array.dtype}, the model expects {dtype}; save it as {dtype} (array.astype('{dtype}'))")
 
 
-def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict[str, np.ndarray]:
+def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None, seed: int | None = None) -> dict[str, np.ndarray]:
+    """The sample inputs; generated ones from `seed` (default: the recipe's `verify.seed`)."""
+    seed = recipe.seed if seed is None else seed
     check_recipe_io(model, recipe)
     inputs = graph_inputs(model)
     given = _read_npz(npz, inputs, recipe) if npz is not None else {}
-    rng = np.random.default_rng(recipe.seed)
+    rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for info in inputs:
         dtype = tensor_dtype(info)
@@ -128,7 +141,7 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
             shape = _resolve_shape(info, spec, "--input" if spec and spec.option else "recipe input")
             if spec and spec.pattern:
                 # Seeded by the recipe alone, so inputs that describe one signal stay consistent.
-                feeds[info.name] = generate(spec, shape, dtype, recipe.seed)
+                feeds[info.name] = generate(spec, shape, dtype, seed)
                 continue
             if spec and spec.value is not None:
                 array = np.full(shape, spec.value)
@@ -151,6 +164,47 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict
     for name, array in feeds.items():  # what the recipe made: a value = nan in a recipe table
         check_finite(array, name, f"{_recipe_where(recipe)}key 'inputs.{name}'")
     return feeds
+
+
+def _seeded(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> bool:
+    """Whether some input of the sample is generated from the seed (not given, not a constant)."""
+    given = set(_read_npz(npz, graph_inputs(model), recipe)) if npz is not None else set()
+    return any(info.name not in given and not (spec and (spec.file or (spec.value is not None and not spec.pattern)))
+               for info in graph_inputs(model) for spec in [recipe.inputs.get(info.name)])
+
+
+def decisive_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> dict[str, np.ndarray]:
+    """make_feeds, with the first of SAMPLE_SEEDS seeds (from the recipe's) on which fp32 decides
+    something from every output of a decision kind (`recipe.outputs`, the graph's kinds included).
+    A sample the user gives, or a model with no such output, is taken as it is; when no seed makes a
+    decision the recipe's seed stays, the warning says so, and the checks say not-verifiable."""
+    feeds = make_feeds(model, recipe, npz)
+    deciding = {name: spec.decision() for name, spec in recipe.outputs.items() if spec.decision()}
+    if not deciding or not _seeded(model, recipe, npz) or model.ByteSize() > MAX_TRIAL_BYTES:
+        return feeds
+    where = f"{_recipe_where(recipe)}key 'verify.seed'"
+    with temporary_folder("pack-sample-") as folder:
+        path = Path(folder) / "model.onnx"
+        path.write_bytes(model_bytes(model))
+        first: dict[str, str] = {}
+        for seed in range(recipe.seed, recipe.seed + SAMPLE_SEEDS):
+            candidate = feeds if seed == recipe.seed else make_feeds(model, recipe, npz, seed)
+            run = run_model(path, candidate)
+            if run.outputs is None:
+                return feeds  # the reference run says why, with the recipe's sample
+            idle = {name: why for name, decision in deciding.items() if name in run.outputs and (why := undecided(run.outputs[name], decision))}
+            if not idle:
+                if seed != recipe.seed:
+                    warn(f"{where}: fp32 decides nothing on the sample of seed {recipe.seed} ({_told(first)}); the sample is made with seed {seed}, on which it does")
+                return candidate
+            first = first or idle
+    warn(f"{where}: fp32 decides nothing on the samples of seeds {recipe.seed} to {recipe.seed + SAMPLE_SEEDS - 1} ({_told(first)}); "
+         "its decision checks will be not-verifiable: give a sample that makes a decision (--inputs, or inputs.X.file)")
+    return feeds
+
+
+def _told(idle: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in idle.items())
 
 
 def check_finite(array: np.ndarray, name: str, where: str) -> None:

@@ -64,6 +64,14 @@ def decide(reference: np.ndarray, actual: np.ndarray, decision: dict, bounds: di
     return figures, "passed" if passed else "failed", reason, shown
 
 
+def undecided(reference: np.ndarray, decision: dict) -> str | None:
+    """Why fp32 decides nothing from `reference` (every step blank, no box over the threshold, ...),
+    or None when it decides something: what a sample must avoid (pipeline/assets/samples.py)."""
+    reference = np.asarray(reference, dtype=np.float64)
+    judged = {"logits": _classes, "probabilities": _classes, "ctc": _ctc, "detection": _detection, "mask": _mask, "embedding": _embedding}[decision["kind"]]
+    return judged(reference, reference, decision, 0.0)[1]
+
+
 def _tolerance(bounds: dict) -> float:
     """The error a variant is allowed, as a fraction of the range (numeric bounds, thresholds.py)."""
     return float(bounds.get("max_abs_of_range", bounds.get("p999_abs_of_range", 0.0)))
