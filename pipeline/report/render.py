@@ -26,7 +26,9 @@ from pipeline.report.data import ReportData, load, save
 from pipeline.report.record import read_record
 from pipeline.sample_file import read_sample
 from pipeline.verify.engines.browser.harness import run_label
+from pipeline.verify.judgement.decisions import decide, undecided
 from pipeline.verify.judgement.metrics import LOWER_BOUNDS, compare, format_metrics
+from pipeline.verify.judgement.thresholds import manifest_judging
 
 STATUS_ORDER = {"failed": 0, "refused": 1, "not-verifiable": 2, "skipped": 3, "passed": 4}
 DEFAULT_SAMPLE_RATE = 16000
@@ -274,14 +276,21 @@ def _timings(browser: dict | None) -> dict | None:
 
 def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict, data: ReportData) -> list[Section]:
     kinds = {o["name"]: o.get("kind", "tensor") for o in manifest["outputs"]}
+    judging = manifest_judging(manifest)
     sample_rate = int(report.get("sample_rate") or DEFAULT_SAMPLE_RATE)
     rate_note = None if report.get("sample_rate") else f"played at {DEFAULT_SAMPLE_RATE} Hz: the recipe names no sample rate"
     sections = []
     for name, expected in reference.items():
         kind = kinds.get(name, "tensor")
         layout = figures.layout_of(kind, tuple(expected.shape))
-        runs = _runs_of(name, expected, kind, data)
+        runs = _runs_of(name, expected, kind, data, judging.get(name) or {})
         section = Section(name, kind, layout.what, list(expected.shape))
+        decision = (judging.get(name) or {}).get("decision")
+        if decision:  # what fp32 decides, beside each run's decision in its caption
+            nothing = undecided(expected, decision)
+            decided = f"nothing ({nothing})" if nothing else decide(expected, expected, decision, {})[3].get("reference")
+            if decided:  # an embedding shows no decision, only its cosine
+                section.notes.append(f"fp32 decides ({decision['kind']}): {decided}")
         if not runs:
             section.notes.append("no variant output to compare: the package has no browser outputs or non-fp32 variants (run `pack verify` to record them)")
         cut = [label for label, array, _ in runs if array.shape != expected.shape]
@@ -306,9 +315,10 @@ def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict
     return sections
 
 
-def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> list[tuple[str, np.ndarray, str]]:
+def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData, judging: dict) -> list[tuple[str, np.ndarray, str]]:
     """(label, output, figure caption) per run that kept `name`; runs with byte-identical outputs
-    share one entry (their labels joined)."""
+    share one entry (their labels joined). `judging`: the output's parts and decision (the caption
+    then says what the run decided)."""
     groups: list[tuple[list[str], np.ndarray]] = []
     for label, outputs in sorted(data.outputs.items(), key=lambda item: (not item[0].startswith("cpu/"), item[0])):
         if name not in outputs:
@@ -323,7 +333,7 @@ def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> li
     for labels, array in groups:
         caption = ""
         if array.shape == expected.shape:
-            metrics = compare(expected, array, kind)
+            metrics = compare(expected, array, kind, judging.get("parts"))
             key = {"image": "psnr_db", "audio": "snr_db"}.get(kind)
             if metrics.get("identical"):
                 caption = "identical to the reference"
@@ -331,6 +341,9 @@ def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> li
                 caption = f"{'PSNR' if key == 'psnr_db' else 'SNR'} {metrics[key]:.1f} dB"
             else:
                 caption = f"rel_l2 {metrics.get('rel_l2', 0):.2g}"
+            shown = decide(expected, array, judging["decision"], {})[3] if judging.get("decision") else {}
+            if shown.get("actual"):
+                caption += f"; decides {shown['actual']}"
         runs.append((", ".join(labels), array, caption))
     return runs
 
