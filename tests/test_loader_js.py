@@ -56,21 +56,6 @@ def _detection_head(rng: np.random.Generator) -> tuple[np.ndarray, dict]:
     return head, {"axis": 1, "slices": [[0, 4], [4, None]]}
 
 
-def test_a_score_error_diluted_by_the_boxes_range_is_caught_per_part():
-    """0.01 on one score of a [1, 7, 40] head reads as 3e-5 of the whole tensor's range (0..320),
-    which passes fp16's 1e-2; per part it is 1e-2 of the scores' range, and fails a 5e-3 bound."""
-    from pipeline.verify.judgement.metrics import judge
-
-    head, parts = _detection_head(np.random.default_rng(3))
-    actual = head.copy()
-    actual[0, 5, 7] += 0.01
-    whole = compare(head, actual)
-    assert whole["max_abs_of_range"] < 1e-4
-    per_part = compare(head, actual, parts=parts)
-    assert per_part["worst_part"] == 1 and per_part["max_abs_of_range"] == pytest.approx(0.01 / float(head[0, 4:].max()), rel=1e-3)
-    assert judge(whole, {"max_abs_of_range": 5e-3})[0] and not judge(per_part, {"max_abs_of_range": 5e-3})[0]
-
-
 def test_compare_js_matches_the_python_metrics():
     rng = np.random.default_rng(0)
     cases = []

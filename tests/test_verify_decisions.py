@@ -93,6 +93,26 @@ def test_the_recipe_wins_over_the_graph(graph):
     assert recipe.outputs["logits"].kind == "logits" and recipe.outputs["logits"].found.startswith("graph: ")
 
 
+# --- ranges per part -----------------------------------------------------------------------------
+
+def test_a_score_error_diluted_by_the_boxes_range_is_caught_per_part():
+    """0.02 on one score of a [1, 7, 40] head reads as 6e-5 of the whole tensor's range (0..320),
+    which passes fp16's 1e-2; per part (as kind = "detection" implies) it is 2e-2 of the scores'
+    range, and fails it."""
+    rng = np.random.default_rng(3)
+    head = np.concatenate([rng.uniform(0, 320, (1, 4, 40)), rng.uniform(0, 1, (1, 3, 40))], axis=1).astype(np.float32)
+    parts = {"axis": 1, "slices": [[0, 4], [4, None]]}
+    actual = head.copy()
+    actual[0, 5, 7] += 0.02
+    whole = compare(head, actual)
+    assert whole["max_abs_of_range"] < 1e-4
+    assert parts == _recipe('[outputs.head]\nkind = "detection"\n').outputs["head"].part_slices()
+    per_part = compare(head, actual, parts=parts)
+    assert per_part["worst_part"] == 1 and per_part["max_abs_of_range"] == pytest.approx(0.02 / float(head[0, 4:].max()), rel=1e-3)
+    bounds = threshold_for("detection", "fp16", "cpu")
+    assert judge(whole, bounds)[0] and judge(per_part, bounds) == (False, f"max_abs_of_range {per_part['max_abs_of_range']:.3g} > 0.01")
+
+
 # --- decision checks -----------------------------------------------------------------------------
 
 def _ctc_probabilities() -> np.ndarray:
