@@ -280,9 +280,9 @@ def test_a_build_checks_and_reports_the_decisions_of_declared_and_graph_read_kin
     assert manifest["thresholds"]["cpu"]["fp16"]["scores"]["near_ties"] == 1
     assert f"scores (ctc decision)  flips 0 (<= 0), near_ties 0 (<= 0)" not in result.output  # the bound is the default one
     lines = [line for line in result.output.splitlines() if "fp16" in line and "(ctc decision)" in line]
-    assert len(lines) == 1 and "near_ties 0 (<= 1)" in lines[0] and f"fp32: {ctc['decided']['reference']} (the same)" in lines[0]
+    assert len(lines) == 1 and "near_ties 0 (<= 1)" in lines[0] and f"reference: {ctc['decided']['reference']} (the same)" in lines[0]
     html = (tmp_path / "out" / "recognizer" / "report.html").read_text()
-    assert "ctc decision" in html and f"fp32 decides (ctc): {ctc['decided']['reference']}" in html  # the outputs' section too
+    assert "ctc decision" in html and f"the reference decides (ctc): {ctc['decided']['reference']}" in html  # the outputs' section too
     assert f"; decides {ctc['decided']['actual']}" in html
 
 

@@ -286,11 +286,11 @@ def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict
         runs = _runs_of(name, expected, kind, data, judging.get(name) or {})
         section = Section(name, kind, layout.what, list(expected.shape))
         decision = (judging.get(name) or {}).get("decision")
-        if decision:  # what fp32 decides, beside each run's decision in its caption
+        if decision:  # what the reference decides, beside each run's decision in its caption
             nothing = undecided(expected, decision)
             decided = f"nothing ({nothing})" if nothing else decide(expected, expected, decision, {})[3].get("reference")
             if decided:  # an embedding shows no decision, only its cosine
-                section.notes.append(f"fp32 decides ({decision['kind']}): {decided}")
+                section.notes.append(f"the reference decides ({decision['kind']}): {decided}")
         if not runs:
             section.notes.append("no variant output to compare: the package has no browser outputs or non-fp32 variants (run `pack verify` to record them)")
         cut = [label for label, array, _ in runs if array.shape != expected.shape]

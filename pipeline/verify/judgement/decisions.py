@@ -271,8 +271,9 @@ def _embedding(reference, actual, decision, tolerance):
 
 
 def format_shown(shown: dict) -> str:
-    """One line of what fp32 and the variant decided ("" when nothing is shown)."""
+    """One line of what the reference (fp32; a quantized source's own host run) and the variant
+    decided ("" when nothing is shown)."""
     if not shown:
         return ""
     same = shown.get("reference") == shown.get("actual")
-    return f"fp32: {shown.get('reference')}" + (" (the same)" if same else f"; variant: {shown.get('actual')}")
+    return f"reference: {shown.get('reference')}" + (" (the same)" if same else f"; variant: {shown.get('actual')}")
