@@ -34,7 +34,7 @@ BOX_LAYOUTS = ("cxcywh", "xyxy", "xywh")
 KIND_KEYS: dict[str, dict[str, Any]] = {
     "tensor": {"axis": None}, "image": {}, "audio": {},
     "logits": {"axis": -1, "top_k": 5}, "probabilities": {"axis": -1, "top_k": 5},
-    "ctc": {"axis": -1, "blank": 0},
+    "ctc": {"axis": -1, "blank": 0, "time_axis": -2},  # time_axis 0 for torch's [T, N, C]
     "detection": {"axis": 1, "boxes": "cxcywh", "threshold": 0.25},
     "mask": {"threshold": 0.5},
     "embedding": {"axis": -1},
@@ -233,8 +233,8 @@ def _read_output(reader: _Reader, key: str, data: Any) -> OutputSpec:
             owners = [k for k, keys in KIND_KEYS.items() if name in keys]
             raise PackError(f"{reader.file}: key '{key}.{name}' belongs to kind {' or '.join(repr(o) for o in owners)}, not {kind!r}; set '{key}.kind' to it or remove the key")
         value, where = spec[name], f"{key}.{name}"
-        if name in ("axis", "blank") and (isinstance(value, bool) or not isinstance(value, int) or (name == "blank" and value < 0)):
-            reader.fail(where, "an integer" if name == "axis" else "a class index (0 or more)", value)
+        if name in ("axis", "time_axis", "blank") and (isinstance(value, bool) or not isinstance(value, int) or (name == "blank" and value < 0)):
+            reader.fail(where, "a class index (0 or more)" if name == "blank" else "an integer", value)
         if name == "top_k" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             reader.fail(where, "a positive integer", value)
         if name == "threshold" and (isinstance(value, bool) or not isinstance(value, (int, float))):

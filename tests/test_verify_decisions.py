@@ -27,7 +27,7 @@ def _recipe(text: str) -> Recipe:
 def test_a_recipe_declares_kinds_with_their_keys_and_defaults():
     recipe = _recipe('[outputs.text]\nkind = "ctc"\nblank = 6624\n[outputs.head]\nkind = "detection"\nthreshold = 0.4\nboxes = "xyxy"\n'
                      '[outputs.alpha]\nkind = "mask"\n[outputs.alpha.fp16]\nmask_agreement = 0.99\n')
-    assert recipe.outputs["text"].decision() == {"kind": "ctc", "axis": -1, "blank": 6624, "from": "recipe"}
+    assert recipe.outputs["text"].decision() == {"kind": "ctc", "axis": -1, "blank": 6624, "time_axis": -2, "from": "recipe"}
     assert recipe.outputs["head"].part_slices() == {"axis": 1, "slices": [[0, 4], [4, None]]}  # boxes and scores apart
     assert recipe.outputs["alpha"].numeric_kind == "image" and recipe.outputs["alpha"].decision()["threshold"] == 0.5
     assert threshold_for("mask", "fp16", "cpu", recipe.outputs["alpha"].thresholds["fp16"])["mask_agreement"] == 0.99
@@ -156,6 +156,9 @@ def test_a_ctc_flip_that_leaves_the_text_as_it_is_passes_and_an_all_blank_sample
     _, status, reason, _ = decide(blank, blank, {"kind": "ctc", "axis": -1, "blank": 0}, threshold_for("ctc", "fp32", "cpu"))
     assert status == "not-verifiable" and "every one of its 6 steps is the blank 0" in reason
     assert greedy_ctc(np.array([0, 1, 1, 0, 1, 2, 2]), 0) == [1, 1, 2]
+    time_first = np.concatenate([reference, reference[:, ::-1]]).transpose(1, 0, 2)  # torch's [T, N, C]: two sequences
+    _, status, _, shown = decide(time_first, time_first, {"kind": "ctc", "axis": 2, "blank": 0, "time_axis": 0}, threshold_for("ctc", "fp32", "cpu"))
+    assert status == "passed" and shown["reference"] == "1 2 1 | 1 2 1"
 
 
 def test_a_mask_passes_despite_off_threshold_noise_and_fails_a_flipped_region():
@@ -275,7 +278,7 @@ def test_a_build_checks_and_reports_the_decisions_of_declared_and_graph_read_kin
     assert decisions[("fp16", "probs")]["decision"] == "probabilities" and decisions[("fp16", "probs")]["metrics"]["positions"] == 12
     manifest = json.loads((tmp_path / "out" / "recognizer" / "manifest.json").read_text())
     outputs = {o["name"]: o for o in manifest["outputs"]}
-    assert outputs["scores"]["decision"] == {"kind": "ctc", "axis": -1, "blank": 0, "from": "recipe"} and outputs["scores"]["kind"] == "tensor"
+    assert outputs["scores"]["decision"] == {"kind": "ctc", "axis": -1, "blank": 0, "time_axis": -2, "from": "recipe"} and outputs["scores"]["kind"] == "tensor"
     assert outputs["probs"]["decision"]["from"].startswith("graph: Softmax node")
     assert manifest["thresholds"]["cpu"]["fp16"]["scores"]["near_ties"] == 1
     assert f"scores (ctc decision)  flips 0 (<= 0), near_ties 0 (<= 0)" not in result.output  # the bound is the default one

@@ -137,11 +137,38 @@ function editDistance(a, b) {
   return row[b.length];
 }
 
+/** `data` (flat, C order, `dims`) with axes `a` then `b` moved last, the others in order (numpy moveaxis). */
+function moveLast(data, dims, a, b) {
+  const order = [...dims.keys()].filter((d) => d !== a && d !== b).concat([a, b]);
+  const outDims = order.map((d) => dims[d]);
+  const strides = dims.map((_, d) => dims.slice(d + 1).reduce((x, y) => x * y, 1));
+  const out = new Float64Array(data.length);
+  const index = new Array(order.length).fill(0);
+  for (let i = 0; i < out.length; i++) {
+    let from = 0;
+    for (let k = 0; k < order.length; k++) from += index[k] * strides[order[k]];
+    out[i] = data[from];
+    for (let k = order.length - 1; k >= 0; k--) { // the next index, last axis fastest
+      if (++index[k] < outDims[k]) break;
+      index[k] = 0;
+    }
+  }
+  return { data: out, dims: outDims };
+}
+
 function ctc(reference, actual, decision, tol) {
-  const axis = decision.axis ?? -1;
+  const rank = reference.dims.length;
   const blank = Number(decision.blank ?? 0);
-  const f = flipped(reference, actual, axis, tol);
-  const steps = f.ref.remaining.length ? f.ref.remaining[f.ref.remaining.length - 1] : f.refTop.length;
+  if (rank < 2) return { nothing: `${rank} axes: a CTC output has a time and a class axis` };
+  const norm = (axis) => ((axis % rank) + rank) % rank;
+  const time = norm(decision.time_axis ?? -2);
+  const classes = norm(decision.axis ?? -1);
+  if (time === classes) return { nothing: `its time_axis is its class axis (${classes}): set the output's time_axis` };
+  // sequences of steps: time and classes last ([N, T, C] as it is; torch's [T, N, C] moved)
+  const refSteps = moveLast(reference.data, reference.dims, time, classes);
+  const actSteps = moveLast(actual.data, actual.dims, time, classes);
+  const f = flipped(refSteps, actSteps, -1, tol);
+  const steps = refSteps.dims[rank - 2];
   const texts = (top) => {
     const rows = [];
     for (let s = 0; s < top.length; s += steps) rows.push(greedyCtc(top.slice(s, s + steps), blank));

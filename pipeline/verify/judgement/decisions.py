@@ -4,8 +4,8 @@ output's `decision`: its kind and keys):
 
 - logits, probabilities: the top-1 class at every position (every index but the class `axis`)
   equal; `top1_agreement` and the mean top-k overlap are shown;
-- ctc: the greedy decoding (top-1 per step, repeats merged, `blank` dropped) equal; steps are the
-  axis before the class axis once that is last; flips that leave the decoding as it is pass;
+- ctc: the greedy decoding (top-1 per step along `time_axis`, repeats merged, `blank` dropped)
+  equal, per sequence (every other axis); flips that leave the decoding as it is pass;
 - detection: boxes with a score (the best class score) at or above `threshold` matched one to one
   (greedy by IoU; by row where either run keeps over MAX_IOU_BOXES boxes: a raw head's rows are its
   anchors) with the IoU (`min_iou`) and the score difference (`score_diff`) bounded; a box without
@@ -150,8 +150,15 @@ def _edit_distance(a: list[int], b: list[int]) -> int:
 
 def _ctc(reference, actual, decision, tolerance):
     axis, blank = decision.get("axis", -1), int(decision.get("blank", 0))
-    ref_top, act_top, margin, tie, allowed = _flipped(reference, actual, axis, tolerance)
-    steps = np.moveaxis(reference, axis, -1).shape[-2] if reference.ndim >= 2 else ref_top.size
+    if reference.ndim < 2:
+        return {}, f"{reference.ndim} axes: a CTC output has a time and a class axis", [], {}
+    time, classes = decision.get("time_axis", -2) % reference.ndim, axis % reference.ndim
+    if time == classes:
+        return {}, f"its time_axis is its class axis ({classes}): set the output's time_axis", [], {}
+    # sequences of steps: time and classes last ([N, T, C] as it is; torch's [T, N, C] moved)
+    ref_steps, act_steps = (np.moveaxis(x, [time, classes], [-2, -1]) for x in (reference, actual))
+    ref_top, act_top, margin, tie, allowed = _flipped(ref_steps, act_steps, -1, tolerance)
+    steps = ref_steps.shape[-2]
     ref_text = [greedy_ctc(row, blank) for row in ref_top.reshape(-1, steps)]
     act_text = [greedy_ctc(row, blank) for row in act_top.reshape(-1, steps)]
     if not any(ref_text):
