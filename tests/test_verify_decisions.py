@@ -328,3 +328,51 @@ def test_a_generated_sample_on_which_fp32_decides_nothing_is_made_with_the_next_
     assert f"fp32 decides nothing on the samples of seeds 0 to {SAMPLE_SEEDS - 1}" in capsys.readouterr().err
     given = _recipe('[inputs.x]\nvalue = 0.5\n[outputs.p]\nkind = "ctc"\nblank = 0\n')
     assert np.all(decisive_feeds(never, given, None)["x"] == 0.5) and capsys.readouterr().err == ""  # a given sample is used as given
+
+
+# --- exports of models that decide, by both torch exporters ---------------------------------------
+
+EXPORTS = Path(__file__).resolve().parent / "data" / "decision_exports"  # tests/data/generators/make_decision_models.py
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_kinds_are_read_from_both_exporters_graphs(exporter):
+    crnn = read_output_kinds(onnx.load(str(EXPORTS / f"crnn.{exporter}.onnx")))["log_probs"]
+    assert crnn.kind == "logits" and crnn.options["axis"] == 2  # LogSoftmax over the classes, then [T, N, C]
+    seg = read_output_kinds(onnx.load(str(EXPORTS / f"seg.{exporter}.onnx")))["probs"]
+    assert seg.kind == "probabilities" and seg.options["axis"] == 1
+    yolo = read_output_kinds(onnx.load(str(EXPORTS / f"yolo.{exporter}.onnx")))["output0"]
+    assert yolo.kind == "tensor" and yolo.options["axis"] == 1 and yolo.parts == [[0, 2], [2, 4], [4, 7]]  # centres, sizes, scores
+
+
+EXPORT_RECIPES = {
+    "crnn": '[outputs.log_probs]\nkind = "ctc"\naxis = 2\ntime_axis = 0\nblank = 0\n',
+    "yolo": '[outputs.output0]\nkind = "detection"\nthreshold = 0.5\n',
+    "seg": "",  # its probabilities read from the graph
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPORT_RECIPES))
+def test_the_decisions_of_a_torch_export_are_checked_in_a_build(name, tmp_path):
+    """The TorchScript export of each model built on the host: its decision checks pass on fp16 and
+    fp32, each on a sample on which fp32 decides something."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    (tmp_path / "r.toml").write_text(f'name = "{name}"\nvariants = ["fp16", "fp32"]\n[source]\nuri = "{EXPORTS / f"{name}.torchscript.onnx"}"\n'
+                                     f'[inputs.{"images" if name == "yolo" else "image"}]\nrange = [0.0, 1.0]\n{EXPORT_RECIPES[name]}')
+    result = CliRunner().invoke(app, ["build", str(tmp_path / "r.toml"), "--no-browser", "--no-reuse", "--out", str(tmp_path / "out")], env={"PACK_WEBGPU_KERNELS": "off"})
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / name / "report.json").read_text())
+    decisions = [c for c in report["checks"] if c.get("decision")]
+    assert {c["variant"] for c in decisions} == {"fp16", "fp32"} and all(c["status"] == "passed" for c in decisions), decisions
+    fp16 = next(c for c in decisions if c["variant"] == "fp16")
+    assert fp16["decided"]["reference"] and fp16["metrics"]["flips"] == 0
+    expected = {"crnn": ("ctc", "steps", 16), "yolo": ("detection", "matched", fp16["metrics"].get("boxes")), "seg": ("probabilities", "positions", 32 * 32)}[name]
+    assert fp16["decision"] == expected[0] and fp16["metrics"][expected[1]] == expected[2]
+    if name == "yolo":  # the head's centres, sizes and scores each against its own range
+        numeric = next(c for c in report["checks"] if c["variant"] == "fp16" and c.get("output") == "output0" and not c.get("decision") and c["stage"] == "host")
+        assert "worst_part" in numeric["metrics"]
