@@ -353,14 +353,20 @@ EXPORT_RECIPES = {
 
 
 @pytest.mark.parametrize("name", sorted(EXPORT_RECIPES))
-def test_the_decisions_of_a_torch_export_are_checked_in_a_build(name, tmp_path):
+def test_the_decisions_of_a_torch_export_are_checked_in_a_build(name, tmp_path, monkeypatch):
     """The TorchScript export of each model built on the host: its decision checks pass on fp16 and
-    fp32, each on a sample on which fp32 decides something."""
+    fp32, each on a sample on which fp32 decides something; report.html draws a detector's boxes on
+    the sample image, the reference's and each run's."""
     import json
 
     from typer.testing import CliRunner
 
     from pipeline.cli import app
+    from pipeline.report import figures
+
+    drawn = []
+    draw = figures.boxes_figure
+    monkeypatch.setattr(figures, "boxes_figure", lambda image, panels: drawn.append((image.shape, [(t, len(b)) for t, b, _, _ in panels])) or draw(image, panels))
 
     (tmp_path / "r.toml").write_text(f'name = "{name}"\nvariants = ["fp16", "fp32"]\n[source]\nuri = "{EXPORTS / f"{name}.torchscript.onnx"}"\n'
                                      f'[inputs.{"images" if name == "yolo" else "image"}]\nrange = [0.0, 1.0]\n{EXPORT_RECIPES[name]}')
@@ -376,3 +382,7 @@ def test_the_decisions_of_a_torch_export_are_checked_in_a_build(name, tmp_path):
     if name == "yolo":  # the head's centres, sizes and scores each against its own range
         numeric = next(c for c in report["checks"] if c["variant"] == "fp16" and c.get("output") == "output0" and not c.get("decision") and c["stage"] == "host")
         assert "worst_part" in numeric["metrics"]
+        boxes = fp16["metrics"]["boxes"]
+        assert drawn == [((1, 3, 64, 64), [("reference", boxes), ("cpu/fp16 (host)", boxes)])]
+    else:
+        assert drawn == []

@@ -26,7 +26,7 @@ from pipeline.report.data import ReportData, load, save
 from pipeline.report.record import read_record
 from pipeline.sample_file import read_sample
 from pipeline.verify.engines.browser.harness import run_label
-from pipeline.verify.judgement.decisions import decide, undecided
+from pipeline.verify.judgement.decisions import decide, kept_boxes, undecided
 from pipeline.verify.judgement.metrics import LOWER_BOUNDS, compare, format_metrics
 from pipeline.verify.judgement.thresholds import manifest_judging
 
@@ -309,6 +309,10 @@ def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict
         elif layout.what == "spectrum":
             section.picture = figures.spectrum_figure(expected, runs, layout)
             section.notes.append("complex spectrum bins (real, imaginary): drawn as magnitude per bin, not played as sound")
+        elif decision and decision["kind"] == "detection" and (pictures := [a for a in inputs.values() if figures.image_layout(a.shape)]):
+            # boxes drawn on the sample image: the reference's, then each run's
+            panels = [("reference", *kept_boxes(expected, decision))] + [(label, *kept_boxes(array, decision)) for label, array, _ in runs]
+            section.picture = figures.boxes_figure(pictures[0], panels)
         elif runs:
             section.picture = figures.histogram_figure(expected, runs)
         sections.append(section)

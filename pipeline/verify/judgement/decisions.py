@@ -185,6 +185,15 @@ def _boxes(values: np.ndarray, decision: dict) -> tuple[np.ndarray, np.ndarray, 
     return boxes, scores.max(axis=1), scores.argmax(axis=1)
 
 
+def kept_boxes(values: np.ndarray, decision: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(boxes as x1 y1 x2 y2, scores, classes) of the candidates of a detection output that score
+    at least its threshold, best first (what report.html draws on the sample image)."""
+    boxes, scores, classes = _boxes(np.asarray(values, dtype=np.float64), decision)
+    keep = np.flatnonzero(scores >= float(decision.get("threshold", 0.25)))
+    keep = keep[np.argsort(-scores[keep], kind="stable")]
+    return boxes[keep], scores[keep], classes[keep]
+
+
 def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every box in `a` with every box in `b` (x1 y1 x2 y2)."""
     low = np.maximum(a[:, None, :2], b[None, :, :2])
