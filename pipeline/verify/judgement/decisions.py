@@ -33,8 +33,7 @@ import numpy as np
 
 from pipeline.verify.judgement.metrics import judge
 
-DECISION_KINDS = ("logits", "probabilities", "ctc", "detection", "mask", "embedding")
-# the figures with a bound (thresholds.py DECISION_BOUNDS gives the defaults)
+# the figures with a bound (thresholds.py decision_bounds gives the defaults)
 BOUND_KEYS = ("flips", "near_ties", "min_iou", "score_diff", "mask_agreement", "cosine")
 MAX_IOU_BOXES = 1000  # above this, boxes are matched by row: an IoU table of 1000² is the most kept
 SHOWN = 40  # decided items shown per run (labels, tokens, boxes)
@@ -50,8 +49,7 @@ def decide(reference: np.ndarray, actual: np.ndarray, decision: dict, bounds: di
         figures = {"shape_ok": False, "shape": list(actual.shape), "expected_shape": list(reference.shape)}
         return figures, "failed", f"shape {list(actual.shape)} != expected {list(reference.shape)}", {}
     kind = decision["kind"]
-    judged = {"logits": _classes, "probabilities": _classes, "ctc": _ctc, "detection": _detection, "mask": _mask, "embedding": _embedding}[kind]
-    figures, nothing, ties, shown = judged(reference, actual, decision, _tolerance(bounds))
+    figures, nothing, ties, shown = JUDGES[kind](reference, actual, decision, _tolerance(bounds))
     figures["shape_ok"] = True
     if nothing:
         return figures, "not-verifiable", f"fp32 decides nothing on this sample ({nothing}): a {kind} check on it cannot tell a right output from a wrong one; give a sample that makes a decision (--inputs)", shown
@@ -68,8 +66,7 @@ def undecided(reference: np.ndarray, decision: dict) -> str | None:
     """Why fp32 decides nothing from `reference` (every step blank, no box over the threshold, ...),
     or None when it decides something: what a sample must avoid (pipeline/assets/samples.py)."""
     reference = np.asarray(reference, dtype=np.float64)
-    judged = {"logits": _classes, "probabilities": _classes, "ctc": _ctc, "detection": _detection, "mask": _mask, "embedding": _embedding}[decision["kind"]]
-    return judged(reference, reference, decision, 0.0)[1]
+    return JUDGES[decision["kind"]](reference, reference, decision, 0.0)[1]
 
 
 def _tolerance(bounds: dict) -> float:
@@ -293,3 +290,8 @@ def format_shown(shown: dict) -> str:
         return ""
     same = shown.get("reference") == shown.get("actual")
     return f"reference: {shown.get('reference')}" + (" (the same)" if same else f"; variant: {shown.get('actual')}")
+
+
+# kind -> (reference, actual, decision, tolerance) -> (figures, why fp32 decides nothing, near-tie lines, shown)
+JUDGES = {"logits": _classes, "probabilities": _classes, "ctc": _ctc, "detection": _detection, "mask": _mask, "embedding": _embedding}
+DECISION_KINDS = tuple(JUDGES)

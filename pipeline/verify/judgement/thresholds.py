@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.recipe import NUMERIC_KIND
+from pipeline.verify.judgement.decisions import DECISION_KINDS
 from pipeline.verify.judgement.metrics import LOWER_BOUNDS
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ _DECISION_WEBGPU_FP16 = {"detection": {"min_iou": 0.85, "score_diff": 5e-2}, "em
 
 def decision_bounds(kind: str, precision: str, ep: str) -> dict:
     """The default bounds of the decision check of an output of `kind` (none for a kind that decides nothing)."""
-    if kind not in ("logits", "probabilities", "ctc", "detection", "mask", "embedding"):
+    if kind not in DECISION_KINDS:
         return {}
     bounds = dict(_NEAR_TIES) if kind != "mask" else {}
     by_precision = _DECISION.get(kind, {})
