@@ -623,7 +623,7 @@ def runs_from_checks(checks: list[dict], stage: str, bundle_of: dict[tuple[str, 
             first = next(c for c in group if c["status"] == status)
             detail = first.get("detail") or status
             if first.get("output"):
-                detail = f"{first['output']}: {detail}"
+                detail = f"{first['output']}" + (f" ({first['decision']} decision)" if first.get("decision") else "") + f": {detail}"
             run["detail"] = _short(detail, 500)
         runs.append(run)
     return sorted(runs, key=run_sort_key)

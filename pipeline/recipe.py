@@ -23,7 +23,22 @@ from pipeline.runtime import is_exact_version, local_runtime
 # through importlib.resources so a wheel lists them too; always a plain folder on disk.
 RECIPES_DIR = Path(str(resources.files("pipeline.recipes")))
 DTYPES = tuple(TYPES)  # the one dtype table (pipeline/dtypes.py)
-OUTPUT_KINDS = ("tensor", "image", "audio")  # how outputs are judged (pipeline/verify/judgement/metrics.py)
+# What an output is, which says how it is judged: its numbers (pipeline/verify/judgement/metrics.py,
+# by NUMERIC_KIND) and, for the kinds an app decides from, its decisions (decisions.py beside it).
+OUTPUT_KINDS = ("tensor", "image", "audio", "logits", "probabilities", "ctc", "detection", "mask", "embedding")
+# The figures of each kind's numbers: a mask is a picture (thresholded by the app), the rest plain tensors.
+NUMERIC_KIND = {"image": "image", "mask": "image", "audio": "audio"}
+BOX_LAYOUTS = ("cxcywh", "xyxy", "xywh")
+# The keys each kind takes besides `kind`, `parts` and the variants' bounds; the defaults where unset
+# (axis: the class axis, a detection head's attribute axis, an embedding's vector axis).
+KIND_KEYS: dict[str, dict[str, Any]] = {
+    "tensor": {"axis": None}, "image": {}, "audio": {},
+    "logits": {"axis": -1, "top_k": 5}, "probabilities": {"axis": -1, "top_k": 5},
+    "ctc": {"axis": -1, "blank": 0, "time_axis": -2},  # time_axis 0 for torch's [T, N, C]
+    "detection": {"axis": 1, "boxes": "cxcywh", "threshold": 0.25},
+    "mask": {"threshold": 0.5},
+    "embedding": {"axis": -1},
+}
 VARIANTS = ("fp16", "fp16w", "fp32")  # fp16w: fp32 graph, weights stored as fp16 (precision/fp16w.py)
 EPS = ("webgpu", "wasm")
 SELECT_MODES = ("measured", "chain")  # manifest loader.select: how the loader picks EP and variant
@@ -37,7 +52,9 @@ MIN_CHUNK_MIB, MAX_CHUNK_MIB = 0.0625, 512
 DEFAULT_MAX_FILE_MIB = 19.0
 PLATFORMS = ("desktop", "apple-mobile", "android")
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
-THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db", "block_mae_of_range", "one_level_share")
+THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db", "block_mae_of_range", "one_level_share",
+                  # the decision checks' bounds (pipeline/verify/judgement/decisions.py)
+                  "flips", "near_ties", "min_iou", "score_diff", "mask_agreement", "cosine")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Generated sample inputs that look like real data (pipeline/assets/patterns.py makes them), and the
 # keys each pattern takes besides `shape`, `dtype` and `range`.
@@ -67,8 +84,32 @@ class InputSpec:
 
 @dataclass
 class OutputSpec:
-    kind: str = "tensor"
+    kind: str = "tensor"  # one of OUTPUT_KINDS
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)  # variant -> bounds
+    options: dict[str, Any] = field(default_factory=dict)  # the kind's keys (KIND_KEYS), defaults filled
+    parts: list[list[int]] | None = None  # [start, stop) slices along options["axis"], each normalised by its own range
+    found: str = "recipe"  # where the kind came from: the recipe, or what the graph showed (graph/output_kinds.py)
+
+    @property
+    def numeric_kind(self) -> str:
+        return NUMERIC_KIND.get(self.kind, "tensor")
+
+    def decision(self) -> dict | None:
+        """The manifest's `decision` of this output (kind, its keys, where it came from), or None:
+        a plain tensor decides nothing, and an image or audio output by its shape, which the
+        numeric check holds to fp32's."""
+        if self.kind in ("tensor", "image", "audio"):
+            return None
+        return {"kind": self.kind, **self.options, "from": self.found}
+
+    def part_slices(self) -> dict | None:
+        """The manifest's `parts` ({"axis", "slices"}; a stop of None: to the end), or None: one
+        range for the whole output. A detection head's boxes and scores are two parts by default."""
+        if not self.parts and self.kind == "detection":
+            return {"axis": self.options["axis"], "slices": [[0, 4], [4, None]]}
+        if not self.parts:
+            return None
+        return {"axis": self.options["axis"], "slices": [list(p) for p in self.parts]}
 
 
 @dataclass
@@ -197,6 +238,42 @@ def _read_thresholds(reader: _Reader, key: str, data: Any) -> dict[str, float]:
     return {name: float(value) for name, value in table.items()}
 
 
+def _read_output(reader: _Reader, key: str, data: Any) -> OutputSpec:
+    """One `[outputs.NAME]` table: its kind, that kind's keys (a key of another kind is an error
+    naming the kinds it belongs to), `parts` and the variants' bounds."""
+    every_option = sorted({name for keys in KIND_KEYS.values() for name in keys})
+    spec = reader.table(data, key, ("kind", "parts", *every_option) + VARIANTS)
+    kind = reader.typed(spec, key, "kind", str, f"one of {', '.join(OUTPUT_KINDS)}") or "tensor"
+    if kind not in OUTPUT_KINDS:
+        reader.fail(f"{key}.kind", f"one of {', '.join(OUTPUT_KINDS)}", kind)
+    options = {name: default for name, default in KIND_KEYS[kind].items()}
+    for name in every_option:
+        if name not in spec:
+            continue
+        if name not in KIND_KEYS[kind]:
+            owners = [k for k, keys in KIND_KEYS.items() if name in keys]
+            raise PackError(f"{reader.file}: key '{key}.{name}' belongs to kind {' or '.join(repr(o) for o in owners)}, not {kind!r}; set '{key}.kind' to it or remove the key")
+        value, where = spec[name], f"{key}.{name}"
+        if name in ("axis", "time_axis", "blank") and (isinstance(value, bool) or not isinstance(value, int) or (name == "blank" and value < 0)):
+            reader.fail(where, "a class index (0 or more)" if name == "blank" else "an integer", value)
+        if name == "top_k" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            reader.fail(where, "a positive integer", value)
+        if name == "threshold" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            reader.fail(where, "a number (the value the app decides at)", value)
+        if name == "boxes" and value not in BOX_LAYOUTS:
+            reader.fail(where, f"one of {', '.join(BOX_LAYOUTS)}", value)
+        options[name] = float(value) if name == "threshold" else value
+    parts = spec.get("parts")
+    if parts is not None:
+        if "axis" not in KIND_KEYS[kind] or options.get("axis") is None:
+            raise PackError(f"{reader.file}: key '{key}.parts' slices along '{key}.axis'; set the axis" + ("" if "axis" in KIND_KEYS[kind] else f" (kind {kind!r} has none: use kind 'tensor' or 'detection')"))
+        if not (isinstance(parts, list) and len(parts) >= 2 and all(isinstance(p, list) and len(p) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in p) and 0 <= p[0] < p[1] for p in parts)
+                and all(a[1] <= b[0] for a, b in zip(parts, parts[1:]))):
+            reader.fail(f"{key}.parts", "two or more [start, stop) slices in order, like [[0, 4], [4, 84]]", parts)
+    thresholds = {variant: _read_thresholds(reader, f"{key}.{variant}", spec[variant]) for variant in VARIANTS if variant in spec}
+    return OutputSpec(kind=kind, thresholds=thresholds, options=options, parts=parts)
+
+
 def _one_line(reader: _Reader, data: dict, key: str, name: str, expected: str) -> str | None:
     value = reader.typed(data, key, name, str, expected)
     if value is not None and (not value.strip() or "\n" in value or len(value) > 300):
@@ -290,13 +367,7 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         recipe.inputs[input_name] = entry
 
     for output_name, spec in r.table(data.get("outputs", {}), "outputs", None).items():
-        key = f"outputs.{output_name}"
-        spec = r.table(spec, key, ("kind",) + VARIANTS)
-        kind = r.typed(spec, key, "kind", str, f"one of {', '.join(OUTPUT_KINDS)}") or "tensor"
-        if kind not in OUTPUT_KINDS:
-            r.fail(f"{key}.kind", f"one of {', '.join(OUTPUT_KINDS)}", kind)
-        thresholds = {variant: _read_thresholds(r, f"{key}.{variant}", spec[variant]) for variant in VARIANTS if variant in spec}
-        recipe.outputs[output_name] = OutputSpec(kind=kind, thresholds=thresholds)
+        recipe.outputs[output_name] = _read_output(r, f"outputs.{output_name}", spec)
 
     variants = r.choice_list(data, "", "variants", VARIANTS)
     if variants is not None:

@@ -87,7 +87,7 @@ def test_a_different_chromium_path_of_the_same_version_keeps_every_key(tmp_path,
 
 
 @pytest.mark.parametrize("key, first_changed", [("repairs", "repair"), ("seed", "samples"), ("variants", "convert"), ("chunk_mib", "models"),
-                                                ("outputs", "convert"), ("license", "files"), ("loader_select", "judge"), ("name", "write")])
+                                                ("outputs", "samples"), ("license", "files"), ("loader_select", "judge"), ("name", "write")])
 def test_a_setting_changes_its_stage_and_every_stage_after_it_only(key, first_changed):
     before, after = _keys(_settings()), _keys(_settings(**{key: "changed"}))
     names = list(before)

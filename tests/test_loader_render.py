@@ -48,7 +48,7 @@ MANIFEST = make_manifest(
 )
 
 
-MODULES = ["brotli", "cache", "chunks", "compare", "errors", "files", "load", "manifest_keys", "policy", "present", "runner", "runtime", "select", "tensors", "widen", "worker"]
+MODULES = ["brotli", "cache", "chunks", "compare", "decisions", "errors", "files", "load", "manifest_keys", "policy", "present", "runner", "runtime", "select", "tensors", "widen", "worker"]
 
 
 def test_writes_loader_modules_types_demo_page_and_script(tmp_path):

@@ -45,8 +45,14 @@ def io_entries(model: onnx.ModelProto, values: dict[str, np.ndarray] | None, rec
             if shapes_disagree(entry["shape"], entry["sampleShape"]):
                 entry["shape"] = entry["sampleShape"]  # as every variant gives it: stale_declarations says why
         if outputs:
+            # kind: how its numbers are compared; decision and parts: how else it is judged
+            # (pipeline/verify/judgement/decisions.py, metrics.py), with where its kind came from
             spec = recipe.outputs.get(info.name)
-            entry["kind"] = spec.kind if spec else "tensor"
+            entry["kind"] = spec.numeric_kind if spec else "tensor"
+            if spec is not None and spec.decision():
+                entry["decision"] = spec.decision()
+            if spec is not None and spec.part_slices():
+                entry["parts"] = spec.part_slices()
         entries.append(entry)
     return entries
 

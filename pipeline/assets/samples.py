@@ -1,5 +1,10 @@
 """Sample inputs: from --inputs NPZ, per-input .npy files, constants or seeded random ranges. The
-`sample.bin` the package ships them in (with their fp32 reference outputs) is pipeline/sample_file.py."""
+`sample.bin` the package ships them in (with their fp32 reference outputs) is pipeline/sample_file.py.
+
+A generated sample must make the decisions the checks judge (pipeline/verify/judgement/decisions.py):
+where fp32 decides nothing on it (every CTC step blank, no box over the threshold, a mask on one
+side), the next seeds are tried (`decisive_feeds`), and the one that decides is used, said in a
+warning; a sample the user gives is used as given."""
 
 from __future__ import annotations
 
@@ -13,12 +18,18 @@ from onnx import TensorProto
 from pipeline.assets.patterns import generate
 from pipeline.assets.sample_domain import guess_domain
 from pipeline.assets.shape_example import example_shapes
+from pipeline.cache import temporary_folder
 from pipeline.dtypes import ONNX_TO_NAME
 from pipeline.errors import PackError, warn
+from pipeline.graph.model_io import model_bytes
 from pipeline.graph.passes.util import dims_of
 from pipeline.recipe import InputSpec, Recipe
+from pipeline.verify.engines.host import run_model
+from pipeline.verify.judgement.decisions import undecided
 
 ONNX_TO_NUMPY = ONNX_TO_NAME  # the one dtype table (pipeline/dtypes.py)
+SAMPLE_SEEDS = 8  # seeds tried for a generated sample on which fp32 decides something
+MAX_TRIAL_BYTES = 1_900_000_000  # a model over protobuf's 2 GB is not written out for trial runs
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -166,12 +177,15 @@ def _made_up(model: onnx.ModelProto, info: onnx.ValueInfoProto, spec: InputSpec 
     return rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype), what
 
 
-def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> Sample:
+def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None, seed: int | None = None) -> Sample:
+    """The sample inputs and where each came from; generated ones from `seed` (default: the recipe's
+    `verify.seed`)."""
+    seed = recipe.seed if seed is None else seed
     check_recipe_io(model, recipe)
     inputs = graph_inputs(model)
     given = _read_npz(npz, inputs, recipe) if npz is not None else {}
     _check_sized(model, inputs, given, recipe)
-    rng = np.random.default_rng(recipe.seed)
+    rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     origins: list[dict] = []
     for info in inputs:
@@ -190,7 +204,7 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> Samp
             where = f"inputs.{info.name}.file"
         else:
             shape = _resolve_shape(info, spec, "--input" if spec and spec.option else "recipe input")
-            feeds[info.name], what = _made_up(model, info, spec, shape, dtype, rng, recipe.seed)
+            feeds[info.name], what = _made_up(model, info, spec, shape, dtype, rng, seed)
             origins.append({"input": info.name, "synthetic": True, "what": f"{info.name}: synthetic, {what}"})
             continue
         array = _npz_array(array, dtype, info.name, where)
@@ -205,6 +219,47 @@ def make_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> Samp
     synthetic = [o for o in origins if o["synthetic"]]
     # `changed` puts the step in the build summary: a made-up sample is worth a line there
     return Sample(feeds, {"name": "sample", "changed": bool(synthetic), "records": synthetic or origins})
+
+
+def _seeded(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> bool:
+    """Whether some input of the sample is generated from the seed (not given, not a constant)."""
+    given = set(_read_npz(npz, graph_inputs(model), recipe)) if npz is not None else set()
+    return any(info.name not in given and not (spec and (spec.file or (spec.value is not None and not spec.pattern)))
+               for info in graph_inputs(model) for spec in [recipe.inputs.get(info.name)])
+
+
+def decisive_feeds(model: onnx.ModelProto, recipe: Recipe, npz: Path | None) -> Sample:
+    """make_feeds, with the first of SAMPLE_SEEDS seeds (from the recipe's) on which fp32 decides
+    something from every output of a decision kind (`recipe.outputs`, the graph's kinds included).
+    A sample the user gives, or a model with no such output, is taken as it is; when no seed makes a
+    decision the recipe's seed stays, the warning says so, and the checks say not-verifiable."""
+    sample = make_feeds(model, recipe, npz)
+    deciding = {name: spec.decision() for name, spec in recipe.outputs.items() if spec.decision()}
+    if not deciding or not _seeded(model, recipe, npz) or model.ByteSize() > MAX_TRIAL_BYTES:
+        return sample
+    where = f"{_recipe_where(recipe)}key 'verify.seed'"
+    with temporary_folder("pack-sample-") as folder:
+        path = Path(folder) / "model.onnx"
+        path.write_bytes(model_bytes(model))
+        first: dict[str, str] = {}
+        for seed in range(recipe.seed, recipe.seed + SAMPLE_SEEDS):
+            candidate = sample if seed == recipe.seed else make_feeds(model, recipe, npz, seed)
+            run = run_model(path, candidate.feeds)
+            if run.outputs is None:
+                return sample  # the reference run says why, with the recipe's sample
+            idle = {name: why for name, decision in deciding.items() if name in run.outputs and (why := undecided(run.outputs[name], decision))}
+            if not idle:
+                if seed != recipe.seed:
+                    warn(f"{where}: fp32 decides nothing on the sample of seed {recipe.seed} ({_told(first)}); the sample is made with seed {seed}, on which it does")
+                return candidate
+            first = first or idle
+    warn(f"{where}: fp32 decides nothing on the samples of seeds {recipe.seed} to {recipe.seed + SAMPLE_SEEDS - 1} ({_told(first)}); "
+         "its decision checks will be not-verifiable: give a sample that makes a decision (--inputs, or inputs.X.file)")
+    return sample
+
+
+def _told(idle: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in idle.items())
 
 
 def check_finite(array: np.ndarray, name: str, where: str) -> None:

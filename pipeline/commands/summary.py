@@ -23,10 +23,14 @@ def check_line(check: dict) -> str:
 
     bundle = check.get("bundle")
     run = f"{check['ep']}/{check['variant']}" + (f" [{bundle} bundle]" if bundle and bundle != check["ep"] else "")
+    from pipeline.verify.judgement.decisions import format_shown
+
     output = f" {check['output']}" if check.get("output") else ""
+    if check.get("decision"):  # a decision check: what each run decided, and near-ties even when it passed
+        output += f" ({check['decision']} decision)"
     figures = format_metrics(check.get("metrics", {}), check.get("threshold", {}))
-    detail = check.get("detail") if check["status"] != "passed" else None
-    tail = "  ".join(part for part in (figures, detail) if part)
+    detail = check.get("detail") if check["status"] != "passed" or check.get("decision") else None
+    tail = "  ".join(part for part in (figures, detail, format_shown(check.get("decided") or {})) if part)
     return f"  {MARKS.get(check['status'], check['status'])} {check['stage']:<7} {run:<28}{output}  {tail}".rstrip()
 
 

@@ -231,6 +231,32 @@ def image_figure(inputs: list[tuple[str, np.ndarray]], reference: np.ndarray, ru
     return _uri(fig, "png")
 
 
+def boxes_figure(image: np.ndarray, panels: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], most: int = 50) -> str:
+    """The sample image once per panel (the reference, then each run) with that panel's boxes
+    (x1 y1 x2 y2 in the image's pixels) drawn and labelled with class and score, the best `most`."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    picture = _show_input(image)
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    h, w = picture.shape[:2]
+    cell = WIDTH_IN / columns
+    fig, axes = plt.subplots(rows, columns, figsize=(WIDTH_IN, rows * cell * h / w + 0.45 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (title, boxes, scores, classes) in zip(axes.flat, panels):
+        _imshow(ax, picture)
+        for (x1, y1, x2, y2), score, cls in list(zip(boxes, scores, classes))[:most]:
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="#e6550d", linewidth=1))
+            ax.text(x1, y1, f"{int(cls)} {score:.2f}", color="white", fontsize=6, va="bottom", bbox={"facecolor": "#e6550d", "pad": 0.5, "linewidth": 0})
+        ax.set_xlim(0, w)
+        ax.set_ylim(h, 0)
+        ax.set_title(f"{title}: {len(boxes)} boxes" + (f" (best {most} drawn)" if len(boxes) > most else ""))
+    fig.tight_layout()
+    return _uri(fig, "png")
+
+
 def _rgb(image: np.ndarray) -> np.ndarray:
     return np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
 

@@ -26,7 +26,9 @@ from pipeline.report.data import ReportData, load, save
 from pipeline.report.record import read_record
 from pipeline.sample_file import read_sample
 from pipeline.verify.engines.browser.harness import run_label
+from pipeline.verify.judgement.decisions import decide, kept_boxes, undecided
 from pipeline.verify.judgement.metrics import LOWER_BOUNDS, compare, format_metrics
+from pipeline.verify.judgement.thresholds import manifest_judging
 
 STATUS_ORDER = {"failed": 0, "refused": 1, "not-verifiable": 2, "skipped": 3, "passed": 4}
 DEFAULT_SAMPLE_RATE = 16000
@@ -179,9 +181,12 @@ def _check_rows(checks: list[dict]) -> list[dict]:
             "run": run,
             "runtime": check.get("runtime"),
             "output": check.get("output") or "",
+            "decision": check.get("decision"),
+            # what fp32 and the variant decided (labels, decoded text, boxes), beside the figures
+            "decided": check.get("decided") or {},
             "figures": figures_,
             "figure_text": format_metrics(metrics, threshold),
-            "detail": check.get("detail") if check["status"] != "passed" else None,
+            "detail": check.get("detail") if check["status"] != "passed" or check.get("decision") else None,
         })
     return sorted(rows, key=lambda row: row["order"])
 
@@ -271,14 +276,21 @@ def _timings(browser: dict | None) -> dict | None:
 
 def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict, data: ReportData) -> list[Section]:
     kinds = {o["name"]: o.get("kind", "tensor") for o in manifest["outputs"]}
+    judging = manifest_judging(manifest)
     sample_rate = int(report.get("sample_rate") or DEFAULT_SAMPLE_RATE)
     rate_note = None if report.get("sample_rate") else f"played at {DEFAULT_SAMPLE_RATE} Hz: the recipe names no sample rate"
     sections = []
     for name, expected in reference.items():
         kind = kinds.get(name, "tensor")
         layout = figures.layout_of(kind, tuple(expected.shape))
-        runs = _runs_of(name, expected, kind, data)
+        runs = _runs_of(name, expected, kind, data, judging.get(name) or {})
         section = Section(name, kind, layout.what, list(expected.shape))
+        decision = (judging.get(name) or {}).get("decision")
+        if decision:  # what the reference decides, beside each run's decision in its caption
+            nothing = undecided(expected, decision)
+            decided = f"nothing ({nothing})" if nothing else decide(expected, expected, decision, {})[3].get("reference")
+            if decided:  # an embedding shows no decision, only its cosine
+                section.notes.append(f"the reference decides ({decision['kind']}): {decided}")
         if not runs:
             section.notes.append("no variant output to compare: the package has no browser outputs or non-fp32 variants (run `pack verify` to record them)")
         cut = [label for label, array, _ in runs if array.shape != expected.shape]
@@ -297,15 +309,20 @@ def _output_sections(manifest: dict, report: dict, inputs: dict, reference: dict
         elif layout.what == "spectrum":
             section.picture = figures.spectrum_figure(expected, runs, layout)
             section.notes.append("complex spectrum bins (real, imaginary): drawn as magnitude per bin, not played as sound")
+        elif decision and decision["kind"] == "detection" and (pictures := [a for a in inputs.values() if figures.image_layout(a.shape)]):
+            # boxes drawn on the sample image: the reference's, then each run's
+            panels = [("reference", *kept_boxes(expected, decision))] + [(label, *kept_boxes(array, decision)) for label, array, _ in runs]
+            section.picture = figures.boxes_figure(pictures[0], panels)
         elif runs:
             section.picture = figures.histogram_figure(expected, runs)
         sections.append(section)
     return sections
 
 
-def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> list[tuple[str, np.ndarray, str]]:
+def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData, judging: dict) -> list[tuple[str, np.ndarray, str]]:
     """(label, output, figure caption) per run that kept `name`; runs with byte-identical outputs
-    share one entry (their labels joined)."""
+    share one entry (their labels joined). `judging`: the output's parts and decision (the caption
+    then says what the run decided)."""
     groups: list[tuple[list[str], np.ndarray]] = []
     for label, outputs in sorted(data.outputs.items(), key=lambda item: (not item[0].startswith("cpu/"), item[0])):
         if name not in outputs:
@@ -320,7 +337,7 @@ def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> li
     for labels, array in groups:
         caption = ""
         if array.shape == expected.shape:
-            metrics = compare(expected, array, kind)
+            metrics = compare(expected, array, kind, judging.get("parts"))
             key = {"image": "psnr_db", "audio": "snr_db"}.get(kind)
             if metrics.get("identical"):
                 caption = "identical to the reference"
@@ -328,6 +345,9 @@ def _runs_of(name: str, expected: np.ndarray, kind: str, data: ReportData) -> li
                 caption = f"{'PSNR' if key == 'psnr_db' else 'SNR'} {metrics[key]:.1f} dB"
             else:
                 caption = f"rel_l2 {metrics.get('rel_l2', 0):.2g}"
+            shown = decide(expected, array, judging["decision"], {})[3] if judging.get("decision") else {}
+            if shown.get("actual"):
+                caption += f"; decides {shown['actual']}"
         runs.append((", ".join(labels), array, caption))
     return runs
 

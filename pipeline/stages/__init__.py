@@ -25,6 +25,7 @@ ARTEFACTS: dict[str, str] = {
     "repair_steps": "builtins:list",
     "feeds": "builtins:dict",
     "sample_step": "builtins:dict",
+    "outputs": "builtins:dict",
     "made": "pipeline.precision.variants:VariantSet",
     "fp16_lock": "builtins:dict",
     "models": "pipeline.assets.package:ModelFiles",

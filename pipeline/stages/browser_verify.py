@@ -15,7 +15,7 @@ from pipeline.assets.package import PackageContents
 from pipeline.manifest import Manifest, Thresholds
 from pipeline.progress import Progress
 from pipeline.stage_table import Artefacts, Stage
-from pipeline.stages.contents import package_contents
+from pipeline.stages.contents import package_contents, recipe_with_kinds
 from pipeline.stages.context import StageContext
 from pipeline.verify.engines.browser.run_plan import plan_runs
 from pipeline.verify.judgement.checks import layout_verdict, skipped_runs, webgpu_failures
@@ -65,7 +65,7 @@ def browser_skipped(manifest: Manifest) -> BrowserOutcome:
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    contents, recipe, options = package_contents(artefacts), artefacts["recipe"], context.options
+    contents, recipe, options = package_contents(artefacts), recipe_with_kinds(artefacts), context.options
     if not options.browser:
         return {"browser": browser_skipped(contents.manifest())}
     return {"browser": browser_verify(context.staging, contents, artefacts["thresholds"], recipe.license, artefacts["reference"], options.gpu, context.progress, options.grid)}
@@ -73,7 +73,7 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
 
 STAGE = Stage(
     "browser_verify", run, settings=("browser", "options.browser", "options.gpu"),
-    reads=("recipe", "contents", "kernels", "files", "thresholds", "reference"), makes=("browser",),
+    reads=("recipe", "outputs", "contents", "kernels", "files", "thresholds", "reference"), makes=("browser",),
     code=("pipeline.verify.engines.browser", "pipeline.web_template"),  # the page's code and the loader it serves
     libraries=("playwright",),
 )

@@ -1,4 +1,5 @@
-"""The package's contents as far as the stages a stage reads have made them.
+"""The package's contents as far as the stages a stage reads have made them, and the recipe as the
+checks read it.
 
 Each stage makes its own part (models: the model files and the manifest's first sections; the
 WebGPU-kernel stage: the webgpu EP options it settled on; files: the sample, the runtime, the
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeline.assets.package import PackageContents, PackageFile, RuntimeFiles, SampleFile
+from pipeline.recipe import Recipe
 from pipeline.stage_table import Artefacts
 
 
@@ -33,3 +35,9 @@ def package_contents(artefacts: Artefacts) -> PackageContents:
     if "browser" in artefacts and artefacts["browser"].ep_options is not None:
         contents = replace(contents, ep_options=artefacts["browser"].ep_options)
     return contents
+
+
+def recipe_with_kinds(artefacts: Artefacts) -> Recipe:
+    """The recipe as the checks read it: its outputs with the kinds the graph shows where it
+    declares none (the samples stage's `outputs`; the runner's recipe itself stays as loaded)."""
+    return replace(artefacts["recipe"], outputs=artefacts["outputs"])

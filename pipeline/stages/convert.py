@@ -16,6 +16,7 @@ from pipeline.precision.variants import make_variants
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
 from pipeline.stage_table import Artefacts, Stage
+from pipeline.stages.contents import recipe_with_kinds
 from pipeline.stages.context import StageContext
 from pipeline.verify.engines.host import run_model
 from pipeline.verify.stages import fp16_evaluators, onnxruntime_refusal, reference_outputs
@@ -42,7 +43,7 @@ def fp16_context(model: onnx.ModelProto, feeds: dict[str, np.ndarray], recipe: R
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    recipe, model, source_path = artefacts["recipe"], artefacts["model"], artefacts["fetched"].path
+    recipe, model, source_path = recipe_with_kinds(artefacts), artefacts["model"], artefacts["fetched"].path
     context.progress.note(f"precision: {recipe.ships()} variants of {recipe.name}")
     fp16 = fp16_context(model, artefacts["feeds"], recipe, context, source_path)
     made = make_variants(model, recipe, artefacts["source_sha"], fp16, artefacts["pass_settings"])
@@ -57,7 +58,7 @@ STAGE = Stage(
               "recipe.fp16_search_trials", "recipe.fp16_search_seconds", "recipe.outputs", "fp16_lock", "mesa",
               "environment.PACK_WEBGPU_KERNELS", "environment.PACK_WEBGPU_KERNELS_MAX_GMAC", "environment.PACK_WEBGPU_KERNELS_TIMEOUT_S",
               "environment.PACK_WEBGPU_KERNELS_AUDIT_TIMEOUT_S"),
-    reads=("recipe", "model", "feeds", "source_sha", "pass_settings", "fetched"), makes=("made", "fp16_lock"),
+    reads=("recipe", "outputs", "model", "feeds", "source_sha", "pass_settings", "fetched"), makes=("made", "fp16_lock"),
     code=("pipeline.graph",),  # the fp16 conversion's repairs are found by discovery
     libraries=("onnx", "onnxconverter-common", "onnxruntime", "onnxruntime-ep-webgpu", "numpy"),
 )

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pipeline.assets.package import io_entries
 from pipeline.stage_table import Artefacts, Stage
+from pipeline.stages.contents import recipe_with_kinds
 from pipeline.stages.context import StageContext
 from pipeline.verify.judgement.checks import self_reference_checks
 from pipeline.verify.stages import host_checks, reference_outputs
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    models, made, feeds, recipe = artefacts["models"], artefacts["made"], artefacts["feeds"], artefacts["recipe"]
+    models, made, feeds, recipe = artefacts["models"], artefacts["made"], artefacts["feeds"], recipe_with_kinds(artefacts)
     reference = reference_outputs(made.reference, made.variants, models.model_paths, feeds, artefacts["fetched"].path)
     checks = host_checks([v for v in made.variants if not v.self_reference], reference, feeds, recipe, context.progress, models.check_paths)
     declared = io_entries(made.reference, reference, recipe, outputs=True)
@@ -21,5 +22,5 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
     return {"reference": reference, "host_checks": checks}
 
 
-STAGE = Stage("host_verify", run, settings=("recipe.outputs",), reads=("recipe", "fetched", "models", "made", "feeds"), makes=("reference", "host_checks"),
+STAGE = Stage("host_verify", run, settings=("recipe.outputs",), reads=("recipe", "outputs", "fetched", "models", "made", "feeds"), makes=("reference", "host_checks"),
               libraries=("onnxruntime", "numpy"))

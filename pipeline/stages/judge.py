@@ -8,7 +8,7 @@ from dataclasses import replace
 from pipeline.manifest import Manifest, Verification, adapter_runs, chains_without_refused_eps, describe_run, measurements_from, package_verdict, refused, refused_eps, run_sort_key, runs_from_checks
 from pipeline.report.record import Refusal
 from pipeline.stage_table import Artefacts, Stage
-from pipeline.stages.contents import package_contents
+from pipeline.stages.contents import package_contents, recipe_with_kinds
 from pipeline.stages.context import StageContext
 from pipeline.verify.engines.browser.run_plan import plan_runs
 from pipeline.verify.judgement.checks import contradicted_kernel_errors
@@ -36,7 +36,7 @@ def refused_pairs(manifest: Manifest) -> list[Refusal] | None:
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    recipe, made, browser, kernels = artefacts["recipe"], artefacts["made"], artefacts["browser"], artefacts["kernels"]
+    recipe, made, browser, kernels = recipe_with_kinds(artefacts), artefacts["made"], artefacts["browser"], artefacts["kernels"]
     contents = package_contents(artefacts)
     checks = artefacts["host_checks"] + contradicted_kernel_errors(kernels.checks, browser.checks) + browser.checks
     found = verification(checks)
@@ -64,6 +64,6 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
 
 STAGE = Stage(
     "judge", run, settings=("recipe.verify_require", "recipe.loader_select", "recipe.license"),
-    reads=("recipe", "contents", "kernels", "files", "made", "browser", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"),
+    reads=("recipe", "outputs", "contents", "kernels", "files", "made", "browser", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"),
     code=("pipeline/manifest.schema.json",),  # the manifest is validated against it
 )

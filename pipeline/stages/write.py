@@ -12,11 +12,12 @@ from pipeline.report.record import make_record, write_record
 from pipeline.report.render import write_report
 from pipeline.source import public_uri
 from pipeline.stage_table import Artefacts, Stage
+from pipeline.stages.contents import recipe_with_kinds
 from pipeline.stages.context import StageContext
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    recipe, made, fetched, browser, verdict = artefacts["recipe"], artefacts["made"], artefacts["fetched"], artefacts["browser"], artefacts["verdict"]
+    recipe, made, fetched, browser, verdict = recipe_with_kinds(artefacts), artefacts["made"], artefacts["fetched"], artefacts["browser"], artefacts["verdict"]
     staging, manifest = context.staging, artefacts["manifest"]
     manifest_size = write_manifest(staging, manifest).stat().st_size  # the one write of the manifest
     report = make_record(
@@ -48,7 +49,7 @@ def source_record(artefacts: Artefacts) -> dict[str, str]:
 
 STAGE = Stage(
     "write", run, settings=("recipe.name",),
-    reads=("recipe", "manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "sample_step", "fetched", "source_sha", "timings"), makes=("report",),
+    reads=("recipe", "outputs", "manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "sample_step", "fetched", "source_sha", "timings"), makes=("report",),
     content=source_record,
     code=("pipeline.report",),  # report.html's template
     libraries=("jinja2", "numpy"),

@@ -22,7 +22,7 @@ from pipeline.errors import PackError
 from pipeline.progress import Progress
 from pipeline.sample_file import read_sample
 from pipeline.verify.judgement.checks import Check, any_failed, refused_by_build, tagged
-from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, recorded_kernel_thresholds, recorded_thresholds
+from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, manifest_judging, recorded_kernel_thresholds, recorded_thresholds
 
 if TYPE_CHECKING:
     import numpy as np
@@ -143,4 +143,4 @@ def package_kernel_checks(package: Path, manifest: dict, feeds: dict[str, np.nda
         models[name] = model_file(package, variant, name)
     thresholds = recorded_kernel_thresholds(manifest, list(references))
     ep_options = (manifest.get("epOptions") or {}).get("webgpu") or {}
-    return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False)
+    return webgpu_kernel_checks(models, references, feeds, thresholds, kinds, progress, ep_options, retry_layout=False, judging=manifest_judging(manifest))

@@ -22,7 +22,7 @@ from pipeline.recipe import Recipe
 from pipeline.verify.engines import node_audit, webgpu_kernels
 from pipeline.verify.judgement.checks import Check, check, layout_verdict, output_checks, output_failures
 from pipeline.verify.engines.host import HostRun, run_model
-from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, ep_thresholds, output_kind, recipe_bounds, search_bounds
+from pipeline.verify.judgement.thresholds import FLOAT_PRECISIONS, ep_thresholds, output_judging, output_kind, recipe_bounds, search_bounds
 
 # Ops whose kernels onnxruntime's NHWC layout transform rewrites on WebGPU.
 LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "Resize", "InstanceNormalization", "BatchNormalization", "DepthToSpace", "SpaceToDepth", "GridSample"})
@@ -67,7 +67,7 @@ def host_checks(variants: list[Variant], reference: dict[str, np.ndarray], feeds
             checks.append(check(**base, status="failed", detail=detail))
             continue
         bounds = {name: recipe_bounds(recipe, variant.name, variant.precision, name, "cpu") for name in reference}
-        checks.extend(output_checks(base, reference, run.outputs, bounds, kinds))
+        checks.extend(output_checks(base, reference, run.outputs, bounds, kinds, {name: output_judging(recipe, name) for name in reference}))
     return checks
 
 
@@ -92,13 +92,15 @@ def webgpu_kernel_stage(variants: list[Variant], reference: dict[str, np.ndarray
         return KernelOutcome(unjudged, ep_options=dict(ep_options))
     models = {v.name: model_files[v.name] for v in judged}
     kinds = {name: output_kind(recipe, name) for name in reference}
-    checks, facts = webgpu_kernel_checks(models, reference, feeds, ep_thresholds(judged, list(reference), recipe, "webgpu"), kinds, progress, ep_options)
+    judging = {name: output_judging(recipe, name) for name in reference}
+    checks, facts = webgpu_kernel_checks(models, reference, feeds, ep_thresholds(judged, list(reference), recipe, "webgpu"), kinds, progress, ep_options, judging=judging)
     checks += unjudged
     steps = [{"name": "layout", "changed": True, "records": [facts["layout"]]}] if "layout" in facts else []
     return KernelOutcome(checks, facts, facts["ep_options"], steps)
 
 
-def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict | None = None, retry_layout: bool = True, reference_model: Path | None = None) -> tuple[list[Check], dict]:
+def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict | None = None, retry_layout: bool = True, reference_model: Path | None = None,
+                         judging: dict[str, dict] | None = None) -> tuple[list[Check], dict]:
     """The `webgpu-kernels` stage: each variant in `models` on onnxruntime's WebGPU kernels outside
     the browser, on lavapipe, against `thresholds[variant][output]`. Returns the checks and the
     stage's facts (adapter, EP options; per variant: nodes on WebGPU, CPU fallback, times).
@@ -109,21 +111,22 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
     checks a package as shipped (`retry_layout=False`).
 
     A variant too heavy to run whole on lavapipe is audited node by node against
-    `reference_model` (default: the `fp32` variant's file); see pipeline.verify.engines.node_audit."""
+    `reference_model` (default: the `fp32` variant's file); see pipeline.verify.engines.node_audit.
+    `judging`: per output its decision and parts (checks.output_checks)."""
     ep_options = dict(ep_options or {})
     reference_model = reference_model or models.get("fp32")
     reason = webgpu_kernels.unavailable_reason()
     facts: dict = {"description": webgpu_kernels.DESCRIPTION, "adapter": webgpu_kernels.adapter_name() if reason is None else None, "ep_options": ep_options, "runs": {}}
     if reason:
         return [check(webgpu_kernels.STAGE, "webgpu", v, "skipped", detail=f"not available: {reason}") for v in models], facts
-    checks, facts["runs"], audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, ep_options, reference_model)
+    checks, facts["runs"], audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, ep_options, reference_model, judging)
     failed = [f"{c['variant']}/{c.get('output', '-')}: {c.get('detail', '')}" for c in checks if c["status"] == "failed"]
     # a node audit's failures in ops the NHWC transform does not touch are not the layout's doing
     layout_failure = any(c["status"] == "failed" and (not c.get("failed_ops") or set(c["failed_ops"]) & LAYOUT_OPS) for c in checks)
     if failed and layout_failure and retry_layout and "preferredLayout" not in ep_options:
         progress.note(f"{webgpu_kernels.STAGE}: failed with the NHWC layout; trying preferredLayout NCHW")
         nchw = {**ep_options, "preferredLayout": "NCHW"}
-        retry, runs, retry_audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw, reference_model)
+        retry, runs, retry_audit = _kernel_pass(models, reference, feeds, thresholds, kinds, progress, nchw, reference_model, judging)
         adopted = layout_verdict(checks, retry)
         if adopted:
             checks, facts["runs"], facts["ep_options"], audit = retry, runs, nchw, retry_audit
@@ -133,7 +136,8 @@ def webgpu_kernel_checks(models: dict[str, Path], reference: dict[str, np.ndarra
     return checks, facts
 
 
-def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict, reference_model: Path | None) -> tuple[list[Check], dict, object]:
+def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feeds: dict[str, np.ndarray], thresholds: dict[str, dict[str, dict]], kinds: dict[str, str], progress: Progress, ep_options: dict, reference_model: Path | None,
+                 judging: dict[str, dict] | None = None) -> tuple[list[Check], dict, object]:
     """Whole runs of the variants lavapipe can run; a node audit of those over its limits and of
     those whose whole run did not finish in time."""
     by_variant: dict[str, list[Check]] = {}
@@ -153,7 +157,7 @@ def _kernel_pass(models: dict[str, Path], reference: dict[str, np.ndarray], feed
         elif run.outputs is None:
             by_variant[variant] = [check(**base, status="failed", detail=run.error or "no outputs")]
         else:
-            by_variant[variant] = output_checks(base, reference, run.outputs, thresholds[variant], kinds)
+            by_variant[variant] = output_checks(base, reference, run.outputs, thresholds[variant], kinds, judging)
     audit = None
     if audited and reference_model is not None:
         progress.note(f"{webgpu_kernels.STAGE}: {next(iter(audited.values())).split(':')[0]}; auditing {', '.join(audited)} node by node")
@@ -205,7 +209,7 @@ def _fp16_failures(run: Callable[[Path, dict[str, np.ndarray]], HostRun], ep: st
             return {"*": f"{DID_NOT_RUN}: {result.error or 'no outputs'}"}
         expected = reference()
         bounds = {name: search_bounds(recipe, name, ep) for name in expected}
-        return output_failures(expected, result.outputs, bounds, {name: output_kind(recipe, name) for name in expected})
+        return output_failures(expected, result.outputs, bounds, {name: output_kind(recipe, name) for name in expected}, {name: output_judging(recipe, name) for name in expected})
 
     def failures(path: Path) -> dict[str, str]:
         found = failures_once(run, path)

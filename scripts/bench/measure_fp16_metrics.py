@@ -68,7 +68,7 @@ def measure(target: str, kind: str | None, webgpu: bool = False) -> dict:
     outputs = {}
     for name, expected in reference.items():
         spec = recipe.outputs.get(name)
-        output_kind = kind or (spec.kind if spec else "tensor")
+        output_kind = kind or (spec.numeric_kind if spec else "tensor")
         rows = {"fp16": compare(expected, actual[name], output_kind)}
         if on_webgpu is not None:
             rows["fp16 webgpu"] = compare(expected, on_webgpu[name], output_kind)

@@ -6,11 +6,17 @@
 // dB figures would be infinite and are left out); thresholds are upper bounds except the dB
 // figures (lower bounds). A degenerate reference (constant, all zero, non-finite, or a spread within
 // a few fp32 rounding steps) cannot tell a right output from a wrong one: degenerateReference says
-// why, and compareOutputs calls such an output not verifiable, never passed.
+// why, and compareOutputs calls such an output not verifiable, never passed. An output that stacks
+// quantities of different scales (the manifest output's `parts`: { axis, slices }) has its
+// max_abs_of_range and rel_l2 taken per part against the part's own range, the worst reported
+// (worst_part), as metrics.py does.
 
 import { numbers } from './tensors.js';
+// decisions.js uses this module's judge: a cycle ES modules resolve (both export hoisted functions)
+import { decide } from './decisions.js';
 
-export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db', 'seg_snr_db']);
+// the last four: decision checks (pipeline/verify/judgement/decisions.py)
+export const LOWER_BOUNDS = Object.freeze(['psnr_db', 'snr_db', 'seg_snr_db', 'min_iou', 'mask_agreement', 'cosine', 'top1_agreement']);
 const SEGMENT = 256; // samples per segment of the segmental SNR
 const SEG_SNR_RANGE = [-10, 35]; // per-segment clamp: silence cannot dominate the mean
 const BLOCK = 8; // pixels per side of the blocks of block_mae_of_range
@@ -51,8 +57,9 @@ export function degenerateReference(reference, kind = 'tensor') {
 
 const sameDims = (a, b) => a.length === b.length && a.every((d, i) => Number(d) === Number(b[i]));
 
-/** Error figures of `actual` against `reference` ({ data, dims, type } each). */
-export function compareTensor(reference, actual, kind = 'tensor') {
+/** Error figures of `actual` against `reference` ({ data, dims, type } each); `parts` ({ axis,
+ * slices: [[start, stop|null], ...] }) or null: the slices normalised each by its own range. */
+export function compareTensor(reference, actual, kind = 'tensor', parts = null) {
   const metrics = { shape_ok: sameDims(Array.from(reference.dims), Array.from(actual.dims)) };
   if (!metrics.shape_ok) {
     metrics.shape = Array.from(actual.dims, Number);
@@ -106,6 +113,7 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   Object.assign(metrics, { nan, inf, max_abs: maxAbs, identical: errNorm === 0 && nan === 0 && inf === 0 });
   metrics.max_abs_of_range = range > 0 ? maxAbs / range : maxAbs === 0 ? 0 : Infinity;
   metrics.rel_l2 = refNorm > 0 ? errNorm / refNorm : errNorm === 0 ? 0 : Infinity;
+  if (parts) worstPart(metrics, refs, diffs, Array.from(reference.dims, Number), parts);
   if (kind === 'image') {
     const mse = errNorm ** 2 / Math.max(ref.length, 1);
     const peak = range > 0 ? range : 1;
@@ -127,6 +135,45 @@ export function compareTensor(reference, actual, kind = 'tensor') {
   }
   for (const key of ['max_abs_of_range', 'rel_l2']) if (metrics[key] === Infinity) metrics[key] = 1e9;
   return metrics;
+}
+
+/** max_abs_of_range and rel_l2 as the worst over `parts`, each against its own range (the span
+ * with zero) and norm, and worst_part (metrics.py _worst_part). */
+function worstPart(metrics, refs, diffs, dims, parts) {
+  const axis = dims.length ? ((parts.axis % dims.length) + dims.length) % dims.length : 0;
+  const size = dims.length ? dims[axis] : 1;
+  const stride = dims.slice(axis + 1).reduce((a, b) => a * b, 1);
+  const slices = parts.slices
+    .map(([start, stop]) => [start, stop === null || stop === undefined ? size : Math.min(stop, size)])
+    .filter(([start, stop]) => start < stop);
+  const figures = slices.map(() => ({ min: Infinity, max: -Infinity, maxAbs: 0, refSquares: 0, errSquares: 0 }));
+  for (let i = 0; i < refs.length; i++) {
+    const at = Math.floor(i / stride) % size;
+    const index = slices.findIndex(([start, stop]) => at >= start && at < stop);
+    if (index < 0) continue;
+    const part = figures[index];
+    const r = refs[i];
+    const d = diffs[i];
+    if (r < part.min) part.min = r;
+    if (r > part.max) part.max = r;
+    if (Math.abs(d) > part.maxAbs) part.maxAbs = Math.abs(d);
+    part.refSquares += r * r;
+    part.errSquares += d * d;
+  }
+  let worst = null;
+  figures.forEach((part, index) => {
+    const span = Math.max(part.max, 0) - Math.min(part.min, 0);
+    const ofRange = span > 0 ? part.maxAbs / span : part.maxAbs === 0 ? 0 : Infinity;
+    const refNorm = Math.sqrt(part.refSquares);
+    const errNorm = Math.sqrt(part.errSquares);
+    const rel = refNorm > 0 ? errNorm / refNorm : errNorm === 0 ? 0 : Infinity;
+    if (worst === null || ofRange > worst.ofRange || (ofRange === worst.ofRange && rel > worst.rel)) worst = { ofRange, rel, index };
+    metrics.rel_l2 = index ? Math.max(metrics.rel_l2, rel) : rel;
+  });
+  if (worst) {
+    metrics.max_abs_of_range = worst.ofRange;
+    metrics.worst_part = worst.index;
+  }
 }
 
 /** numpy's default (linear) percentile. */
@@ -190,6 +237,14 @@ function segmentalSnr(ref, diff, row) {
 }
 
 const g = (value) => Number(Number(value).toPrecision(3)).toString();
+// `value` to 3 significant digits, or as many more as tell it from `bound` (metrics.py figure)
+const near = (value, bound) => {
+  const at = (x, digits) => Number(Number(x).toPrecision(digits));
+  for (let digits = 3; digits < 12; digits++) {
+    if (value === bound || at(value, digits) !== at(bound, digits)) return String(at(value, digits));
+  }
+  return String(value);
+};
 
 /** { passed, reason }: a wrong shape or new NaN/Inf fails whatever the thresholds say. */
 export function judge(metrics, threshold = {}) {
@@ -202,7 +257,7 @@ export function judge(metrics, threshold = {}) {
     if (!(key in metrics)) continue;
     const value = metrics[key];
     if (LOWER_BOUNDS.includes(key) ? value < bound : value > bound) {
-      return { passed: false, reason: `${key} ${g(value)} ${LOWER_BOUNDS.includes(key) ? '<' : '>'} ${g(bound)}` };
+      return { passed: false, reason: `${key} ${near(value, bound)} ${LOWER_BOUNDS.includes(key) ? '<' : '>'} ${g(bound)}` };
     }
   }
   return { passed: true, reason: null };
@@ -213,7 +268,7 @@ export function formatMetrics(metrics, threshold = {}) {
   if (metrics.identical && metrics.shape_ok !== false) return 'identical to the reference';
   const parts = [];
   for (const [key, bound] of Object.entries(threshold)) {
-    if (key in metrics) parts.push(`${key} ${g(metrics[key])} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
+    if (key in metrics) parts.push(`${key} ${near(metrics[key], bound)} ${LOWER_BOUNDS.includes(key) ? '≥' : '≤'} ${g(bound)}`);
   }
   if (!metrics.shape_ok) parts.push(`shape [${metrics.shape}] vs [${metrics.expected_shape}]`);
   // Integer tensors are judged by exact equality: their bounds name no figure of theirs.
@@ -230,13 +285,16 @@ export function thresholdsFor(manifest, ep, variant) {
 
 /**
  * Every output of a run against the reference: { passed, outputs: { name: { metrics, threshold,
- * passed, reason } }, text }. `thresholds` ({ output: bounds }) may be null: then figures only, and
+ * passed, reason, decision? } }, text }. An output with a manifest `decision` also gets its decision
+ * check (decisions.js: { figures, status, reason, shown }), whose failure fails the output. `thresholds` ({ output: bounds }) may be null: then figures only, and
  * `passed` is null (nothing to judge by). An output missing from the run fails. An output whose
  * reference is degenerate is not verifiable (its `passed` null, `verifiable` false, the reason
  * given): it neither passes nor, unless it is broken (shape, NaN/Inf), fails the run.
  */
 export function compareOutputs(manifest, reference, actual, thresholds) {
   const kinds = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.kind || 'tensor']));
+  const parts = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.parts || null]));
+  const decisions = Object.fromEntries((manifest.outputs || []).map((o) => [o.name, o.decision || null]));
   const outputs = {};
   let passed = thresholds ? true : null;
   const texts = [];
@@ -248,7 +306,7 @@ export function compareOutputs(manifest, reference, actual, thresholds) {
       texts.push(`${name}: missing`);
       continue;
     }
-    const metrics = compareTensor(expected, actual[name], kinds[name]);
+    const metrics = compareTensor(expected, actual[name], kinds[name], parts[name]);
     const verdict = judge(metrics, threshold);
     const broken = !metrics.shape_ok || metrics.nan || metrics.inf;
     const degenerate = broken ? null : degenerateReference(expected, kinds[name]);
@@ -263,6 +321,16 @@ export function compareOutputs(manifest, reference, actual, thresholds) {
     outputs[name] = { metrics, threshold, passed: judged, reason: verdict.reason };
     const shown = thresholds ? formatMetrics(metrics, threshold) : formatMetrics(metrics, { rel_l2: Infinity, max_abs_of_range: Infinity }).replace(/ ≤ Infinity/g, '');
     texts.push(`${name}: ${verdict.reason && !verdict.passed ? verdict.reason : shown}`);
+    if (decisions[name]) {
+      // beside the numbers, what the app decides from them (decisions.js): judged only with bounds
+      const decided = decide(expected, actual[name], decisions[name], threshold);
+      outputs[name].decision = decided;
+      if (thresholds && decided.status === 'failed') {
+        outputs[name].passed = false;
+        passed = false;
+      }
+      texts.push(`${name} (${decisions[name].kind} decision): ${decided.status}${decided.reason ? ` (${decided.reason})` : ''}`);
+    }
   }
   return { passed, outputs, text: texts.join('; ') };
 }

@@ -15,12 +15,19 @@ were judged against (pipeline/verify/judgement/thresholds.py) and, when it did n
 (the manifest's refusal rule): the loader never runs it, so it fails nothing (`refused_by_build`).
 
 plus stage facts (host crashes, the node a node audit blamed, a browser endpoint, a runtime).
+
+An output the app decides from (its `decision`: pipeline/verify/judgement/decisions.py) has a
+second check beside its numeric one, naming the decision's kind and what each run decided:
+
+    {..., "output": "text", "decision": "ctc", "metrics": {"flips": 0, "near_ties": 1, ...},
+     "threshold": {"flips": 0, "near_ties": 1}, "decided": {"reference": "1 2 1", "actual": "1 2 3 1"}}
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict
 
+from pipeline.verify.judgement.decisions import BOUND_KEYS, decide
 from pipeline.verify.judgement.metrics import verdict
 from pipeline.verify.judgement.thresholds import SELF_REFERENCE_BOUNDS
 
@@ -44,6 +51,8 @@ class Check(TypedDict, total=False):
     metrics: dict  # {} when nothing was compared
     threshold: dict  # {} when nothing was compared
     detail: str  # why, when not passed (and what a passed audit or self-reference check shows)
+    decision: str  # a decision check: the output's decision kind (decisions.py)
+    decided: dict  # a decision check: what fp32 and the variant decided, one line each
 
 
 def check(stage: str, ep: str, variant: str, status: str, *, bundle: str | None = None, output: str | None = None,
@@ -68,28 +77,50 @@ def tagged(checks: list[Check], **facts) -> list[Check]:
     return [{**entry, **facts} for entry in checks]  # type: ignore[typeddict-item]
 
 
-def judged(expected: np.ndarray, actual: np.ndarray, kind: str, bounds: dict) -> tuple[dict, str, str | None]:
+def numeric_bounds(bounds: dict) -> dict:
+    """The numeric check's part of an output's bounds (the rest are its decision check's)."""
+    return {key: bound for key, bound in bounds.items() if key not in BOUND_KEYS}
+
+
+def judged(expected: np.ndarray, actual: np.ndarray, kind: str, bounds: dict, parts: dict | None = None) -> tuple[dict, str, str | None]:
     """(figures, status, why not passed) of one output against its fp32 reference and its bounds:
-    passed, failed, or not-verifiable when the reference is degenerate (metrics.verdict)."""
-    return verdict(expected, actual, kind, bounds)
+    passed, failed, or not-verifiable when the reference is degenerate (metrics.verdict); `parts`:
+    the slices normalised each by its own range."""
+    return verdict(expected, actual, kind, numeric_bounds(bounds), parts)
 
 
-def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str]) -> list[Check]:
-    """One check per output of `reference`: its figures against `bounds[output]`. `base`: the
-    record's stage, ep, variant (and facts)."""
+def decision_check(base: dict, name: str, expected: np.ndarray, actual: np.ndarray, decision: dict, bounds: dict) -> Check:
+    """The decision check of output `name` (decisions.decide), its bounds the decision's part."""
+    figures, status, reason, shown = decide(expected, actual, decision, bounds)
+    threshold = {key: bound for key, bound in bounds.items() if key in BOUND_KEYS}
+    return check(**base, output=name, status=status, metrics=figures, threshold=threshold, detail=reason, decision=decision["kind"], decided=shown)
+
+
+def output_checks(base: dict, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str], judging: dict[str, dict] | None = None) -> list[Check]:
+    """One check per output of `reference`: its figures against `bounds[output]`, and its decision
+    check where `judging[output]` ({"decision", "parts"}: thresholds.output_judging) names one.
+    `base`: the record's stage, ep, variant (and facts)."""
     checks = []
     for name, expected in reference.items():
-        metrics, status, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name])
-        checks.append(check(**base, output=name, status=status, metrics=metrics, threshold=bounds[name], detail=reason))
+        how = (judging or {}).get(name) or {}
+        metrics, status, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name], how.get("parts"))
+        checks.append(check(**base, output=name, status=status, metrics=metrics, threshold=numeric_bounds(bounds[name]), detail=reason))
+        if how.get("decision"):
+            checks.append(decision_check(base, name, expected, outputs[name], how["decision"], bounds[name]))
     return checks
 
 
-def output_failures(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str]) -> dict[str, str]:
-    """{output: why} for each output of `reference` that fails its bounds (the fp16 search's view;
-    an output with a degenerate reference blocks no candidate: the checks say not-verifiable)."""
+def output_failures(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], bounds: dict[str, dict], kinds: dict[str, str], judging: dict[str, dict] | None = None) -> dict[str, str]:
+    """{output: why} for each output of `reference` that fails its bounds or its decision (the fp16
+    search's view: a decision failure is fixed as a numeric one is; an output with a degenerate
+    reference or a sample that decides nothing blocks no candidate: the checks say not-verifiable)."""
     found = {}
     for name, expected in reference.items():
-        _, status, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name])
+        how = (judging or {}).get(name) or {}
+        _, status, reason = judged(expected, outputs[name], kinds.get(name, "tensor"), bounds[name], how.get("parts"))
+        if status != "failed" and how.get("decision"):
+            _, status, reason, _ = decide(expected, outputs[name], how["decision"], bounds[name])
+            reason = f"{how['decision']['kind']} decision: {reason}"
         if status == "failed":
             found[name] = reason
     return found

@@ -14,6 +14,12 @@ inside the model flips a rounding step on some of them) and their `p999_abs_of_r
 `block_mae_of_range` count only errors beyond one level. Threshold keys are the same names: upper bounds for
 errors, lower bounds for dB figures. docs/precision.md has the measurements behind the defaults.
 
+An output that stacks quantities of different scales (a detection head's boxes 0..320 beside its
+scores 0..1) is compared per part (`parts`: {"axis", "slices": [[start, stop], ...]}, a stop of None
+meaning the end): `max_abs_of_range` and `rel_l2` are each part's error over that part's own range
+and norm, the worst part reported (`worst_part`, its index), so a score error is not diluted by the
+boxes' range.
+
 A degenerate reference (constant, all zero, non-finite, or a spread within a few fp32 rounding
 steps of its magnitude) cannot tell a right output from a wrong one: `verdict` makes such a check
 `not-verifiable` with the reason, never `passed` (`degenerate_reference` says why).
@@ -25,7 +31,8 @@ import math
 
 import numpy as np
 
-LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db")  # higher is better; every other threshold is an upper bound
+# higher is better; every other threshold is an upper bound (the last four: decision checks, decisions.py)
+LOWER_BOUNDS = ("psnr_db", "snr_db", "seg_snr_db", "min_iou", "mask_agreement", "cosine", "top1_agreement")
 SEGMENT = 256  # samples per segment of the segmental SNR (16 ms at 16 kHz)
 SEG_SNR_RANGE = (-10.0, 35.0)  # the usual per-segment clamp: silence cannot dominate the mean
 BLOCK = 8  # pixels per side of the blocks of block_mae_of_range
@@ -67,8 +74,9 @@ def degenerate_reference(reference: np.ndarray, kind: str = "tensor") -> str | N
     return None
 
 
-def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> dict:
-    """Error figures of `actual` against `reference` (both are converted to float64)."""
+def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor", parts: dict | None = None) -> dict:
+    """Error figures of `actual` against `reference` (both are converted to float64); `parts`: the
+    slices normalised each by its own range (module docstring)."""
     reference = np.asarray(reference)
     actual = np.asarray(actual)
     metrics: dict = {"shape_ok": tuple(reference.shape) == tuple(actual.shape)}
@@ -102,6 +110,8 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
     metrics["identical"] = err_norm == 0 and not metrics["nan"] and not metrics["inf"]
     metrics["max_abs_of_range"] = max_abs / value_range if value_range > 0 else (0.0 if max_abs == 0 else math.inf)
     metrics["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if parts:
+        _worst_part(metrics, ref_f, diff, parts)
     if reference.dtype.kind in "iu" and kind == "image":
         steps = np.abs(diff)
         metrics["one_level_share"] = float(np.count_nonzero(steps == 1)) / max(diff.size, 1)
@@ -124,6 +134,36 @@ def compare(reference: np.ndarray, actual: np.ndarray, kind: str = "tensor") -> 
         if math.isinf(metrics[key]):
             metrics[key] = 1e9
     return metrics
+
+
+def part_views(array: np.ndarray, parts: dict) -> list[np.ndarray]:
+    """The slices of `array` that `parts` names (stops past the end are cut; empty slices left out)."""
+    axis = parts["axis"] % array.ndim if array.ndim else 0
+    size = array.shape[axis] if array.ndim else 1
+    views = []
+    for start, stop in parts["slices"]:
+        stop = size if stop is None else min(stop, size)
+        if start < stop:
+            views.append(np.take(array, np.arange(start, stop), axis=axis))
+    return views
+
+
+def _worst_part(metrics: dict, ref: np.ndarray, diff: np.ndarray, parts: dict) -> None:
+    """`max_abs_of_range` and `rel_l2` as the worst over `parts`, each against its own range and
+    norm (the span with zero, as for the whole output), and `worst_part`."""
+    worst = (-1.0, -1.0, 0)
+    for index, (ref_part, diff_part) in enumerate(zip(part_views(ref, parts), part_views(diff, parts))):
+        span = float(max(np.max(ref_part), 0.0) - min(np.min(ref_part), 0.0))
+        max_abs = float(np.max(np.abs(diff_part), initial=0.0))
+        of_range = max_abs / span if span > 0 else (0.0 if max_abs == 0 else math.inf)
+        ref_norm = math.sqrt(float(np.sum(np.square(ref_part))))
+        err_norm = math.sqrt(float(np.sum(np.square(diff_part))))
+        rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+        if of_range > worst[0] or (of_range == worst[0] and rel > worst[1]):
+            worst = (of_range, rel, index)
+        metrics["rel_l2"] = max(metrics["rel_l2"], rel) if index else rel
+    if worst[0] >= 0:
+        metrics["max_abs_of_range"], metrics["worst_part"] = worst[0], worst[2]
 
 
 def _worst_block_mae(error: np.ndarray) -> float:
@@ -158,6 +198,16 @@ def _segmental_snr(reference: np.ndarray, diff: np.ndarray) -> float:
     return round(float(np.mean(figures)), 3) if figures else high
 
 
+def figure(value: float, bound: float) -> str:
+    """`value` to 3 significant digits, or as many more as tell it from `bound` (a cosine of
+    0.99997 against a bound of 1 reads "0.99997", not "1")."""
+    for digits in range(3, 12):
+        shown = f"{value:.{digits}g}"
+        if value == bound or shown != f"{bound:.{digits}g}":
+            return shown
+    return repr(value)
+
+
 def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:
     """(passed, reason). A wrong shape or new NaN/Inf fails whatever the thresholds say."""
     if not metrics.get("shape_ok", False):
@@ -172,17 +222,17 @@ def judge(metrics: dict, threshold: dict) -> tuple[bool, str | None]:
         value = metrics[key]
         if key in LOWER_BOUNDS:
             if value < bound:
-                return False, f"{key} {value:.3g} < {bound:g}"
+                return False, f"{key} {figure(value, bound)} < {bound:g}"
         elif value > bound:
-            return False, f"{key} {value:.3g} > {bound:g}"
+            return False, f"{key} {figure(value, bound)} > {bound:g}"
     return True, None
 
 
-def verdict(reference: np.ndarray, actual: np.ndarray, kind: str, threshold: dict) -> tuple[dict, str, str | None]:
+def verdict(reference: np.ndarray, actual: np.ndarray, kind: str, threshold: dict, parts: dict | None = None) -> tuple[dict, str, str | None]:
     """(figures, status, why not passed) of one output: `failed` on a wrong shape, new NaN/Inf or a
     figure past its bound; `not-verifiable` when the reference is degenerate (whatever the figures
     say, unless the output is broken in a way no reference excuses); else `passed`."""
-    metrics = compare(reference, actual, kind)
+    metrics = compare(reference, actual, kind, parts)
     passed, reason = judge(metrics, threshold)
     broken = not metrics.get("shape_ok", False) or metrics.get("nan", 0) or metrics.get("inf", 0)
     degenerate = None if broken else degenerate_reference(reference, kind)
@@ -199,7 +249,7 @@ def format_metrics(metrics: dict, threshold: dict) -> str:
     for key, bound in threshold.items():
         if key in metrics:
             op = ">=" if key in LOWER_BOUNDS else "<="
-            parts.append(f"{key} {metrics[key]:.3g} ({op} {bound:g})")
+            parts.append(f"{key} {figure(metrics[key], bound)} ({op} {bound:g})")
     if not metrics.get("shape_ok", True):
         parts.append(f"shape {metrics.get('shape')} vs {metrics.get('expected_shape')}")
     return ", ".join(parts)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.recipe import NUMERIC_KIND
+from pipeline.verify.judgement.decisions import DECISION_KINDS
 from pipeline.verify.judgement.metrics import LOWER_BOUNDS
 
 if TYPE_CHECKING:
@@ -65,11 +67,39 @@ _ONE_LEVEL_SHARE = {"fp32": 5e-3, "fp16": 2e-2, "fp16w": 1e-2}
 # mask, 0.15 and 0.26 on a side output, 2026-12-03); the bounds still fail zeros, wrong slices and
 # overflow, whose errors are of order 100 % of the range.
 _QUANTIZED = {"max_abs_of_range": 0.5, "rel_l2": 0.25}
+# Decisions (decisions.py): no flip beyond a near-tie, and one near-tie (a flip no numeric bound could
+# keep: fp32's margin is within the error the variant is allowed) per output; more must be allowed by
+# the recipe, which sees each one reported with its margin. Boxes: fp16's error of 1e-2 of a 0..320
+# range is 3 px, an IoU of ~0.9 on a 30 px box; scores move by about the error bound. Embeddings: fp16
+# rounding (2^-11 per value) leaves a cosine of ~0.99999; 0.999 still fails a wrong vector.
+_NEAR_TIES = {"flips": 0, "near_ties": 1}
+_DECISION = {
+    "detection": {"fp32": {"min_iou": 0.99, "score_diff": 1e-3}, "fp16": {"min_iou": 0.9, "score_diff": 2e-2}, "fp16w": {"min_iou": 0.95, "score_diff": 1e-2}},
+    "mask": {"fp32": {"mask_agreement": 0.9999}, "fp16": {"mask_agreement": 0.999}, "fp16w": {"mask_agreement": 0.999}},
+    "embedding": {"fp32": {"cosine": 0.99999}, "fp16": {"cosine": 0.999}, "fp16w": {"cosine": 0.9995}},
+}
+# fp16 on WebGPU accumulates in fp16 (3x the error, as for the numeric bounds)
+_DECISION_WEBGPU_FP16 = {"detection": {"min_iou": 0.85, "score_diff": 5e-2}, "embedding": {"cosine": 0.995}}
+
+
+def decision_bounds(kind: str, precision: str, ep: str) -> dict:
+    """The default bounds of the decision check of an output of `kind` (none for a kind that decides nothing)."""
+    if kind not in DECISION_KINDS:
+        return {}
+    bounds = dict(_NEAR_TIES) if kind != "mask" else {}
+    by_precision = _DECISION.get(kind, {})
+    bounds.update(by_precision.get(precision, by_precision.get("fp16", {})))
+    if precision == "fp16" and ep == "webgpu":
+        bounds.update(_DECISION_WEBGPU_FP16.get(kind, {}))
+    return bounds
 
 
 def threshold_for(kind: str, precision: str, ep: str, override: dict | None = None) -> dict:
-    """The default bounds of an output of `kind` in `precision` on `ep` (cpu, wasm, webgpu);
-    `override` (from the recipe) wins key by key."""
+    """The default bounds of an output of `kind` (pipeline/recipe.py OUTPUT_KINDS) in `precision` on
+    `ep` (cpu, wasm, webgpu): its numbers' (by its NUMERIC_KIND) and its decision's; `override`
+    (from the recipe) wins key by key."""
+    decision = decision_bounds(kind, precision, ep)
+    kind = NUMERIC_KIND.get(kind, "tensor")
     if precision in FLOAT_PRECISIONS:
         fp16_accumulation = precision == "fp16" and ep == "webgpu"
         bounds = dict(_BASE[(precision, fp16_accumulation)])
@@ -89,6 +119,7 @@ def threshold_for(kind: str, precision: str, ep: str, override: dict | None = No
                 bounds[key] = bounds[key] - 10.0
     else:
         bounds = dict(_QUANTIZED)
+    bounds.update(decision)
     if override:
         bounds.update(override)
     return bounds
@@ -120,16 +151,23 @@ def check_bounds(kind: str, precision: str, ep: str, override: dict | None = Non
 
 
 def output_kind(recipe: Recipe, output: str) -> str:
-    """The recipe's kind of `output` (image, audio, tensor)."""
+    """The recipe's numeric kind of `output` (image, audio, tensor: how metrics.py compares it)."""
     spec = recipe.outputs.get(output)
-    return spec.kind if spec else "tensor"
+    return spec.numeric_kind if spec else "tensor"
+
+
+def output_judging(recipe: Recipe, output: str) -> dict:
+    """How `output` is judged besides its bounds: its `decision` and `parts` (pipeline/recipe.py
+    OutputSpec; the manifest output's keys of the same names), each None when it has none."""
+    spec = recipe.outputs.get(output)
+    return {"decision": spec.decision(), "parts": spec.part_slices()} if spec else {"decision": None, "parts": None}
 
 
 def recipe_bounds(recipe: Recipe, variant: str, precision: str, output: str, ep: str) -> dict:
     """`check_bounds` of one output of a variant, with the recipe's override for that variant."""
     spec = recipe.outputs.get(output)
     override = spec.thresholds.get(variant) if spec else None
-    return check_bounds(output_kind(recipe, output), precision, ep, override)
+    return check_bounds(spec.kind if spec else "tensor", precision, ep, override)
 
 
 def search_bounds(recipe: Recipe, output: str, ep: str) -> dict:
@@ -137,7 +175,7 @@ def search_bounds(recipe: Recipe, output: str, ep: str) -> dict:
     for the host, "webgpu" for the WebGPU kernels): the fp16 defaults there with the recipe's fp16
     override (not widened: an override tighter than the WebGPU default holds in the search)."""
     spec = recipe.outputs.get(output)
-    return threshold_for(output_kind(recipe, output), "fp16", ep, spec.thresholds.get("fp16") if spec else None)
+    return threshold_for(spec.kind if spec else "tensor", "fp16", ep, spec.thresholds.get("fp16") if spec else None)
 
 
 def node_bounds(precision: str) -> dict:
@@ -169,6 +207,17 @@ def threshold_table(variants: list[Variant], outputs: list[str], recipe: Recipe,
     return table
 
 
+def manifest_kind(output: dict) -> str:
+    """A manifest output's kind as a recipe states it: its decision's, else its numeric `kind`."""
+    return (output.get("decision") or {}).get("kind") or output.get("kind", "tensor")
+
+
+def manifest_judging(manifest: dict) -> dict[str, dict]:
+    """Per manifest output, how it is judged besides its bounds, as output_judging gives it from a
+    recipe: its `decision` and `parts` (None each when it has none)."""
+    return {output["name"]: {"decision": output.get("decision"), "parts": output.get("parts")} for output in manifest["outputs"]}
+
+
 def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict[str, dict]]]:
     """thresholds[ep][variant][output] for the browser checks of a built package (`pack verify`):
     the bounds the build checked, from the manifest (its wasm bounds, else its webgpu ones), else
@@ -180,7 +229,7 @@ def recorded_thresholds(manifest: dict) -> dict[str, dict[str, dict[str, dict]]]
         for ep in BROWSER_EPS:
             table[ep][variant] = {}
         for output in manifest["outputs"]:
-            name, kind = output["name"], output.get("kind", "tensor")
+            name, kind = output["name"], manifest_kind(output)
             bounds = next((recorded[ep][variant][name] for ep in BROWSER_EPS if name in recorded.get(ep, {}).get(variant, {})), None)
             base = dict(bounds) if bounds else threshold_for(kind, precision, "wasm")
             for ep in BROWSER_EPS:
@@ -192,7 +241,7 @@ def recorded_kernel_thresholds(manifest: dict, outputs: list[str]) -> dict[str, 
     """thresholds[variant][output] for the `webgpu-kernels` checks of a built package's float
     variants: the WebGPU bounds the build recorded in the manifest, else the defaults."""
     recorded = (manifest.get("thresholds") or {}).get("webgpu") or {}
-    kinds = {output["name"]: output.get("kind", "tensor") for output in manifest["outputs"]}
+    kinds = {output["name"]: manifest_kind(output) for output in manifest["outputs"]}
     table: dict[str, dict[str, dict]] = {}
     for name, variant in manifest["variants"].items():
         precision = variant.get("precision", "fp32")

@@ -26,7 +26,7 @@ from pipeline.verify.engines.browser import logs
 from pipeline.verify.engines.browser.devices import device_facts
 from pipeline.verify.engines.browser.run_plan import PlannedRun, load_manifest, plan_runs
 from pipeline.verify.engines.browser.pages import BrowserRunner, RunnerPage, decode_tensor
-from pipeline.verify.judgement.checks import Check, any_failed, check, judged, rounded_metrics
+from pipeline.verify.judgement.checks import Check, any_failed, check, decision_check, judged, numeric_bounds, rounded_metrics
 
 DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
@@ -289,7 +289,7 @@ def _verify_run(
         if cut:
             run_report.setdefault("outputs_kept", {})[name] = cut
         threshold = dict(thresholds[planned.ep][planned.variant][name])
-        metrics, status, reason = judged(references[name], actual, kind, threshold)
+        metrics, status, reason = judged(references[name], actual, kind, threshold, output.get("parts"))
         if signals:
             status, detail = "failed", f"{'; '.join(signals)[:500]}" + (f"; {reason}" if reason else "")
         elif status != "passed":
@@ -300,7 +300,12 @@ def _verify_run(
                 "which the adapter lacks; the outputs matched but the variant cannot have run as shipped")
         else:
             status, detail = "passed", None
-        checks.append(check(**base, output=name, status=status, metrics=rounded_metrics(metrics), threshold=threshold, detail=detail))
+        checks.append(check(**base, output=name, status=status, metrics=rounded_metrics(metrics), threshold=numeric_bounds(threshold), detail=detail))
+        if output.get("decision"):  # the decision beside the numbers (checks.decision_check)
+            decided = decision_check(base, name, references[name], actual, output["decision"], threshold)
+            if missing and decided["status"] == "passed":
+                decided = {**decided, "status": "not-verifiable", "detail": f"not verifiable on this adapter: variant {planned.variant} requires {', '.join(missing)}"}
+            checks.append(decided)
     run_report["output_shapes"] = actual_shapes
     statuses = {entry["status"] for entry in checks}
     run_report["status"] = "failed" if "failed" in statuses else ("not-verifiable" if "not-verifiable" in statuses else "passed")
