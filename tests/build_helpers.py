@@ -82,4 +82,4 @@ if_model (bool c, float[3] x) => (float[3] y) <float[3] w = {1.0, 2.0, 3.0}> {
 
 # The work each stage after the fetch does, where its module calls it: patched to prove it did not run.
 STAGE_WORK = ("pipeline.stages.convert.make_variants", "pipeline.stages.models.write_models", "pipeline.stages.host_verify.host_checks",
-              "pipeline.stages.webgpu_kernels.webgpu_kernel_stage", "pipeline.stages.samples.make_feeds")
+              "pipeline.stages.webgpu_kernels.webgpu_kernel_stage", "pipeline.stages.samples.decisive_feeds")

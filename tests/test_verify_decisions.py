@@ -319,15 +319,15 @@ def test_a_generated_sample_on_which_fp32_decides_nothing_is_made_with_the_next_
     later = next(seed for seed in range(1, SAMPLE_SEEDS) if peaks[seed] > peaks[0])
     model = _gate((peaks[0] + peaks[later]) / 2)  # seed 0: every step blank; seed `later`: a step over it
     recipe = _recipe('[outputs.p]\nkind = "ctc"\nblank = 0\n')
-    feeds = decisive_feeds(model, recipe, None)
-    assert np.array_equal(feeds["x"], make_feeds(model, recipe, None, later)["x"])
+    feeds = decisive_feeds(model, recipe, None).feeds
+    assert np.array_equal(feeds["x"], make_feeds(model, recipe, None, later).feeds["x"])
     told = capsys.readouterr().err
     assert f"fp32 decides nothing on the sample of seed 0 (p: every one of its 6 steps is the blank 0); the sample is made with seed {later}" in told
     never = _gate(2.0)  # no uniform(-1, 1) value is over 2: no seed decides
-    assert np.array_equal(decisive_feeds(never, recipe, None)["x"], make_feeds(never, recipe, None)["x"])
+    assert np.array_equal(decisive_feeds(never, recipe, None).feeds["x"], make_feeds(never, recipe, None).feeds["x"])
     assert f"fp32 decides nothing on the samples of seeds 0 to {SAMPLE_SEEDS - 1}" in capsys.readouterr().err
     given = _recipe('[inputs.x]\nvalue = 0.5\n[outputs.p]\nkind = "ctc"\nblank = 0\n')
-    assert np.all(decisive_feeds(never, given, None)["x"] == 0.5) and capsys.readouterr().err == ""  # a given sample is used as given
+    assert np.all(decisive_feeds(never, given, None).feeds["x"] == 0.5) and capsys.readouterr().err == ""  # a given sample is used as given
 
 
 # --- exports of models that decide, by both torch exporters ---------------------------------------
