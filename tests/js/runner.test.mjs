@@ -3,7 +3,7 @@ import { test } from 'node:test';
 
 import { PackIntegrityError, WatchdogError } from '../../web_template/loader/errors.js';
 import { Runner, epSpec, lock, withWatchdog } from '../../web_template/loader/runner.js';
-import { threadPlan, warnSingleThread } from '../../web_template/loader/runtime.js';
+import { threadFacts, threadPlan, warnSingleThread } from '../../web_template/loader/runtime.js';
 import { fakeOrt, manifest } from './helpers.mjs';
 
 test('withWatchdog: the promise when it settles in time, a WatchdogError naming the step otherwise', async () => {
@@ -134,6 +134,29 @@ test('threadPlan: explicit, isolated (up to 4), never on Apple mobile, 1 without
   assert.match(threadPlan({ isolated: true, platform: 'apple-mobile', cores: 8 }).why, /^Apple mobile: one thread/);
   assert.equal(threadPlan({ numThreads: 2, isolated: true }).why, 'the numThreads option');
   assert.match(threadPlan({ numThreads: 3, isolated: false }).why, /^numThreads 3 asked, but the page is not cross-origin isolated/);
+});
+
+test('threads only with crossOriginIsolated and SharedArrayBuffer; WebKit isolated without it runs 1 and says why', () => {
+  // the two globals, faked: Chromium/Firefox isolated, WebKitGTK isolated without SharedArrayBuffer, a plain page
+  const chromium = threadFacts({ crossOriginIsolated: true, SharedArrayBuffer: class {} });
+  const webkit = threadFacts({ crossOriginIsolated: true });
+  const plain = threadFacts({ crossOriginIsolated: false, SharedArrayBuffer: class {} });
+  assert.deepEqual(chromium, { isolated: true, shared: true });
+  assert.deepEqual(webkit, { isolated: true, shared: false });
+  assert.deepEqual(plain, { isolated: false, shared: true });
+  assert.deepEqual(threadFacts({}), { isolated: false, shared: false });
+  assert.equal(threadPlan({ ...chromium, platform: 'desktop', cores: 4 }).threads, 4);
+  const onWebkit = threadPlan({ ...webkit, platform: 'desktop', cores: 4 });
+  assert.equal(onWebkit.threads, 1);
+  assert.match(onWebkit.why, /^this browser has no SharedArrayBuffer although the page is cross-origin isolated/);
+  const warnings = [];
+  const asked = threadPlan({ ...webkit, numThreads: 4, platform: 'desktop', cores: 4 }, (e) => warnings.push(e));
+  assert.equal(asked.threads, 1);
+  assert.match(asked.why, /^numThreads 4 asked, but this browser has no SharedArrayBuffer/);
+  assert.match(warnings[0].message, /needs SharedArrayBuffer/);
+  assert.equal(threadPlan({ ...plain, platform: 'desktop', cores: 4 }).threads, 1);
+  // this node process: isolation is a browser notion (undefined here), SharedArrayBuffer exists
+  assert.deepEqual(threadFacts(), { isolated: false, shared: true });
 });
 
 test('warnSingleThread: once per page, only when isolation would give this device more threads', () => {
