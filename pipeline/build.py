@@ -475,6 +475,15 @@ def _stage_judge(build: _Build, ledger: Ledger) -> dict:
     return {"checks": checks, "manifest": manifest, "verdict": {"passed": passed, "verdict": verdict, "refused": refusals, "loader": {"select": select, "why": why}}}
 
 
+def _stage_default_load(build: _Build, ledger: Ledger) -> dict:
+    """The package as an app loads it: the shipped loader's load() with the final manifest's defaults (pipeline/verify/engines/browser/default_load.py)."""
+    from pipeline.verify.engines.browser.default_load import default_load_stage
+
+    grid = build.options.grid
+    return default_load_stage(build.staging, ledger["manifest"], ledger["checks"], ledger["verdict"], ledger["reference"],
+                              enabled=build.options.browser, gpu=build.options.gpu, remote_only=bool(grid and grid.endpoints))
+
+
 def _stage_write(build: _Build, ledger: Ledger) -> dict:
     """manifest.json once, then report.json (its sizes count the manifest's bytes), then report.html."""
     recipe, made, fetched, browser, verdict = ledger["recipe"], ledger["made"], ledger["fetched"], ledger["browser"], ledger["verdict"]
@@ -543,6 +552,8 @@ def build_table(build: _Build) -> list[Stage]:
               reads=("contents", "thresholds", "reference"), makes=("browser", "contents"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
         Stage("judge", bound(_stage_judge), _slice("verify_require", "loader_select", "license"),
               reads=("contents", "made", "browser", "kernels", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"), code=("pipeline.manifest", "pipeline.verify.judgement.checks", "pipeline.web.select")),
+        Stage("default_load", bound(_stage_default_load), _slice(browser=lambda s: s.browser, enabled=lambda s: s.options["browser"], gpu=lambda s: s.options["gpu"]),
+              reads=("manifest", "checks", "verdict", "reference"), makes=("checks", "manifest", "verdict"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
         # the report records how the source was found and checked: keyed by that record (the fetch's
         # key, the bytes alone, does not hold it), so a reused package never names another source
         Stage("write", bound(_stage_write), _slice("name", environment=_environment),
