@@ -74,6 +74,7 @@ class BuildOptions:
     lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
     reuse: bool = True  # link a stored passed build with the same inputs (pipeline/reuse.py)
     grid: Any = None  # verify.browser.grid.GridSettings: --browser/--cdp endpoints; None: the local browser
+    engines: tuple[str, ...] = ("chromium",)  # --engines: where the default load runs (verify/engines/browser/default_load.py)
 
 
 @dataclass
@@ -345,6 +346,7 @@ def build_settings(recipe: Recipe, options: BuildOptions, lock_entry: dict | Non
         "input_shapes": sorted(options.input_shapes),
         "browser": options.browser,
         "gpu": options.gpu,
+        "engines": list(options.engines),
     }
     return BuildSettings(recipe_data, options_data, lock_entry, runtime, browser_version(chromium_path()) if options.browser else None, pack_settings())
 
@@ -481,7 +483,7 @@ def _stage_default_load(build: _Build, ledger: Ledger) -> dict:
 
     grid = build.options.grid
     return default_load_stage(build.staging, ledger["manifest"], ledger["checks"], ledger["verdict"], ledger["reference"],
-                              enabled=build.options.browser, gpu=build.options.gpu, remote_only=bool(grid and grid.endpoints))
+                              enabled=build.options.browser, gpu=build.options.gpu, remote_only=bool(grid and grid.endpoints), engines=build.options.engines)
 
 
 def _stage_write(build: _Build, ledger: Ledger) -> dict:
@@ -552,7 +554,7 @@ def build_table(build: _Build) -> list[Stage]:
               reads=("contents", "thresholds", "reference"), makes=("browser", "contents"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
         Stage("judge", bound(_stage_judge), _slice("verify_require", "loader_select", "license"),
               reads=("contents", "made", "browser", "kernels", "host_checks", "thresholds"), makes=("checks", "manifest", "verdict"), code=("pipeline.manifest", "pipeline.verify.judgement.checks", "pipeline.web.select")),
-        Stage("default_load", bound(_stage_default_load), _slice(browser=lambda s: s.browser, enabled=lambda s: s.options["browser"], gpu=lambda s: s.options["gpu"]),
+        Stage("default_load", bound(_stage_default_load), _slice(browser=lambda s: s.browser, enabled=lambda s: s.options["browser"], gpu=lambda s: s.options["gpu"], engines=lambda s: s.options.get("engines", ["chromium"])),
               reads=("manifest", "checks", "verdict", "reference"), makes=("checks", "manifest", "verdict"), code=("pipeline.verify", "pipeline.web_template"), libraries=("playwright",)),
         # the report records how the source was found and checked: keyed by that record (the fetch's
         # key, the bytes alone, does not hold it), so a reused package never names another source

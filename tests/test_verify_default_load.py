@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.verify.engines.browser import default_load
-from pipeline.verify.engines.browser.default_load import default_load_line, default_load_problems, default_load_stage, judge_default_load
+from pipeline.verify.engines.browser.default_load import default_load_lines, default_load_problems, default_load_stage, judge_default_load
 
 MANIFEST = {
     "executionProviders": {"desktop": ["webgpu", "wasm"]},
@@ -38,15 +38,16 @@ def test_a_right_default_load_passes_with_its_figure_and_bound():
         "default-load", "default-load", "wasm", "fp32", "wasm", "y", "passed")
     assert only["threshold"] == {"max_abs_of_range": 1e-3, "rel_l2": 1e-3} and only["chain"] == ["webgpu", "wasm"] and only["select"] == "measured"
     assert default_load_problems(checks) == []
-    line = default_load_line(checks)
-    assert line.startswith("default load: ok   wasm/fp32 (desktop chain webgpu > wasm, pre-warm on, select measured): y ")
+    [line] = default_load_lines(checks)
+    assert line.startswith("default load: ok   wasm/fp32 (desktop chain webgpu > wasm, pre-warm on, select measured; 2 threads): y ")
     assert "(<= 0.001)" in line and "\n" not in line
 
 
 def test_wrong_outputs_or_a_failed_load_fail_the_package():
     wrong = judge_default_load(MANIFEST, REFERENCE, answer(REFERENCE["y"] + 0.5, fallbacks=[{"ep": "webgpu", "variant": "fp16", "phase": "prewarm", "error": "e"}]))
     assert [c["status"] for c in wrong] == ["failed"]
-    assert "fell back past webgpu/fp16 (prewarm)" in default_load_line(wrong) and default_load_line(wrong).startswith("default load: FAIL")
+    [line] = default_load_lines(wrong)
+    assert "passed over webgpu/fp16 (prewarm)" in line and line.startswith("default load: FAIL")
     failed = judge_default_load(MANIFEST, REFERENCE, {"ok": False, "message": "no execution provider worked (webgpu/fp32: sr = 0)", "fallbacks": []})
     assert [(c["status"], c["ep"], c["variant"]) for c in failed] == [("failed", "webgpu", "*")]
     assert "load() with the manifest's defaults failed: no execution provider worked" in failed[0]["detail"]
@@ -92,3 +93,49 @@ def test_pack_build_loads_the_package_with_its_defaults_and_fails_when_that_fail
     assert any(line.startswith("default load (webgpu/*): load() with the manifest's defaults failed: no execution provider worked (injected)") for line in report["verdict"]), report["verdict"]
     manifest = json.loads((tmp_path / "bad" / "sr_model" / "manifest.json").read_text())
     assert manifest["verification"]["passed"] is False
+
+
+def test_firefox_not_installed_is_not_verifiable_with_the_install_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PACK_FIREFOX", str(tmp_path / "no-firefox"))
+    out = default_load_stage(tmp_path, MANIFEST, [], {"passed": True, "verdict": []}, REFERENCE, enabled=True, gpu=False, remote_only=True,
+                             engines=("chromium", "firefox"))
+    chromium, firefox = out["checks"]
+    assert (chromium["engine"] if "engine" in chromium else "chromium", chromium["status"]) == ("chromium", "skipped")
+    assert (firefox["engine"], firefox["status"], firefox["install"]) == ("firefox", "not-verifiable", "apt-get install firefox-esr")
+    assert "Firefox is not installed" in firefox["detail"] and "apt-get install firefox-esr" in firefox["detail"]
+    assert out["verdict"]["passed"] is True  # an engine that is absent is not verifiable, not failed
+    lines = default_load_lines(out["checks"])
+    assert lines[1].startswith("default load in firefox: n/v  Firefox is not installed")
+
+
+def test_an_unknown_engine_is_bad_input(tmp_path):
+    result = CliRunner().invoke(app, ["build", "nothing.onnx", "--engines", "chromium,webkit", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--engines 'chromium,webkit': use a comma-separated list of chromium, firefox" in result.output
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_firefox_loads_the_package_with_its_defaults(tmp_path):
+    """Debian's firefox-esr through puppeteer-core over WebDriver BiDi (scripts/setup.sh installs
+    it); where it is absent the check says not-verifiable with the install line."""
+    from test_loader_defaults_browser import sample, sr_model
+    import onnx
+
+    from pipeline.verify.engines.browser.firefox import unavailable
+
+    onnx.save(sr_model(), str(tmp_path / "sr_model.onnx"))
+    np.savez(tmp_path / "sample.npz", **sample())
+    result = CliRunner().invoke(app, ["build", str(tmp_path / "sr_model.onnx"), "--inputs", str(tmp_path / "sample.npz"), "--json", "--no-reuse",
+                                      "--engines", "chromium,firefox", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    firefox = [c for c in report["checks"] if c["stage"] == "default-load" and c.get("engine") == "firefox"]
+    if unavailable():
+        assert [(c["status"], c["install"]) for c in firefox] == [("not-verifiable", "apt-get install firefox-esr")]
+        return
+    assert [(c["output"], c["status"]) for c in firefox] == [("y", "passed")], firefox
+    assert firefox[0]["browser"].startswith("firefox/") and firefox[0]["prewarmError"] is None
+    # WebGPU: Debian 12's firefox-esr 140 has none ("not yet available in Release"); the loader says so and runs wasm
+    assert firefox[0]["ep"] in ("webgpu", "wasm")
+    if firefox[0]["ep"] == "wasm":
+        assert firefox[0]["threads"] >= 1

@@ -48,6 +48,7 @@ def build(
     remote_chromium: RemoteChromiumOption = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="PACK_JOBS", show_envvar=True, min=1, help="Several targets: how many build at once, each in its own process (they share the cache).")] = 1,
     cache_url: CacheUrlOption = None,
+    engines: Annotated[str, typer.Option("--engines", help="Browser engines that load the package as an app does (the default load), comma-separated: chromium, firefox (Debian's firefox-esr; not-verifiable with the install line where absent).")] = "chromium",
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 
@@ -59,7 +60,7 @@ def build(
     if cache_url:
         os.environ[CACHE_URL_ENV] = cache_url  # read where the cache is opened; a catalog's processes inherit it
     settings = BuildSettings(out=out, no_browser=no_browser, gpu=gpu, no_reuse=no_reuse, lock=lock, browsers=browsers, cdps=cdps,
-                             require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium)
+                             require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium, engines=engines)
     if len(targets) > 1:
         from pipeline.commands.catalog import build_catalog
 
@@ -82,6 +83,7 @@ class BuildSettings:
     require_all: bool = False
     browser_budget_s: int = DEFAULT_BUDGET_S
     remote_chromium: Optional[str] = None
+    engines: str = "chromium"  # --engines: the default load's engines, comma-separated
 
     def to_data(self) -> dict:
         return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
@@ -97,6 +99,9 @@ def check_settings(settings: BuildSettings):
     from pipeline.cache import check_cache_writable
 
     grid = grid_settings(settings.browsers, settings.cdps, require_all=settings.require_all, budget_s=settings.browser_budget_s, remote_chromium=settings.remote_chromium)
+    from pipeline.verify.engines.browser.default_load import parse_engines
+
+    parse_engines(settings.engines)  # an unknown engine is bad input
     if grid is not None and settings.no_browser:
         raise PackError("--no-browser with --browser/--cdp (or PACK_BROWSERS): choose one")
     check_output_folder(settings.out)
@@ -118,9 +123,11 @@ def build_one(target: str, settings: BuildSettings, *, source: str | None = None
         grid = check_settings(settings)
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.commands.summary import print_summary
+        from pipeline.verify.engines.browser.default_load import parse_engines
 
         options = BuildOptions(target=target, source=source, source_sha256=sha256, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
-                               browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid)
+                               browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid,
+                               engines=parse_engines(settings.engines))
         result = run_build(options, progress_for(json_output))
     if json_output:
         print_json(result.report)

@@ -251,10 +251,9 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
     for check in report["checks"]:
         if not (grid and check["stage"] == "browser") and check["stage"] != "default-load":
             echo(check_line(check))
-    from pipeline.verify.engines.browser.default_load import default_load_line
+    from pipeline.verify.engines.browser.default_load import default_load_lines
 
-    line = default_load_line(report["checks"])
-    if line:
+    for line in default_load_lines(report["checks"]):
         echo(line)
     if report.get("webgpu_kernels"):
         for line in webgpu_kernel_lines(report["webgpu_kernels"]):
