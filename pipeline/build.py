@@ -141,6 +141,7 @@ def build_settings(recipe: Recipe, options: BuildOptions, locks: BuildLocks) -> 
         "input_shapes": sorted(options.input_shapes),
         "browser": options.browser,
         "gpu": options.gpu,
+        "engines": list(options.engines),
     }
     environment = {name: os.environ[name] for name in result_settings() if name in os.environ}
     return BuildSettings(recipe_data, options_data, locks.fp16.get(recipe.name, "fp16"), runtime,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Literal, NotRequired, TypedDict
@@ -75,6 +76,7 @@ class SampleTensor(TypedDict):
     dims: list[int]
     offset: int
     length: int
+    values: NotRequired[list[float]]  # a small input's values, flattened, for the loader's pre-warm
 
 
 class SplitFile(TypedDict):
@@ -403,9 +405,11 @@ def _check_references(manifest: dict[str, Any], where: str | Path) -> None:
                 fail(["executionProviders", platform], f"names EP {ep!r}, for which variantFor has no variants")
     input_names = {item["name"] for item in manifest["inputs"]}
     output_names = {item["name"] for item in manifest["outputs"]}
-    for name in manifest["sample"]["tensors"]:
+    for name, tensor in manifest["sample"]["tensors"].items():
         if name not in input_names:
             fail(["sample", "tensors", name], "not a model input")
+        if "values" in tensor and len(tensor["values"]) != math.prod(tensor["dims"]):
+            fail(["sample", "tensors", name, "values"], f"{len(tensor['values'])} values for dims {tensor['dims']}")
     for name in input_names - set(manifest["sample"]["tensors"]):
         fail(["sample", "tensors"], f"no sample for input {name!r}")
     for name in manifest["sample"]["outputs"]:

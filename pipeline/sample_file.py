@@ -17,12 +17,45 @@ if TYPE_CHECKING:
     import numpy as np
 
 ALIGNMENT = 8  # bytes: the browser views each tensor without copying
+# Inputs of at most this many elements carry their values in the manifest (`sample.tensors[name].
+# values`), for the loader's pre-warm run: scalars and selectors (a sample rate, a mode, a token id,
+# a length) and small shape or parameter vectors are where zeros break a model (a division by the
+# rate, a Range of length 0, a branch that rejects 0). 64 covers those with room; a larger input is
+# signal or a recurrent state, for which zeros are a valid value (a state's initial one), and its
+# values would cost manifest bytes every first visit pays. The pre-warm then still fetches no sample
+# file: it feeds these values and zeros elsewhere.
+PREWARM_VALUES_MAX_ELEMENTS = 64
+# An int64 beyond this is not exactly a JSON number in the browser (a double): such a tensor stays zeros.
+_EXACT_INT = 2**53
+
+
+def prewarm_values(array: np.ndarray) -> list | None:
+    """The flattened values of a small input for manifest `sample.tensors[name].values`, or None
+    (over PREWARM_VALUES_MAX_ELEMENTS elements, a value JSON cannot carry exactly: NaN, infinities,
+    integers past 2**53)."""
+    import numpy as np
+
+    array = np.asarray(array)
+    if array.size > PREWARM_VALUES_MAX_ELEMENTS:
+        return None
+    flat = array.reshape(-1)
+    if array.dtype == np.bool_:
+        return [int(v) for v in flat]
+    if np.issubdtype(array.dtype, np.integer):
+        values = [int(v) for v in flat]
+        return values if all(abs(v) < _EXACT_INT for v in values) else None
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.all(np.isfinite(flat)):
+            return None
+        return [float(v) for v in flat]
+    return None
 
 
 def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | None = None) -> tuple[bytes, dict, dict]:
     """Concatenated little-endian tensors: the inputs, then their fp32 reference `outputs` (so a
     page can compare its own run with the build's); and the manifest's `sample.tensors` and
-    `sample.outputs` descriptions."""
+    `sample.outputs` descriptions. A small input's description also has its `values`
+    (prewarm_values), which the loader's pre-warm feeds without fetching this file."""
     import numpy as np
 
     chunks: list[bytes] = []
@@ -39,7 +72,12 @@ def sample_bytes(feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray] | 
         offset += len(data)
         return entry
 
-    tensors = {name: append(array) for name, array in feeds.items()}
+    tensors = {}
+    for name, array in feeds.items():
+        tensors[name] = append(array)
+        values = prewarm_values(array)
+        if values is not None:
+            tensors[name]["values"] = values
     described = {name: append(np.asarray(array)) for name, array in (outputs or {}).items()}
     return b"".join(chunks), tensors, described
 

@@ -30,4 +30,8 @@ if ! .venv/bin/python -c "import pipeline, pytest, moto" 2>/dev/null || [ pyproj
 fi
 # The webgpu-kernels stage (Mesa lavapipe + onnxruntime's WebGPU EP); it never fails set-up.
 bash scripts/setup_lavapipe.sh
+# Firefox for `pack build --engines chromium,firefox` (the default load in a second engine, driven over
+# WebDriver BiDi by npm puppeteer-core, which pack installs into its cache on first use); it never
+# fails set-up: without it that check is not-verifiable and names this install line.
+command -v firefox-esr >/dev/null || { echo "setup: installing Debian's firefox-esr"; apt_install firefox-esr || echo "setup: firefox-esr not installed (the Firefox default load will be not-verifiable)"; }
 echo "setup: ready ($(.venv/bin/pack --help >/dev/null && echo 'pack OK'), $(chromium --version 2>/dev/null | head -1), npm $(npm --version))"

@@ -23,7 +23,7 @@ PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 def _settings(**recipe_changes) -> BuildSettings:
     recipe = {field.name: None for field in dataclasses.fields(Recipe)}
     recipe.update({"name": "m", "variants": ["fp16", "fp32"], "outputs": {}, "inputs": {}}, **recipe_changes)
-    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False}, None, "1.30.0", "Chromium 150", "25.2.0", {})
+    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False, "engines": ["chromium"]}, None, "1.30.0", "Chromium 150", "25.2.0", {})
 
 
 def _fetched(sha256: str = "a" * 64, uri: str = "https://example.com/m.onnx") -> dict:

@@ -86,6 +86,8 @@ def test_runs_from_checks_one_per_triple_with_the_first_failure():
         (lambda m: m["files"]["loader.js"].update(stored="br"), 'key "files["loader.js"].stored": \'br\', but \'encodings\' has no such body'),
         (lambda m: m["files"]["loader.js"].update(stored="gzip"), 'key "files["loader.js"].stored": \'gzip\' is not one of'),
         (lambda m: m["files"].update({"manifest.json": m["files"]["loader.js"]}), 'key "files["manifest.json"]": the manifest does not list itself'),
+        (lambda m: m["sample"]["tensors"]["x"].update(values=[1, 2, 3]), 'key "sample.tensors.x.values": 3 values for dims [1, 4]'),
+        (lambda m: m["sample"]["tensors"]["x"].update(values=list(range(65))), 'key "sample.tensors.x.values"'),
         (lambda m: m.update(extra=1), 'key "extra": not a key of schema 2'),
         (lambda m: m["loader"].update(watchdog=1), 'key "loader.watchdog": not a key of schema 2'),
     ],
@@ -138,3 +140,30 @@ def test_the_loaders_required_keys_are_generated_from_the_schema():
         "open(\"web_template/loader/manifest_keys.js\", \"w\").write(m())'")
     keys = required_keys()
     assert {"files", "variants", "runtime", "sample"} <= set(keys[""]) and keys["variants.*"] == ["precision", "model", "requires"]
+
+
+def test_small_sample_inputs_carry_their_values_for_the_prewarm():
+    """Scalars, selectors and vectors of at most 64 elements: their values in the manifest (the
+    loader's pre-warm feeds them without the sample file); bigger inputs, or values JSON cannot
+    carry exactly, none."""
+    import numpy as np
+
+    from pipeline.sample_file import PREWARM_VALUES_MAX_ELEMENTS, prewarm_values, sample_bytes
+
+    _, tensors, _ = sample_bytes({
+        "x": np.zeros((1, 1600), np.float32),
+        "sr": np.array(16000, np.int64),
+        "mode": np.array([True, False]),
+        "gain": np.array([0.5, -2.0], np.float32),
+        "row": np.arange(PREWARM_VALUES_MAX_ELEMENTS, dtype=np.int32),
+        "too_long": np.arange(PREWARM_VALUES_MAX_ELEMENTS + 1, dtype=np.int32),
+    })
+    assert tensors["sr"]["values"] == [16000] and tensors["sr"]["dims"] == []
+    assert tensors["mode"]["values"] == [1, 0] and tensors["gain"]["values"] == [0.5, -2.0]
+    assert tensors["row"]["values"] == list(range(PREWARM_VALUES_MAX_ELEMENTS))
+    assert "values" not in tensors["x"] and "values" not in tensors["too_long"]
+    assert prewarm_values(np.array([np.nan], np.float32)) is None
+    assert prewarm_values(np.array([2**60], np.int64)) is None
+    manifest = _manifest()
+    manifest["sample"]["tensors"]["x"]["values"] = [0.0, 1.0, 2.0, 3.0]
+    validate(manifest, "m")

@@ -48,6 +48,7 @@ def build(
     remote_chromium: RemoteChromiumOption = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="PACK_JOBS", show_envvar=True, min=1, help="Several targets: how many build at once, each in its own process (they share the cache).")] = 1,
     cache_url: CacheUrlOption = None,
+    engines: Annotated[str, typer.Option("--engines", help="Browser engines that load the package as an app does (the default load), comma-separated: chromium, firefox (Debian's firefox-esr; not-verifiable with the install line where absent).")] = "chromium",
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 
@@ -59,7 +60,7 @@ def build(
     if cache_url:
         os.environ[CACHE_URL_ENV] = cache_url  # read where the cache is opened; a catalog's processes inherit it
     flags = BuildFlags(out=out, no_browser=no_browser, gpu=gpu, no_reuse=no_reuse, lock=lock, browsers=browsers, cdps=cdps,
-                             require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium)
+                             require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium, engines=engines)
     if len(targets) > 1:
         from pipeline.commands.catalog import build_catalog
 

@@ -29,6 +29,7 @@ class BuildFlags:
     require_all: bool = False
     browser_budget_s: int = DEFAULT_BUDGET_S
     remote_chromium: Optional[str] = None
+    engines: str = "chromium"  # --engines: the default load's engines, comma-separated
 
     def to_data(self) -> dict:
         return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
@@ -43,6 +44,9 @@ def check_settings(settings: BuildFlags):
     remote-browser grid, or None for the local browser."""
     from pipeline.cache import check_cache_writable
 
+    from pipeline.verify.engines.browser.default_load import parse_engines
+
+    parse_engines(settings.engines)  # an unknown engine is bad input
     grid = grid_settings(settings.browsers, settings.cdps, require_all=settings.require_all, budget_s=settings.browser_budget_s, remote_chromium=settings.remote_chromium)
     if grid is not None and settings.no_browser:
         raise PackError("--no-browser with --browser/--cdp (or PACK_BROWSERS): choose one")
@@ -63,10 +67,12 @@ def build_one(target: str, settings: BuildFlags, *, source: str | None = None, s
         graph_sha256, data_sha256 = parse_sha256_options(sha256 or [])
         grid = check_settings(settings)
         from pipeline.build import BuildOptions, build as run_build
+        from pipeline.verify.engines.browser.default_load import parse_engines
         from pipeline.commands.summary import print_summary
 
         options = BuildOptions(target=target, source=source, source_sha256=graph_sha256, source_data_sha256=data_sha256, name=name, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
-                               browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid)
+                               browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid,
+                               engines=parse_engines(settings.engines))
         result = run_build(options, progress_for(json_output, lines_when_piped=True))
     if json_output:
         print_json(result.report)

@@ -253,8 +253,12 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
     echo("checks:")
     grid = "endpoints" in (report.get("browser") or {})  # several browsers: their checks go per device
     for check in report["checks"]:
-        if not (grid and check["stage"] == "browser"):
+        if not (grid and check["stage"] == "browser") and check["stage"] != "default-load":
             echo(check_line(check))
+    from pipeline.verify.engines.browser.default_load import default_load_lines
+
+    for line in default_load_lines(report["checks"]):
+        echo(line)
     if report.get("webgpu_kernels"):
         for line in webgpu_kernel_lines(report["webgpu_kernels"]):
             echo(line)

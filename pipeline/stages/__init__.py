@@ -1,5 +1,5 @@
 """The build's stages, one module each, in run order: fetch, repair, samples, convert, models,
-host_verify, webgpu_kernels, files, browser_verify, judge, write.
+host_verify, webgpu_kernels, files, browser_verify, judge, default_load, write.
 
 Each module exports its `STAGE` (pipeline/stage_table.py): its run function, the settings it reads
 as data, the artefacts it reads and makes, the code and libraries beyond its own module that compute
@@ -10,9 +10,9 @@ artefact a stage makes against it) and which ones the runner puts there itself.
 
 from __future__ import annotations
 
-from pipeline.stages import browser_verify, convert, fetch, files, host_verify, judge, models, repair, samples, webgpu_kernels, write
+from pipeline.stages import browser_verify, convert, default_load, fetch, files, host_verify, judge, models, repair, samples, webgpu_kernels, write
 
-STAGES = tuple(module.STAGE for module in (fetch, repair, samples, convert, models, host_verify, webgpu_kernels, files, browser_verify, judge, write))
+STAGES = tuple(module.STAGE for module in (fetch, repair, samples, convert, models, host_verify, webgpu_kernels, files, browser_verify, judge, default_load, write))
 
 # artefact -> "module:type" it is (what the runner checks each made artefact against)
 ARTEFACTS: dict[str, str] = {
@@ -39,6 +39,7 @@ ARTEFACTS: dict[str, str] = {
     "checks": "builtins:list",
     "manifest": "builtins:dict",
     "verdict": "builtins:dict",
+    "loaded": "builtins:dict",
     "report": "builtins:dict",
 }
 RUNNER_ARTEFACTS = ("recipe", "timings")

@@ -17,15 +17,16 @@ from pipeline.stages.context import StageContext
 
 
 def run(artefacts: Artefacts, context: StageContext) -> dict:
-    recipe, made, fetched, browser, verdict = recipe_with_kinds(artefacts), artefacts["made"], artefacts["fetched"], artefacts["browser"], artefacts["verdict"]
-    staging, manifest = context.staging, artefacts["manifest"]
+    recipe, made, fetched, browser = recipe_with_kinds(artefacts), artefacts["made"], artefacts["fetched"], artefacts["browser"]
+    loaded = artefacts["loaded"]  # the judgement with the default load's part
+    staging, manifest, verdict = context.staging, loaded["manifest"], loaded["verdict"]
     manifest_size = write_manifest(staging, manifest).stat().st_size  # the one write of the manifest
     report = make_record(
         name=recipe.name,
         passed=verdict["passed"],
         verdict=verdict["verdict"],
         refused=verdict["refused"],
-        checks=artefacts["checks"],
+        checks=loaded["checks"],
         steps=artefacts["repair_steps"] + [artefacts["sample_step"]] + made.steps + artefacts["kernels"].steps + browser.steps,
         timings={f"{name}_s": seconds for name, seconds in artefacts["timings"].items()},
         source={"uri": public_uri(fetched.uri), "file": fetched.path.name, "sha256": artefacts["source_sha"], "checked": fetched.checked_against, "precision": made.precision, "precision_reason": made.precision_reason},
@@ -49,7 +50,7 @@ def source_record(artefacts: Artefacts) -> dict[str, str]:
 
 STAGE = Stage(
     "write", run, settings=("recipe.name",),
-    reads=("recipe", "outputs", "manifest", "checks", "verdict", "made", "browser", "kernels", "repair_steps", "sample_step", "fetched", "source_sha", "timings"), makes=("report",),
+    reads=("recipe", "outputs", "loaded", "made", "browser", "kernels", "repair_steps", "sample_step", "fetched", "source_sha", "timings"), makes=("report",),
     content=source_record,
     code=("pipeline.report",),  # report.html's template
     libraries=("jinja2", "numpy"),

@@ -243,7 +243,23 @@ test('a run failed on one adapter class (verification.adapters) refuses it there
   // the plan: fp32 on the failing class, fp16 on the others
   const plan = (adapter) => planAttempts(m, { chain: ['webgpu', 'wasm'], features: F16, adapter }).attempts;
   assert.deepEqual(plan(onNvidia), [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
-  assert.deepEqual(plan(onApple), [{ ep: 'webgpu', variant: 'fp16' }, { ep: 'wasm', variant: 'fp32' }]);
+  // fp32 passed there too: the same EP's next verified variant before wasm
+  assert.deepEqual(plan(onApple), [{ ep: 'webgpu', variant: 'fp16' }, { ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
   assert.deepEqual(candidatesFor(m, { chain: ['webgpu'], features: F16, bundle: 'webgpu', adapter: onNvidia }).map((c) => c.variant), ['fp32']);
   assert.deepEqual(chooseVariant(m, 'webgpu', { features: F16, bundle: 'webgpu', adapter: onNvidia }).skipped.map((s) => s.variant), ['fp16']);
+});
+
+test('a provider failure falls to the same EP\'s next verified variant before the next EP', () => {
+  const plan = (runs, extra = {}) => planAttempts(manifest({ verification: { runs } }), { chain: ['webgpu', 'wasm'], features: F16, ...extra }).attempts.map((a) => `${a.ep}/${a.variant}`);
+  const passed = [run('webgpu', 'webgpu', 'fp16', 'passed'), run('webgpu', 'webgpu', 'fp32', 'passed'), run('webgpu', 'wasm', 'fp32', 'passed')];
+  assert.deepEqual(plan(passed), ['webgpu/fp16', 'webgpu/fp32', 'wasm/fp32']);
+  // webgpu/fp32 not verified (no run, or not verifiable): never a fallback, wasm next
+  assert.deepEqual(plan([]), ['webgpu/fp16', 'wasm/fp32']);
+  assert.deepEqual(plan([passed[0], run('webgpu', 'webgpu', 'fp32', 'not-verifiable')]), ['webgpu/fp16', 'wasm/fp32']);
+  // refused: never
+  assert.deepEqual(plan([passed[0], run('webgpu', 'webgpu', 'fp32', 'failed')]), ['webgpu/fp16', 'wasm/fp32']);
+  // an adapter without shader-f16 starts on fp32: nothing further on webgpu
+  assert.deepEqual(planAttempts(manifest({ verification: { runs: passed } }), { chain: ['webgpu', 'wasm'], features: new Set() }).attempts.map((a) => `${a.ep}/${a.variant}`), ['webgpu/fp32', 'wasm/fp32']);
+  // a forced variant is the app's decision: no other variant of its EP
+  assert.deepEqual(plan(passed, { forced: 'fp16' }).filter((a) => a.startsWith('webgpu')), ['webgpu/fp16']);
 });

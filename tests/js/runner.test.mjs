@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import { PackIntegrityError, WatchdogError } from '../../web_template/loader/errors.js';
 import { ProgressTracker } from '../../web_template/loader/files.js';
 import { Runner, epSpec, lock, withWatchdog } from '../../web_template/loader/runner.js';
-import { threadPlan, warnSingleThread } from '../../web_template/loader/runtime.js';
+import { threadFacts, threadPlan, warnSingleThread } from '../../web_template/loader/runtime.js';
 import { fakeOrt, manifest } from './helpers.mjs';
 
 test('withWatchdog: the promise when it settles in time, a WatchdogError naming the step otherwise', async () => {
@@ -33,27 +33,61 @@ function runner(behaviours, attempts, extra = {}) {
   const log = [];
   const events = [];
   const ort = fakeOrt(behaviours, log);
-  const files = { get: async (path) => new TextEncoder().encode(path.includes('fp16') ? 'fp16' : 'fp32') };
+  // The sample: x = 1, 2, 3, 4 (read when a pre-warm fails).
+  const sample = { file: 'sample.cccccccccccccccc.bin', tensors: { x: { dtype: 'float32', dims: [1, 4], offset: 0, length: 16 } }, outputs: {} };
+  const files = { get: async (path) => (path === sample.file ? new Uint8Array(Float32Array.from([1, 2, 3, 4]).buffer) : new TextEncoder().encode(path.includes('fp16') ? 'fp16' : 'fp32')) };
   const r = new Runner({
-    ort, manifest: manifest(), files, attempts, fallbacks: [], skipped: [], options: { watchdogMs: 1000, ...extra }, emit: (e) => events.push(e),
+    ort, manifest: manifest({ sample }), files, attempts, fallbacks: [], skipped: [], options: { watchdogMs: 1000, ...extra }, emit: (e) => events.push(e),
     bundle: 'webgpu', platform: 'desktop', chain: ['webgpu', 'wasm'], threads: 1, selection: null,
   });
   return { r, log, events };
 }
 
-test('Runner falls back on a failed creation or pre-warm, once per failure, and says why', async (t) => {
+test('Runner falls back on a failed creation, or a pre-warm whose sample run fails too, once per failure, and says why', async (t) => {
   t.mock.method(console, 'warn', () => {});
   const { r, events } = runner({ 'webgpu/fp16': { createError: 'requires f16' }, 'webgpu/fp32': { runError: 'device lost' } }, [
     { ep: 'webgpu', variant: 'fp16' }, { ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' },
   ]);
   const current = await r.openNext({ prewarm: true, signal: null });
   assert.deepEqual([current.ep, current.variant], ['wasm', 'fp32']);
-  assert.deepEqual(r.fallbacks.map((f) => [f.ep, f.variant, f.phase, f.error]), [['webgpu', 'fp16', 'create', 'requires f16'], ['webgpu', 'fp32', 'prewarm', 'device lost']]);
+  assert.deepEqual(r.fallbacks.map((f) => [f.ep, f.variant, f.phase]), [['webgpu', 'fp16', 'create'], ['webgpu', 'fp32', 'prewarm']]);
+  assert.equal(r.fallbacks[0].error, 'requires f16');
+  assert.equal(r.fallbacks[1].error, 'pre-warm run failed (device lost) and so did the sample run (device lost)');
   assert.deepEqual(r.fallbacks[1].inputShapes, { x: [1, 4] });
   assert.deepEqual(events.filter((e) => e.type === 'fallback').map((e) => e.to), [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }]);
   const info = r.info();
   assert.equal(info.ep, 'wasm');
   assert.equal(info.verified, 'unverified');
+  assert.equal(info.prewarmError, null);
+});
+
+test('a pre-warm error is not a provider failure when the sample runs', async (t) => {
+  t.mock.method(console, 'warn', () => {});
+  const log = [];
+  const events = [];
+  // The session rejects the pre-warm's zeros (x all 0) and runs the sample (x = 1, 2, 3, 4).
+  const ort = fakeOrt({}, log);
+  const create = ort.InferenceSession.create;
+  ort.InferenceSession.create = async (bytes, options) => {
+    const session = await create(bytes, options);
+    const run = session.run;
+    session.run = (feeds) => (feeds.x.data.every((v) => v === 0) ? Promise.reject(new Error('sr = 0: LSTM rejects the input')) : run(feeds));
+    return session;
+  };
+  const sampleBytes = new Uint8Array(Float32Array.from([1, 2, 3, 4]).buffer);
+  const m = manifest({ sample: { file: 'sample.cccccccccccccccc.bin', tensors: { x: { dtype: 'float32', dims: [1, 4], offset: 0, length: 16 } }, outputs: {} } });
+  const fetched = [];
+  const files = { get: async (path) => (fetched.push(path), path.startsWith('sample') ? sampleBytes : new TextEncoder().encode(path.includes('fp16') ? 'fp16' : 'fp32')) };
+  const r = new Runner({
+    ort, manifest: m, files, attempts: [{ ep: 'webgpu', variant: 'fp32' }, { ep: 'wasm', variant: 'fp32' }], fallbacks: [], skipped: [],
+    options: { watchdogMs: 1000 }, emit: (e) => events.push(e), bundle: 'webgpu', platform: 'desktop', chain: ['webgpu', 'wasm'], threads: 1, selection: null,
+  });
+  const current = await r.openNext({ prewarm: true, signal: null });
+  assert.deepEqual([current.ep, current.variant], ['webgpu', 'fp32']);
+  assert.deepEqual(r.fallbacks, []);
+  assert.deepEqual(r.info().prewarmError, { ep: 'webgpu', variant: 'fp32', error: 'sr = 0: LSTM rejects the input', verdict: 'the sample ran: not a provider failure' });
+  assert.ok(fetched.includes('sample.cccccccccccccccc.bin'));
+  assert.ok(events.some((e) => e.type === 'warning' && /pre-warm run failed/.test(e.message)));
 });
 
 test('Runner.run re-runs on the next provider after a run failure; bad feeds never fall back', async (t) => {
@@ -101,6 +135,29 @@ test('threadPlan: explicit, isolated (up to 4), never on Apple mobile, 1 without
   assert.match(threadPlan({ isolated: true, platform: 'apple-mobile', cores: 8 }).why, /^Apple mobile: one thread/);
   assert.equal(threadPlan({ numThreads: 2, isolated: true }).why, 'the numThreads option');
   assert.match(threadPlan({ numThreads: 3, isolated: false }).why, /^numThreads 3 asked, but the page is not cross-origin isolated/);
+});
+
+test('threads only with crossOriginIsolated and SharedArrayBuffer; WebKit isolated without it runs 1 and says why', () => {
+  // the two globals, faked: Chromium/Firefox isolated, WebKitGTK isolated without SharedArrayBuffer, a plain page
+  const chromium = threadFacts({ crossOriginIsolated: true, SharedArrayBuffer: class {} });
+  const webkit = threadFacts({ crossOriginIsolated: true });
+  const plain = threadFacts({ crossOriginIsolated: false, SharedArrayBuffer: class {} });
+  assert.deepEqual(chromium, { isolated: true, shared: true });
+  assert.deepEqual(webkit, { isolated: true, shared: false });
+  assert.deepEqual(plain, { isolated: false, shared: true });
+  assert.deepEqual(threadFacts({}), { isolated: false, shared: false });
+  assert.equal(threadPlan({ ...chromium, platform: 'desktop', cores: 4 }).threads, 4);
+  const onWebkit = threadPlan({ ...webkit, platform: 'desktop', cores: 4 });
+  assert.equal(onWebkit.threads, 1);
+  assert.match(onWebkit.why, /^this browser has no SharedArrayBuffer although the page is cross-origin isolated/);
+  const warnings = [];
+  const asked = threadPlan({ ...webkit, numThreads: 4, platform: 'desktop', cores: 4 }, (e) => warnings.push(e));
+  assert.equal(asked.threads, 1);
+  assert.match(asked.why, /^numThreads 4 asked, but this browser has no SharedArrayBuffer/);
+  assert.match(warnings[0].message, /needs SharedArrayBuffer/);
+  assert.equal(threadPlan({ ...plain, platform: 'desktop', cores: 4 }).threads, 1);
+  // this node process: isolation is a browser notion (undefined here), SharedArrayBuffer exists
+  assert.deepEqual(threadFacts(), { isolated: false, shared: true });
 });
 
 test('warnSingleThread: once per page, only when isolation would give this device more threads', () => {

@@ -7,7 +7,7 @@ import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throw
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
 import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
 import { Runner, lock, releaseQuietly, serial } from './runner.js';
-import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadPlan, warnSingleThread } from './runtime.js';
+import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadFacts, threadPlan, warnSingleThread } from './runtime.js';
 import {
   DEFAULT_SELECT_BUDGET_MS, browserKey, bundleForChoice, decisionKey, defaultStorage, describeResults, packageHash, readDecision, runTrials,
   selectMode, startChoice, trialPlan, trialSlot, trustedWithoutCheck, writeDecision,
@@ -40,10 +40,11 @@ export async function load(options = {}) {
   const nav = globalThis.navigator || {};
   const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
   const chain = normalizeChain(options.executionProviders || chainFor(manifest, platform));
-  const isolated = globalThis.crossOriginIsolated === true;
+  // Threads need both cross-origin isolation and SharedArrayBuffer (WebKit has the first without the second).
+  const { isolated, shared } = threadFacts(globalThis);
   const cores = nav.hardwareConcurrency;
-  const { threads, why: threadsWhy } = threadPlan({ numThreads: options.numThreads, isolated, platform, cores }, emit);
-  emit({ type: 'platform', platform, chain: [...chain], threads, threadsWhy, crossOriginIsolated: isolated });
+  const { threads, why: threadsWhy } = threadPlan({ numThreads: options.numThreads, isolated, shared, platform, cores }, emit);
+  emit({ type: 'platform', platform, chain: [...chain], threads, threadsWhy, crossOriginIsolated: isolated, sharedArrayBuffer: shared });
   warnSingleThread({ threads, isolated, platform, cores, chain });
 
   const fallbacks = [];

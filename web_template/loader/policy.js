@@ -225,7 +225,30 @@ export function planAttempts(manifest, { chain, features = new Set(), forced, bu
     }
   }
   if (priors) plan.attempts = orderByPriors(plan.attempts, priors);
+  if (!forced) plan.attempts = withVariantFallbacks(manifest, plan.attempts, { bundle: plan.bundle, features, allowRefused, priors, adapter });
   return plan;
+}
+
+/**
+ * Each EP's attempt followed by that EP's further variants the build verified in a browser
+ * ('passed' on this bundle, for this adapter class where recorded) and this adapter can run, in
+ * the recipe's order: a provider failure falls to the same EP's next verified variant before the
+ * next EP (webgpu/fp16 → webgpu/fp32 → wasm). An unverified variant is never a fallback: it would
+ * be a second download on no evidence.
+ */
+export function withVariantFallbacks(manifest, attempts, { bundle, features = new Set(), allowRefused = false, priors = null, adapter = null }) {
+  const out = [];
+  const has = (ep, variant) => out.some((a) => a.ep === ep && a.variant === variant) || attempts.some((a) => a.ep === ep && a.variant === variant);
+  for (const attempt of attempts) {
+    if (!out.some((a) => a.ep === attempt.ep && a.variant === attempt.variant)) out.push(attempt);
+    for (const variant of variantOrder(manifest, attempt.ep, priors)) {
+      if (variant === attempt.variant || has(attempt.ep, variant) || !fitsAdapter(manifest, attempt.ep, variant, features)) continue;
+      if (!allowRefused && isRefused(manifest, bundle, attempt.ep, variant, adapter)) continue;
+      if (verificationStatus(manifest, bundle, attempt.ep, variant, adapter) !== 'passed') continue;
+      out.push({ ep: attempt.ep, variant });
+    }
+  }
+  return out;
 }
 
 /** Attempts ordered by their prior time (stable; unmeasured ones after the measured ones). */

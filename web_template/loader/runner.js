@@ -4,7 +4,7 @@
 import { PackIntegrityError, PackLoadError, WatchdogError, isAbort, messageOf, sleep, throwIfAborted } from './errors.js';
 import { variantModel } from './chunks.js';
 import { verificationStatus } from './policy.js';
-import { declaredShapes, dummyFeeds, prepareFeeds, shapesOf } from './tensors.js';
+import { declaredShapes, prepareFeeds, prewarmFeeds, readSample, shapesOf } from './tensors.js';
 
 export const DEFAULT_WATCHDOG_MS = 60000;
 // A session whose run hung may never release; do not wait for it longer than this.
@@ -72,6 +72,7 @@ export class Runner {
     this.ranOnce = false; // the app's first run is reported as a progress phase
     this.watchdogMs = options.watchdogMs ?? (manifest.loader && manifest.loader.watchdogMs) ?? DEFAULT_WATCHDOG_MS;
     this.prewarm = options.prewarm ?? (manifest.loader && manifest.loader.prewarm) ?? true;
+    this.prewarmError = null; // { ep, variant, error, verdict }: a pre-warm error that was not the provider's
   }
 
   /** A progress phase of this load (the Files' tracker): returns the function that ends it. */
@@ -113,13 +114,16 @@ export class Runner {
         this.emit({ type: 'session', ep, variant, ms: created.createMs });
         throwIfAborted(signal);
         if (prewarm) {
-          const feeds = dummyFeeds(this.ort, this.manifest);
+          const feeds = prewarmFeeds(this.ort, this.manifest);
           inputShapes = shapesOf(feeds);
-          const warmStart = performance.now();
+          const held = { session };
           const prewarmDone = this.phase('prewarm', { ep, variant });
-          await runSession(session, feeds, this.watchdogMs, `${ep}/${variant} pre-warm run`);
-          prewarmDone();
-          this.emit({ type: 'prewarm', ep, variant, ms: performance.now() - warmStart });
+          try {
+            await this.prewarmRun({ ep, variant, held, bytes, feeds, signal });
+            prewarmDone();
+          } finally {
+            session = held.session; // a fresh one when the pre-warm failed (released on a failure below)
+          }
         }
         this.current = { ep, variant, session };
         return this.current;
@@ -133,6 +137,58 @@ export class Runner {
     }
     const tried = this.fallbacks.map((f) => `${f.ep}${f.variant ? '/' + f.variant : ''}: ${f.error}`).join('; ');
     throw new PackLoadError(`no execution provider worked (${tried || 'empty chain'})`, { fallbacks: [...this.fallbacks] });
+  }
+
+  /**
+   * The pre-warm run. Its feeds are made up (the sample's values on small inputs, zeros elsewhere),
+   * so an error there is not yet the provider's: a fresh session (onnxruntime-web 1.30's WebGPU
+   * session hangs the page on its next run after a failed one) runs the sample itself (its file
+   * fetched only now), and only when that fails too does the provider fail (the error names both).
+   * A watchdog timeout fails the provider at once (a hung device is not a matter of values);
+   * without a sample file, the app's first run decides. `held.session` is the session to keep.
+   * Throws what counts as the provider's failure.
+   */
+  async prewarmRun({ ep, variant, held, bytes, feeds, signal }) {
+    const warmStart = performance.now();
+    try {
+      await runSession(held.session, feeds, this.watchdogMs, `${ep}/${variant} pre-warm run`);
+      this.emit({ type: 'prewarm', ep, variant, ms: performance.now() - warmStart });
+      return;
+    } catch (error) {
+      if (error instanceof WatchdogError || isAbort(error, signal)) throw error;
+      const prewarmError = messageOf(error);
+      let sample = null;
+      let verdict = 'no sample file in manifest.json: the first run decides';
+      if (this.manifest.sample && this.manifest.sample.file) {
+        try {
+          sample = await readSample(this.files, this.manifest, signal);
+        } catch (sampleError) {
+          if (sampleError instanceof PackIntegrityError || isAbort(sampleError, signal)) throw sampleError;
+          verdict = `the sample could not be read (${messageOf(sampleError)}): the first run decides`;
+        }
+      }
+      const failed = held.session;
+      held.session = null;
+      await releaseQuietly(failed);
+      const created = await createSession({
+        ort: this.ort, manifest: this.manifest, bytes, ep, variant, sessionOptions: this.options.sessionOptions, watchdogMs: this.watchdogMs,
+      });
+      held.session = created.session;
+      if (sample) {
+        try {
+          await runSession(held.session, prepareFeeds(this.ort, this.manifest, sample.feeds), this.watchdogMs, `${ep}/${variant} sample run`);
+        } catch (sampleRunError) {
+          if (isAbort(sampleRunError, signal)) throw sampleRunError;
+          throw new Error(`pre-warm run failed (${prewarmError}) and so did the sample run (${messageOf(sampleRunError)})`);
+        }
+        verdict = 'the sample ran: not a provider failure';
+      }
+      this.prewarmError = { ep, variant, error: prewarmError, verdict };
+      const message = `${ep}/${variant} pre-warm run failed on the pre-warm feeds (${prewarmError}); ${verdict}`;
+      console.warn(`[pack] ${message}`);
+      this.emit({ type: 'prewarm', ep, variant, ms: performance.now() - warmStart, error: prewarmError, verdict });
+      this.emit({ type: 'warning', message });
+    }
   }
 
   /** Records a failure once (console + event), releases the session. */
@@ -186,6 +242,7 @@ export class Runner {
       fallbacks: this.fallbacks.map((f) => ({ ...f })),
       skipped: this.skipped.map((s) => ({ ...s, run: s.run ? { ...s.run } : s.run })),
       selection: this.selection ? JSON.parse(JSON.stringify(this.selection)) : null,
+      prewarmError: this.prewarmError ? { ...this.prewarmError } : null,
     };
   }
 }

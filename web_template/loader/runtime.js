@@ -123,16 +123,33 @@ export async function probeWebGpu(signal) {
 const NOT_ISOLATED =
   'the page is not cross-origin isolated (crossOriginIsolated false: serve it with Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)';
 
+const NO_SHARED_MEMORY =
+  'this browser has no SharedArrayBuffer although the page is cross-origin isolated (typeof SharedArrayBuffer is "undefined", as in WebKitGTK): onnxruntime-web runs one thread';
+
 /**
- * { threads, why } for the wasm EP: the thread count and, in words, why it is that. `emit` hears
- * why a requested count was lowered.
+ * What wasm threads need, as this page has it: { isolated: crossOriginIsolated is true, shared:
+ * SharedArrayBuffer exists }. Both are needed: WebKit has been seen isolated without
+ * SharedArrayBuffer, where onnxruntime-web runs one thread whatever numThreads says.
  */
-export function threadPlan({ numThreads, isolated, platform, cores }, emit = () => {}) {
+export function threadFacts(env = globalThis) {
+  return { isolated: env.crossOriginIsolated === true, shared: typeof env.SharedArrayBuffer !== 'undefined' };
+}
+
+/**
+ * { threads, why } for the wasm EP: the thread count that really runs and, in words, why it is
+ * that. `shared`: SharedArrayBuffer exists (threadFacts). `emit` hears why a requested count was
+ * lowered.
+ */
+export function threadPlan({ numThreads, isolated, shared = true, platform, cores }, emit = () => {}) {
   if (numThreads !== undefined) {
     if (!(Number(numThreads) >= 1)) throw new PackLoadError(`numThreads must be a number >= 1, got ${numThreads}`);
     if (numThreads > 1 && !isolated) {
       emit({ type: 'warning', message: 'numThreads > 1 needs a cross-origin isolated page (COOP/COEP); using 1' });
       return { threads: 1, why: `numThreads ${numThreads} asked, but ${NOT_ISOLATED}` };
+    }
+    if (numThreads > 1 && !shared) {
+      emit({ type: 'warning', message: 'numThreads > 1 needs SharedArrayBuffer, which this browser lacks; using 1' });
+      return { threads: 1, why: `numThreads ${numThreads} asked, but ${NO_SHARED_MEMORY}` };
     }
     return { threads: Math.max(1, Math.floor(numThreads)), why: 'the numThreads option' };
   }
@@ -140,6 +157,7 @@ export function threadPlan({ numThreads, isolated, platform, cores }, emit = () 
   // onnxruntime-web's own default is 1 thread on 2 cores even when isolated.
   if (platform === 'apple-mobile') return { threads: 1, why: 'Apple mobile: one thread (iOS has hung with wasm threads under cross-origin isolation)' };
   if (!isolated) return { threads: 1, why: NOT_ISOLATED };
+  if (!shared) return { threads: 1, why: NO_SHARED_MEMORY };
   const threads = Math.max(1, Math.min(cores || 1, MAX_THREADS));
   return { threads, why: `cross-origin isolated: ${threads} of ${cores || 1} cores (at most ${MAX_THREADS})` };
 }

@@ -73,14 +73,60 @@ export function prepareFeeds(ort, manifest, feeds) {
   return tensors;
 }
 
-/** Zero feeds for the pre-warm run: the sample's dims when described, else the declared shape. */
-export function dummyFeeds(ort, manifest) {
+/** float32 → IEEE half bits (round to nearest even), for float16 inputs without Float16Array. */
+export function floatToHalf(value) {
+  const f32 = new Float32Array([value]);
+  const bits = new Uint32Array(f32.buffer)[0];
+  const sign = (bits >>> 16) & 0x8000;
+  const exponent = ((bits >>> 23) & 0xff) - 127 + 15;
+  let mantissa = bits & 0x7fffff;
+  if (exponent >= 31) return sign | 0x7c00;
+  if (exponent <= 0) {
+    if (exponent < -10) return sign;
+    mantissa |= 0x800000;
+    const shift = 14 - exponent;
+    let half = mantissa >> shift;
+    if ((mantissa >> (shift - 1)) & 1 && (mantissa & ((1 << (shift - 1)) - 1) || half & 1)) half += 1;
+    return sign | half;
+  }
+  let half = sign | (exponent << 10) | (mantissa >> 13);
+  if (mantissa & 0x1000 && (mantissa & 0x2fff)) half += 1;
+  return half;
+}
+
+/**
+ * Where the pre-warm run's value for one input comes from: 'sample' when the manifest carries the
+ * sample's values for it (small inputs: scalars, selectors such as a sample rate, small vectors;
+ * pipeline/sample_file.py PREWARM_VALUES_MAX_ELEMENTS) and they fit the dims the run uses, else
+ * 'zeros' (big tensors: signal, images, states, where zeros are a valid input).
+ */
+export function prewarmSource(sampleTensor, dims) {
+  const values = sampleTensor && sampleTensor.values;
+  return Array.isArray(values) && values.length === count(dims) ? 'sample' : 'zeros';
+}
+
+function filled(dtype, values) {
+  const Array_ = typedArrayFor(dtype);
+  if (Array_ === BigInt64Array || Array_ === BigUint64Array) return Array_.from(values, (v) => BigInt(Math.trunc(v)));
+  if (dtype === 'float16' && Array_ === Uint16Array) return Uint16Array.from(values, floatToHalf);
+  if (dtype === 'bool') return Uint8Array.from(values, (v) => (v ? 1 : 0));
+  return Array_.from(values);
+}
+
+/**
+ * Feeds for the pre-warm run, without fetching the sample file: each input in the sample's dims
+ * when described (else its declared shape), holding the sample's own values where the manifest
+ * carries them (prewarmSource) and zeros elsewhere.
+ */
+export function prewarmFeeds(ort, manifest) {
   const sampleTensors = (manifest.sample && manifest.sample.tensors) || {};
   const feeds = {};
   for (const spec of manifest.inputs || []) {
-    const dims = sampleTensors[spec.name] ? Array.from(sampleTensors[spec.name].dims) : concreteDims(spec.shape);
-    const Array_ = typedArrayFor(spec.dtype || 'float32');
-    feeds[spec.name] = new ort.Tensor(spec.dtype || 'float32', new Array_(count(dims)), dims);
+    const described = sampleTensors[spec.name];
+    const dims = described ? Array.from(described.dims) : concreteDims(spec.shape);
+    const dtype = spec.dtype || 'float32';
+    const data = prewarmSource(described, dims) === 'sample' ? filled(dtype, described.values) : new (typedArrayFor(dtype))(count(dims));
+    feeds[spec.name] = new ort.Tensor(dtype, data, dims);
   }
   return feeds;
 }

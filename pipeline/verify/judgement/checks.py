@@ -7,9 +7,12 @@ bundle (browser runs) and output (one check per output once a run has outputs; o
 whole run when it has none), its status, the figures (pipeline/verify/judgement/metrics.py), the bounds they
 were judged against (pipeline/verify/judgement/thresholds.py) and, when it did not simply pass, why:
 
-    {"stage": "host" | "webgpu-kernels" | "browser", "ep": "cpu" | "webgpu" | "wasm", "variant": "fp16",
+    {"stage": "host" | "webgpu-kernels" | "browser" | "default-load", "ep": "cpu" | "webgpu" | "wasm", "variant": "fp16",
      "bundle": "webgpu", "output": "y", "status": "passed" | "failed" | "not-verifiable" | "skipped" | "error" | "refused",
      "metrics": {...}, "threshold": {...}, "detail": "..."}
+
+`default-load` checks (browser/default_load.py) judge the shipped loader's `load()` with the
+manifest's defaults, as an app calls it: their `ep`/`variant`/`bundle` are where it landed.
 
 `refused` is `pack verify`'s word for a failure on a (bundle, EP, variant) the build itself refused
 (the manifest's refusal rule): the loader never runs it, so it fails nothing (`refused_by_build`).
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 
     from pipeline.precision.variants import Variant
 
-Stage = Literal["host", "webgpu-kernels", "browser"]
+Stage = Literal["host", "webgpu-kernels", "browser", "default-load"]
 Status = Literal["passed", "failed", "not-verifiable", "skipped", "error", "refused"]
 STATUSES: tuple[Status, ...] = ("passed", "failed", "not-verifiable", "skipped", "error", "refused")
 

@@ -1,0 +1,51 @@
+// Firefox for the default load (pipeline/verify/engines/browser/firefox.py): Debian's firefox-esr,
+// headless, driven over WebDriver BiDi by npm puppeteer-core (no geckodriver, nothing downloaded).
+// Opens `url` (page/default_load.html beside a package), asks the page for load() with the
+// manifest's defaults and the sample run (page/default_load.js), prints its answer as one JSON
+// line on stdout. WebGPU is on (dom.webgpu.enabled, gfx.webgpu.ignore-blocklist), as Firefox ships
+// it on Windows and macOS; on Linux its wgpu takes Mesa's lavapipe.
+//
+// node firefox_driver.mjs <puppeteer-core folder> <firefox executable> <url> <base> <timeout ms> [webgpu 1|0]
+
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const [, , toolsDir, executablePath, url, base, timeoutText, webgpuText = '1'] = process.argv;
+const require = createRequire(path.join(toolsDir, 'package.json'));
+const puppeteer = require('puppeteer-core');
+const timeout = Number(timeoutText) || 360000;
+const webgpu = webgpuText !== '0';
+
+const say = (value) => process.stdout.write(JSON.stringify(value) + '\n');
+
+let browser = null;
+const killer = setTimeout(() => {
+  say({ ok: false, message: `Firefox did not answer within ${timeout} ms`, fallbacks: [] });
+  process.exit(3);
+}, timeout + 30000);
+try {
+  browser = await puppeteer.launch({
+    browser: 'firefox',
+    executablePath,
+    headless: true,
+    protocol: 'webDriverBiDi',
+    extraPrefsFirefox: webgpu ? { 'dom.webgpu.enabled': true, 'gfx.webgpu.ignore-blocklist': true } : {},
+  });
+  const page = await browser.newPage();
+  page.setDefaultTimeout(timeout);
+  const warnings = [];
+  page.on('console', (message) => {
+    if (message.type() === 'warn' || message.type() === 'warning' || message.type() === 'error') warnings.push(message.text().slice(0, 400));
+  });
+  await page.goto(url);
+  await page.waitForFunction(() => typeof window.__packDefaultLoad === 'function', { timeout: 30000 });
+  const result = await page.evaluate((b) => window.__packDefaultLoad(b), base);
+  const version = await browser.version();
+  const facts = await page.evaluate(() => ({ userAgent: navigator.userAgent, crossOriginIsolated, sharedArrayBuffer: typeof SharedArrayBuffer !== 'undefined', webgpu: Boolean(navigator.gpu) }));
+  say({ ...result, browser: version, page: facts, warnings: warnings.slice(-20) });
+} catch (error) {
+  say({ ok: false, message: `Firefox: ${String((error && error.message) || error).split('\n')[0]}`, fallbacks: [] });
+} finally {
+  clearTimeout(killer);
+  if (browser) await browser.close().catch(() => {});
+}

@@ -1,0 +1,80 @@
+"""Firefox as a second engine (issue 36; /work/shared/notes/engines.md): Debian's `firefox-esr`,
+headless, driven over WebDriver BiDi by npm `puppeteer-core` (pinned; no geckodriver, no browser
+download: puppeteer-core fetches none). Playwright cannot drive it here (its BiDi path fails on
+`emulation.setMediaFeaturesOverride`).
+
+For now Firefox runs the build's default load (default_load.py): the same page
+(page/default_load.js) served the same way, asked through `pipeline/firefox_driver.mjs` under Node.
+puppeteer-core is installed with npm into the pack cache on first use, like onnxruntime-web. A
+machine without Firefox gets a `not-verifiable` check naming the install line, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+from pipeline.errors import PackError
+
+# puppeteer-core 25 needs node >= 22.12 (Debian 12 has node 20); 24.x drives Firefox over BiDi.
+PUPPETEER_CORE = "24.43.1"
+FIREFOX_ENV = "PACK_FIREFOX"  # a Firefox executable other than firefox-esr/firefox on PATH
+INSTALL_FIREFOX = "apt-get install firefox-esr"
+
+
+def firefox_executable() -> str | None:
+    """The Firefox to drive: $PACK_FIREFOX, else firefox-esr or firefox on PATH; None when none."""
+    configured = os.environ.get(FIREFOX_ENV)
+    if configured:
+        return configured if Path(configured).is_file() else None
+    return shutil.which("firefox-esr") or shutil.which("firefox")
+
+
+def unavailable() -> str | None:
+    """Why Firefox cannot run here, with the line that fixes it; None when it can."""
+    if firefox_executable() is None:
+        where = f"${FIREFOX_ENV} ({os.environ[FIREFOX_ENV]}) is not a file" if os.environ.get(FIREFOX_ENV) else "no firefox-esr or firefox on PATH"
+        return f"Firefox is not installed ({where}); install it: {INSTALL_FIREFOX}"
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return "Firefox is driven from Node: node and npm are not on PATH; install them: apt-get install nodejs npm"
+    return None
+
+
+def puppeteer_dir() -> Path:
+    """puppeteer-core at the pinned version in the pack cache, installed with npm on first use."""
+    from pipeline.cache import cache_dir
+
+    folder = cache_dir("tools", f"puppeteer-core-{PUPPETEER_CORE}")
+    if (folder / "node_modules" / "puppeteer-core" / "package.json").is_file():
+        return folder
+    try:
+        subprocess.run([shutil.which("npm") or "npm", "install", "--prefix", str(folder), f"puppeteer-core@{PUPPETEER_CORE}", "--no-audit", "--no-fund", "--silent"],
+                       check=True, capture_output=True, text=True, timeout=600)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
+        tail = (getattr(error, "stderr", "") or str(error)).strip().splitlines()[-1:] or [""]
+        raise PackError(f"puppeteer-core@{PUPPETEER_CORE}: `npm install` into {folder} failed ({tail[0]}); check npm and registry access") from None
+    return folder
+
+
+def run_page(url: str, base: str, timeout_ms: int, webgpu: bool = True) -> dict:
+    """The answer of page/default_load.js at `url` in headless Firefox (DEFAULT_LOAD's shape, plus
+    `browser`, `page` facts and console `warnings`); {ok: false, message} when Firefox failed."""
+    driver = Path(str(resources.files("pipeline").joinpath("firefox_driver.mjs")))
+    try:
+        tools = puppeteer_dir()
+    except PackError as error:
+        return {"ok": False, "message": str(error), "fallbacks": [], "notRunnable": True}
+    command = ["node", str(driver), str(tools), firefox_executable() or "firefox-esr", url, base, str(timeout_ms), "1" if webgpu else "0"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_ms / 1000 + 90)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "message": f"Firefox did not answer within {timeout_ms / 1000 + 90:.0f} s", "fallbacks": []}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "message": f"Firefox driver exited {done.returncode}: {tail[:300]}", "fallbacks": []}
+    return json.loads(lines[-1])
