@@ -237,11 +237,14 @@ function segmentalSnr(ref, diff, row) {
 }
 
 const g = (value) => Number(Number(value).toPrecision(3)).toString();
-// `value` to 3 significant digits, or as many more as tell it from `bound` (metrics.py figure)
+// `value` to 3 significant digits, or as many more as tell it from `bound` and keep a value that
+// is not whole from reading as one (metrics.py figure)
 const near = (value, bound) => {
   const at = (x, digits) => Number(Number(x).toPrecision(digits));
   for (let digits = 3; digits < 12; digits++) {
-    if (value === bound || at(value, digits) !== at(bound, digits)) return String(at(value, digits));
+    const shown = at(value, digits);
+    const roundedWhole = Number.isInteger(shown) && shown !== value;
+    if (value === bound || (shown !== at(bound, digits) && !roundedWhole)) return String(shown);
   }
   return String(value);
 };

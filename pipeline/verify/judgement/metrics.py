@@ -199,11 +199,13 @@ def _segmental_snr(reference: np.ndarray, diff: np.ndarray) -> float:
 
 
 def figure(value: float, bound: float) -> str:
-    """`value` to 3 significant digits, or as many more as tell it from `bound` (a cosine of
-    0.99997 against a bound of 1 reads "0.99997", not "1")."""
+    """`value` to 3 significant digits, or as many more as tell it from `bound` and keep a value
+    that is not whole from reading as one (a cosine of 0.99997 against a bound of 1, or a mask
+    agreement of 0.99997, reads "0.99997", not "1")."""
     for digits in range(3, 12):
         shown = f"{value:.{digits}g}"
-        if value == bound or shown != f"{bound:.{digits}g}":
+        rounded_whole = float(shown) == round(float(shown)) and float(shown) != value
+        if value == bound or (shown != f"{bound:.{digits}g}" and not rounded_whole):
             return shown
     return repr(value)
 
