@@ -19,7 +19,8 @@ headers where rules may not overlap (a file matched by two rules gets both value
 and Cloudflare Pages); serve's few rules go by pattern, a later one overriding an earlier one.
 
 What each host allows (`HOSTS`): nginx, Apache and `serve` (npm) map X to X.br with
-`Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel document no way to serve a
+`Content-Encoding: br`, and mark X.br asked by its own name so too (the loader's host probe asks for
+it: docs/loader.md, "Any static host"); Netlify, Cloudflare Pages and Vercel document no way to serve a
 pre-compressed body under its decoded name (their edge compresses text types, not the models), so
 their rules name the `.br` files as they are, for the loader to decode; GitHub Pages sets no headers
 at all, and the service-worker shim gives its pages cross-origin isolation; S3 and R2 take their
