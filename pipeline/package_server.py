@@ -2,7 +2,9 @@
 
 - A file `X` with a brotli copy `X.br` is served under `X` with the `.br` bytes and
   `Content-Encoding: br` (browsers decode it; so does the CDN). `X.br` alone serves `X` too, as a
-  bucket holding only the encoded object does.
+  bucket holding only the encoded object does. `X.br` asked by its own name is marked
+  `Content-Encoding: br` too, for a client that accepts it, as pack export's host configurations
+  do: the loader's host probe of an export asks for it (web_template/loader/brotli.js).
 - Media types come from the package's manifest.json ("mediaType"), else from the file extension
   (.mjs must be text/javascript and .wasm application/wasm or the browser refuses them).
 - Every response is cross-origin isolated (COOP same-origin, COEP require-corp, CORP) so wasm
@@ -101,7 +103,7 @@ class StaticServer:
         if encoded.is_file() and (accepts_br or not plain.is_file()):
             return encoded, "br"
         if plain.is_file():
-            return plain, None
+            return plain, "br" if accepts_br and plain.suffix == ".br" else None
         return None
 
 

@@ -127,6 +127,11 @@ class Progress:
         progress._plain = _Lines(stream, interval_s if interval_s is not None else _interval_from_env(), clock)
         return progress
 
+    @property
+    def writes_lines(self) -> bool:
+        """The plain form: timestamped lines (`Progress.lines`)."""
+        return self._plain is not None
+
     def note(self, message: str) -> None:
         if self._plain:
             self._plain.line(message)
@@ -145,6 +150,16 @@ class Progress:
                 return run(*args, **kwargs)
 
         return announced
+
+    @contextmanager
+    def still(self, label: str) -> Iterator[None]:
+        """With plain lines, a "still running" line whenever the log was silent for the interval
+        while the block runs (its caller says how it began and ended); otherwise nothing."""
+        if not self._plain:
+            yield
+            return
+        with self._plain.running(label, announce=False):
+            yield
 
     @contextmanager
     def task(self, label: str, total: float | None = None, unit: str = "items") -> Iterator[Task]:
@@ -197,9 +212,11 @@ class _Lines:
             self.stream.flush()  # a pipe is block-buffered: a CI log shows the line now
 
     @contextmanager
-    def running(self, label: str, state: Callable[[], str] | None = None) -> Iterator[None]:
+    def running(self, label: str, state: Callable[[], str] | None = None, announce: bool = True) -> Iterator[None]:
+        """`announce`: a line as the block begins and ends (else only the "still" lines)."""
         began = self.clock()
-        self.line(f"{label}: started")
+        if announce:
+            self.line(f"{label}: started")
         done = threading.Event()
 
         def watch() -> None:
@@ -215,11 +232,13 @@ class _Lines:
         except BaseException:
             done.set()
             watcher.join()
-            self.line(f"{label}: stopped after {self.clock() - began:.1f} s")
+            if announce:
+                self.line(f"{label}: stopped after {self.clock() - began:.1f} s")
             raise
         done.set()
         watcher.join()
-        self.line(f"{label}: done in {self.clock() - began:.1f} s")
+        if announce:
+            self.line(f"{label}: done in {self.clock() - began:.1f} s")
 
 
 def _interval_from_env() -> float:

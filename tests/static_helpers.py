@@ -42,7 +42,8 @@ def first_visit(browser, page_url: str, base: str, options: dict) -> dict:
     """loader_helpers.LOAD_AND_RUN of the package at `base` from the page at `page_url`, in a fresh
     context (empty Cache Storage), with `wire`: the bytes on the wire of every request the page made
     ("METHOD URL" -> CDP Network.loadingFinished encodedDataLength, headers included; for a HEAD,
-    which gets none, its response headers' bytes) and `unfinished`: requests that never finished."""
+    which gets none, its response headers' bytes), `unfinished`: requests that never finished, and
+    `failed`: "METHOD URL STATUS" of each answer of 400 or more (the console shows each in red)."""
     from loader_helpers import LOAD_AND_RUN
 
     context = browser.new_context()
@@ -53,8 +54,9 @@ def first_visit(browser, page_url: str, base: str, options: dict) -> dict:
         urls: dict[str, str] = {}
         wire: dict[str, int] = {}
         heads: dict[str, int] = {}
+        statuses: dict[str, int] = {}
         cdp.on("Network.requestWillBeSent", lambda e: urls.__setitem__(e["requestId"], e["request"]["method"] + " " + e["request"]["url"]))
-        cdp.on("Network.responseReceived", lambda e: heads.__setitem__(e["requestId"], e["response"].get("encodedDataLength", 0)))
+        cdp.on("Network.responseReceived", lambda e: (heads.__setitem__(e["requestId"], e["response"].get("encodedDataLength", 0)), statuses.__setitem__(e["requestId"], e["response"]["status"])))
         cdp.on("Network.loadingFinished", lambda e: wire.__setitem__(e["requestId"], e["encodedDataLength"]))
         page.goto(page_url)
         result = page.evaluate(LOAD_AND_RUN, {"base": base, "options": options, "run": True})
@@ -65,6 +67,8 @@ def first_visit(browser, page_url: str, base: str, options: dict) -> dict:
             page.wait_for_timeout(100)
         result["wire"] = {urls[r]: wire.get(r, heads[r]) for r in answered()}
         result["unfinished"] = [urls[r] for r in answered() if r not in wire and not urls[r].startswith("HEAD ")]
+        # the browser's own favicon request is not the page's
+        result["failed"] = [f"{urls[r]} {statuses[r]}" for r in answered() if statuses[r] >= 400 and not urls[r].endswith("/favicon.ico")]
         return result
     finally:
         context.close()

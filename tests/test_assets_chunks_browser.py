@@ -242,6 +242,8 @@ def test_a_plain_static_host_moves_brotli_bytes_too(browser, chunked_packages, p
         on_brotli = first_visit(browser, brotli_host.url + TEST_PREFIX[1:] + "blank.html", brotli_host.url, options)
     assert on_plain["ok"] and on_brotli["ok"], (on_plain, on_brotli)
     assert on_plain["unfinished"] == on_brotli["unfinished"] == [], (on_plain["unfinished"], on_brotli["unfinished"])
+    # no red 404 in the console: the host probe asks for X.br, which every host has, never the missing X
+    assert on_plain["failed"] == on_app_host["failed"] == on_brotli["failed"] == [], (on_plain["failed"], on_app_host["failed"], on_brotli["failed"])
     assert on_plain["outputs"] == on_brotli["outputs"]
     # a single-page app's host answers the missing X with its index.html and 200: read as a plain host
     assert on_app_host["ok"], on_app_host

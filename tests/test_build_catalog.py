@@ -124,6 +124,29 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def test_a_catalog_build_into_a_log_never_falls_silent_and_json_stays_quiet(models, tmp_path):
+    """stdout a pipe (a CI log): timestamped lines, and a "still running" line per running target
+    whenever the log was silent for the interval (0.5 s here, 30 s by default); --json: the array alone."""
+    import re
+
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(models / "tiny-conv.onnx"), str(models / "consumed.onnx"), "-j", "2", "--no-browser"]
+    env = {**os.environ, "PACK_PROGRESS_INTERVAL_S": "0.5"}
+    log = subprocess.run([*command, "--no-reuse", "--out", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=300)
+    assert log.returncode == 0, log.stdout + log.stderr
+    timed = [re.match(r"\[\s*(\d+)s\] (.*)", line) for line in log.stdout.splitlines()[:-1]]  # the count line last, as on a terminal
+    assert all(timed), log.stdout
+    seconds = [int(match.group(1)) for match in timed]
+    assert max(b - a for a, b in zip(seconds, seconds[1:])) <= 1, log.stdout  # whole seconds: 0.5 s apart at most
+    said = [match.group(2) for match in timed]
+    for name in ("tiny-conv", "consumed"):
+        assert any(line.startswith(f"{name}: still running (") for line in said), log.stdout
+        assert any(line.startswith(f"{name}: PASSED in ") for line in said), log.stdout
+    # the stored builds reused: each child still runs for seconds (a Python process, the package copied)
+    quiet = subprocess.run([*command, "--json", "--out", str(tmp_path / "b")], capture_output=True, text=True, env=env, timeout=300)
+    assert quiet.returncode == 0 and [entry["passed"] for entry in json.loads(quiet.stdout)] == [True, True], quiet.stdout + quiet.stderr
+    assert "still running" not in quiet.stdout + quiet.stderr
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_every_build_and_leaves_no_half_written_package(models, tmp_path, signum):
     out = tmp_path / "dist"

@@ -415,19 +415,19 @@ def test_runtime_override_urls(browser, server):
 # Init scripts that stand in for browsers: one without WebGPU, one whose first adapter requests
 # return null (seen on real GPUs in a fresh browser).
 NO_WEBGPU = "Object.defineProperty(Navigator.prototype, 'gpu', { get: () => undefined });"
-NULL_ADAPTER_TWICE = """
+NULL_ADAPTER_ONCE = """
 (() => {
   const request = GPU.prototype.requestAdapter;
   let calls = 0;
-  GPU.prototype.requestAdapter = function (...args) { calls += 1; return calls <= 2 ? Promise.resolve(null) : request.apply(this, args); };
+  GPU.prototype.requestAdapter = function (...args) { calls += 1; return calls <= 1 ? Promise.resolve(null) : request.apply(this, args); };
 })();
 """
 
 
 @pytest.mark.parametrize(
     ("script", "expected"),
-    [(NO_WEBGPU, ("wasm", "wasm", 0)), (NULL_ADAPTER_TWICE, ("webgpu", "webgpu", 3))],
-    ids=["no-webgpu", "null-adapter-twice"],
+    [(NO_WEBGPU, ("wasm", "wasm", 0)), (NULL_ADAPTER_ONCE, ("webgpu", "webgpu", 2))],
+    ids=["no-webgpu", "null-adapter-once"],
 )
 def test_webgpu_adapter_is_retried_and_its_absence_means_the_wasm_bundle(browser, server, script, expected):
     context = browser.new_context()

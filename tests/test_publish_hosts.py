@@ -209,6 +209,14 @@ def test_nginx_serves_the_export_from_the_generated_snippet(nginx_site):
     (site / "index.html").write_text("<!doctype html><title>app</title>")
     assert _check_package_headers(f"{base}{NAME}/", site / NAME) >= 2
     _page_isolated(base + "index.html")
+    # X.br asked by its own name (the loader's host probe) says brotli to a client that accepts it,
+    # as on Apache and serve, and is the file as it is to one that does not
+    manifest = json.loads((site / NAME / "manifest.json").read_text())
+    body = next(entry["encodings"]["br"]["path"] for entry in manifest["files"].values() if entry.get("stored") == "br")
+    status, headers = _header_counts(f"{base}{NAME}/{body}")
+    assert (status, headers.get("content-encoding"), len(headers.get("cross-origin-resource-policy", []))) == (200, ["br"], 1), headers
+    status, headers = _header_counts(f"{base}{NAME}/{body}", accept=None)
+    assert (status, headers.get("content-encoding")) == (200, None), headers
 
 
 def test_apache_serves_the_export_from_the_generated_htaccess(package, site, tmp_path):

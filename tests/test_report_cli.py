@@ -132,3 +132,45 @@ def test_audio_plays_at_the_recipe_sample_rate_and_spectrum_frames_are_not_playe
         with wave.open(io.BytesIO(base64.b64decode(wave_section.players[1]["uri"].split(",", 1)[1]))) as sound:
             assert (sound.getframerate(), sound.getnframes(), sound.getnchannels()) == (rate, 4000, 1)
         assert any("16000 Hz" in note for note in wave_section.notes) == (rate == 16000)  # an assumed rate says so
+
+
+def test_the_page_says_records_in_words_small_figures_as_such_and_each_platforms_first_visit(no_browser_package) -> None:
+    from pipeline.manifest import read_manifest
+    from pipeline.report.data import load
+    from pipeline.report.render import render_html
+    from pipeline.sample_file import read_sample
+    from pipeline.verify.judgement.checks import rounded_metrics
+
+    manifest = read_manifest(no_browser_package)
+    report = json.loads((no_browser_package / "report.json").read_text())
+    # records as the conversion steps write them: lists of dicts, dicts of figures, empty ones
+    report["steps"] = [
+        {"name": "fp16_keep_fp32", "changed": True, "records": [{"what": "1 node kept in fp32", "kept": [{"node": "Add_10", "op": "Add", "why": "reads 1e-12"}],
+                                                                 "sizes": {"fp32_bytes": 467728, "kept_cost_bytes": 4}}]},
+        {"name": "layout", "changed": True, "records": [{"what": "NCHW passes", "nhwc_failures": ["fp16/y: rel_l2 0.3"], "options": {}}]},
+    ]
+    report["webgpu_kernels"] = {"adapter": None, "ep_options": {"preferredLayout": "NCHW"}, "runs": {"fp16": {"webgpu_nodes": 410, "cpu_fallback_nodes": [{"op": "Shape", "node": "s1"}]}}}
+    # the browser's figures cross as JSON, rounded: 3.7e-7 stays 3.7e-7, an exact 0 stays 0
+    tiny = rounded_metrics({"max_abs_of_range": 3.7e-7, "rel_l2": 0.0, "psnr_db": 95.1234567})
+    assert tiny == {"max_abs_of_range": 3.7e-7, "rel_l2": 0.0, "psnr_db": 95.1235}
+    report["checks"] = [{"stage": "browser", "bundle": "webgpu", "ep": "wasm", "variant": "fp32", "status": "passed", "output": "y",
+                         "metrics": tiny, "threshold": {"max_abs_of_range": 1e-3, "rel_l2": 1e-2}}]
+    report["browser"] = {"chromium": "150", "adapter": {"available": False, "reason": "none"}, "runs": [
+        {"bundle": "webgpu", "ep": "wasm", "variant": "fp32", "slowest_kernels": [{"node": "conv", "op": "Conv", "clock": "host", "per_run_us": 16284.0}]}],
+        "eps": {"wasm/fp32": {"session_create_ms": 40.0, "first_run_ms": 9.0, "steady_run_ms": 3.0, "status": "passed"}}}
+    inputs, reference = read_sample(no_browser_package, manifest)
+    html = render_html(manifest, report, inputs, reference, load(no_browser_package))
+    page = re.sub(r"<style>.*?</style>|data:[^\"']+", "", html, flags=re.S)
+    assert not re.search(r"""[\[{](&#34;|"|&quot;)|(&#34;|"|&quot;): |\{\}|\[\]""", page), "raw JSON on the page"
+    assert "<code class=\"node\">Add_10</code>: reads 1e-12; op Add" in page and "fp32 bytes 467,728; kept cost bytes 4" in page
+    assert "NCHW passes; nhwc failures fp16/y: rel_l2 0.3" in page and "options: none" in page and "preferredLayout NCHW" in page
+    assert "<code>max_abs_of_range</code> 3.7e-7 (≤ 0.001)" in page and "<code>rel_l2</code> 0 (≤ 0.01)" in page
+    # the profiled kernel (16 ms) is labelled as profiling, apart from the production run (3 ms)
+    kernels = page[page.index("Slowest kernels"):page.index('id="sizes"')]
+    assert "profiling times" in kernels and "profiled ms per run" in kernels and "16.28" in kernels
+    # the first visit of each platform, as report.json's delivery says (pipeline/assets/delivery.py)
+    visits = report["delivery"]["first_visit"]
+    assert visits and page.count('<tr class="visit" data-platform=') == len(visits)
+    for platform, visit in visits.items():
+        row = re.search(rf'<tr class="visit" data-platform="{platform}">(.*?)</tr>', page).group(1)
+        assert f'{visit["wire_bytes"]:,}' in row and f'{visit["bytes"]:,}' in row and visit["variant"] in row

@@ -11,8 +11,10 @@ target starts, and this process exits 130/143 once every child has ended.
 
 Output: one line per target as it starts and as it ends (name, verdict, seconds) on stdout; the
 children build with --json, so their progress bars are off, and what they print on stderr
-(warnings, errors) comes through prefixed with the target's name. `--json`: one JSON array, an
-entry per target in the order given, and nothing else on stdout.
+(warnings, errors) comes through prefixed with the target's name. When stdout is a pipe or a file
+(a CI log) the lines are timestamped plain progress lines (pipeline/progress.py), with a "still
+running" line per running target whenever the log was silent for 30 s. `--json`: one JSON array,
+an entry per target in the order given, and nothing else on stdout.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from typing import Any
 import typer
 
 from pipeline.commands.build_target import BuildFlags, build_one, check_settings
-from pipeline.commands.common import cli_errors, print_json
+from pipeline.commands.common import cli_errors, piped, print_json
 from pipeline.errors import EXIT_SIGINT, EXIT_SIGTERM, PackError, Terminated
+from pipeline.progress import Progress
 from pipeline.urls import mask_url
 
 INTERRUPTED = (EXIT_SIGINT, EXIT_SIGTERM)
@@ -65,7 +68,8 @@ def build_catalog(targets: list[str], settings: BuildFlags, *, jobs: int, json_o
             raise PackError(f"{given[0]} describes one target, and {len(targets)} are given; build that target on its own: pack build TARGET {given[0]} ...")
         queue = resolve_targets(targets)
         check_settings(settings)
-        catalog = Catalog(queue, settings, jobs=jobs, say=not json_output)
+        log = Progress.lines(sys.stdout) if not json_output and piped(sys.stdout) else Progress.quiet()
+        catalog = Catalog(queue, settings, jobs=jobs, say=not json_output, log=log)
         catalog.say(f"building {len(queue)} packages, {min(jobs, len(queue))} at a time, into {settings.out}/")
         catalog.run()
     if json_output:
@@ -105,17 +109,20 @@ def resolve_targets(targets: list[str]) -> list[Job]:
 class Catalog:
     """Runs the jobs' child processes, at most `jobs` at once, and stops them all on a signal."""
 
-    def __init__(self, queue: list[Job], settings: BuildFlags, *, jobs: int, say: bool):
+    def __init__(self, queue: list[Job], settings: BuildFlags, *, jobs: int, say: bool, log: Progress | None = None):
         self.queue = queue
         self.settings = settings
         self.jobs = jobs
         self._say = say
+        self._log = log or Progress.quiet()  # plain lines in a log: the lines timestamped, "still" lines between
         self._lock = threading.Lock()  # guards _running and _stopping, and keeps printed lines whole
         self._running: set[subprocess.Popen] = set()
         self._stopping: int | None = None  # the signal every child was handed
 
     def say(self, line: str) -> None:
-        if self._say:
+        if self._log.writes_lines:
+            self._log.note(line)
+        elif self._say:
             typer.echo(line)
 
     def run(self) -> None:
@@ -165,7 +172,8 @@ class Catalog:
                     process.stdin.close()
                 except BrokenPipeError:  # it ended before reading: its exit code and stderr say why
                     pass
-                code = process.wait()
+                with self._log.still(job.name):
+                    code = process.wait()
                 reader.join(timeout=5)  # a process the build left running may still hold its stderr open
                 job.exit_code = 128 - code if code < 0 else code  # killed by a signal: as the shell counts it
                 job.seconds = round(time.perf_counter() - started, 1)

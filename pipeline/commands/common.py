@@ -117,12 +117,12 @@ def progress_for(json_output: bool, lines_when_piped: bool = False) -> Progress:
     it is a pipe or a file (a CI log: pipeline/progress.py)."""
     if json_output:
         return Progress.quiet()
-    if lines_when_piped and _piped(sys.stdout):
+    if lines_when_piped and piped(sys.stdout):
         return Progress.lines(sys.stdout)
     return Progress()
 
 
-def _piped(stream) -> bool:
+def piped(stream) -> bool:
     """A pipe or a file: a real descriptor that is no terminal (not a test runner's buffer)."""
     try:
         return stream.fileno() >= 0 and not stream.isatty()

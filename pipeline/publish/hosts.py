@@ -19,7 +19,8 @@ headers where rules may not overlap (a file matched by two rules gets both value
 and Cloudflare Pages); serve's few rules go by pattern, a later one overriding an earlier one.
 
 What each host allows (`HOSTS`): nginx, Apache and `serve` (npm) map X to X.br with
-`Content-Encoding: br`; Netlify, Cloudflare Pages and Vercel document no way to serve a
+`Content-Encoding: br`, and mark X.br asked by its own name so too (the loader's host probe asks for
+it: docs/loader.md, "Any static host"); Netlify, Cloudflare Pages and Vercel document no way to serve a
 pre-compressed body under its decoded name (their edge compresses text types, not the models), so
 their rules name the `.br` files as they are, for the loader to decode; GitHub Pages sets no headers
 at all, and the service-worker shim gives its pages cross-origin isolation; S3 and R2 take their
@@ -333,13 +334,26 @@ def _nginx(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[
             # to clients that accept brotli.
             lines += [f"    if ($http_accept_encoding !~* {_NGINX_ACCEPTS_BR}) {{ return 404; }}"]
             lines += [f"    rewrite ^ {url_path}{item.body} break;", "    gzip off;"]
-        lines += [f"    types {{ }} default_type {_nginx_quote(item.content_type)};"]
-        headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": item.encoding, "Vary": "Accept-Encoding"} if item.encoding else {}), **RESOURCE_POLICY}
-        # Content-Encoding only on the body it describes (not `always`: never on the 404 above)
-        lines += [f"    add_header {name} {_nginx_quote(value)}{'' if name == 'Content-Encoding' else ' always'};" for name, value in headers.items()]
-        lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in allowed.items()]
-        lines += [f"    {line}" for line in isolation] + ["}"]
+        lines += _nginx_file_headers(item, item.encoding, allowed, isolation)
+        if item.encoding:
+            # X.br asked by its own name (the loader's host probe, and clients that do not accept
+            # brotli) says it is brotli to a client that accepts it, as on Apache and serve: the
+            # probe then learns that this host answers X, without asking for X on hosts that 404 it
+            lines += ["", f"location = {url_path}{item.body} {{", '    set $pack_br "";',
+                      f"    if ($http_accept_encoding ~* {_NGINX_ACCEPTS_BR}) {{ set $pack_br {item.encoding}; }}", "    gzip off;"]
+            lines += _nginx_file_headers(item, "$pack_br", allowed, isolation)
     return "\n".join(lines) + "\n", len(served)
+
+
+def _nginx_file_headers(item: "Served", encoding: str | None, allowed: dict[str, str], isolation: list[str]) -> list[str]:
+    """The rest of a file's location: its type and headers (`encoding`: the Content-Encoding, a
+    variable whose empty value nginx does not send, or None), then the closing brace."""
+    lines = [f"    types {{ }} default_type {_nginx_quote(item.content_type)};"]
+    headers = {"Cache-Control": item.cache_control, **({"Content-Encoding": encoding, "Vary": "Accept-Encoding"} if encoding else {}), **RESOURCE_POLICY}
+    # Content-Encoding only on the body it describes (not `always`: never on a 404)
+    lines += [f"    add_header {name} {_nginx_quote(value)}{'' if name == 'Content-Encoding' else ' always'};" for name, value in headers.items()]
+    lines += [f"    add_header {name} {_nginx_quote(value)} always;" for name, value in allowed.items()]
+    return lines + [f"    {line}" for line in isolation] + ["}"]
 
 
 def _apache(head: str, served: list[Served], url_path: str, cors: Cors) -> tuple[str, int]:

@@ -8,7 +8,6 @@ are computed here when report.data.npz does not hold them yet, and kept there.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
@@ -132,6 +131,8 @@ def render_html(manifest: dict, report: dict, inputs: dict, reference: dict, dat
         "kernels": _per_run(browser, "slowest_kernels"),
         "kernel_stage": _kernel_stage(kernels),
         "sizes": _sizes(manifest),
+        "visits": _first_visits(report.get("delivery")),
+        "package_bytes": (report.get("delivery") or {}).get("package"),
         "timings": _timings(browser),
         "stage_times": report.get("timings") or {},
     }
@@ -140,13 +141,15 @@ def render_html(manifest: dict, report: dict, inputs: dict, reference: dict, dat
 
 def _environment() -> jinja2.Environment:
     template = resources.files("pipeline.report")
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: (template / name).read_text(encoding="utf-8")),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    environment.filters["figure"] = figure
+    return environment
 
 
 def _browser_line(browser: dict | None) -> str | None:
@@ -199,25 +202,80 @@ def _within(key: str, value, bound) -> bool:
 
 
 def _repairs(steps: list[dict]) -> list[dict]:
-    """Each step that changed the graph, its records with the node names first."""
+    """Each repair or conversion step, its records as readable entries (`_entry`)."""
     repairs = []
     for step in steps:
-        records = []
-        for record in step.get("records") or []:
-            if not isinstance(record, dict):
-                records.append({"node": None, "what": str(record), "facts": []})
-                continue
-            node = record.get("node") or record.get("nodes")
-            facts = [(key, _short_json(value)) for key, value in record.items() if key not in ("node", "nodes", "what")]
-            records.append({"node": ", ".join(node) if isinstance(node, list) else node, "what": record.get("what"), "facts": facts})
+        records = [_entry(record) for record in step.get("records") or []]
         repairs.append({"name": step.get("name"), "changed": bool(step.get("changed")), "records": records[:MAX_LISTED],
                         "more": max(0, len(records) - MAX_LISTED), "refused": step.get("refused")})
     return repairs
 
 
-def _short_json(value) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+# The key that names a record or an item of a record's list: shown first, as code.
+NAME_KEYS = ("node", "nodes", "initializer", "name")
+# The key that says what happened or why: shown right after the name.
+WORD_KEYS = ("what", "why", "warning", "lock", "default")
+
+
+def _entry(value, key: str | None = None) -> dict:
+    """A record (or any part of one) for the page as words, never JSON: {key, name, text, items,
+    more}. A dict's name (NAME_KEYS) and words (WORD_KEYS) come first, then its other plain figures
+    as "key value"; its lists and dicts become nested entries (at most MAX_LISTED each)."""
+    entry = {"key": _words(key) if key else None, "name": None, "text": "", "items": [], "more": 0}
+    if isinstance(value, dict):
+        named = next((k for k in NAME_KEYS if value.get(k) not in (None, "", []) and _is_plain(value[k])), None)
+        if named:
+            name = value[named]
+            entry["name"] = ", ".join(map(str, name)) if isinstance(name, list) else str(name)
+        said = [k for k in WORD_KEYS if value.get(k) not in (None, "") and _is_plain(value[k])]
+        rest = [(k, v) for k, v in value.items() if k != named and k not in said]
+        entry["text"] = "; ".join([_plain(value[k]) for k in said] + [f"{_words(k)} {_plain(v)}" for k, v in rest if _is_plain(v)])
+        entry["items"] = [_entry(v, k) for k, v in rest if not _is_plain(v)]
+    elif isinstance(value, list) and not all(_is_plain(v) for v in value):
+        entry["items"] = [_entry(v) for v in value[:MAX_LISTED]]
+        entry["more"] = max(0, len(value) - MAX_LISTED)
+    else:
+        entry["text"] = _plain(value)
+    if not (entry["name"] or entry["text"] or entry["items"]):
+        entry["text"] = "none"  # an empty dict or list
+    return entry
+
+
+def _is_plain(value) -> bool:
+    """A value said in a few words: a number, a string, None, or a list of those."""
+    if isinstance(value, list):
+        return all(_is_plain(v) and not isinstance(v, list) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _plain(value) -> str:
+    if isinstance(value, list):
+        text = ", ".join(_plain(v) for v in value) if value else "none"
+    elif value is None:
+        text = "none"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, int):
+        text = f"{value:,}"
+    elif isinstance(value, float):
+        text = figure(value)
+    else:
+        text = str(value)
     return text if len(text) <= 300 else text[:299] + "…"
+
+
+def _words(key: str) -> str:
+    return str(key).replace("_", " ")
+
+
+def figure(value) -> str:
+    """A measured figure in 4 significant digits, small ones in powers of ten ("3.7e-7"): never
+    "0" for a value that is not 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return str(value)
+    text = f"{value:.4g}"
+    mantissa, _, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else text
 
 
 def _per_run(browser: dict | None, key: str) -> list[dict]:
@@ -230,10 +288,9 @@ def _per_run(browser: dict | None, key: str) -> list[dict]:
     return found
 
 
-def _kernel_stage(kernels: dict | None) -> dict | None:
-    if not kernels:
-        return None
-    return {"facts": [(key, _short_json(value)) for key, value in kernels.items() if key not in ("checks",)]}
+def _kernel_stage(kernels: dict | None) -> list[dict]:
+    """The webgpu-kernels stage's facts (adapter, EP options, per variant: nodes, times), as entries."""
+    return [_entry(value, key) for key, value in (kernels or {}).items() if key != "checks"]
 
 
 def _sizes(manifest: dict) -> dict:
@@ -257,6 +314,25 @@ def _sizes(manifest: dict) -> dict:
     total_raw = sum(r["raw"] for r in table)
     total_sent = sum(r["br"] or r["raw"] for r in table)
     return {"chart": figures.sizes_chart(rows) if rows else None, "table": table, "total_raw": total_raw, "total_sent": total_sent}
+
+
+def _first_visits(delivery: dict | None) -> list[dict]:
+    """What a visitor on each platform downloads before the first result (report.json `delivery`,
+    pipeline/assets/delivery.py): one row per platform, then, where they apply, the visit of an
+    adapter without the chosen variant's features and what the measured choice's trials add."""
+    rows = []
+    for platform, visit in ((delivery or {}).get("first_visit") or {}).items():
+        what = f"{visit['bundle']} runtime bundle, {visit['variant'] or 'no'} model, manifest and loader"
+        rows.append({"platform": platform, "chain": ", ".join(visit["chain"]), "what": what, "files": visit["files"], "bytes": visit["bytes"], "wire": visit["wire_bytes"], "sub": False})
+        plain = visit.get("without_features")
+        if plain:
+            rows.append({"platform": platform, "chain": f"without {', '.join(plain['lacking'])}", "what": f"{plain['variant'] or 'no'} model instead",
+                         "files": plain["files"], "bytes": plain["bytes"], "wire": plain["wire_bytes"], "sub": True})
+        trials = visit.get("trials")
+        if trials and trials["files"]:
+            rows.append({"platform": platform, "chain": "trials", "what": "select: measured: the trials' sample and the other candidates' models",
+                         "files": trials["files"], "bytes": trials["bytes"], "wire": trials["wire_bytes"], "sub": True})
+    return rows
 
 
 def _chart_label(label: str) -> str:

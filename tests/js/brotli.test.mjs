@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { afterEach, test } from 'node:test';
 import { brotliCompressSync, brotliDecompressSync } from 'node:zlib';
 
-import { brBody, forgetHosts, hostDecodes, nativeBrotli, probeHost, probePath, wasmDecoder } from '../../web_template/loader/brotli.js';
+import { brBody, forgetHosts, hostDecodes, nativeBrotli, probeHost, probePath, probeStoredBody, wasmDecoder } from '../../web_template/loader/brotli.js';
 import { PackIntegrityError } from '../../web_template/loader/errors.js';
 import { Files, ProgressTracker } from '../../web_template/loader/files.js';
 
@@ -35,7 +35,8 @@ const modelBr = new Uint8Array(brotliCompressSync(model));
 
 /**
  * A static host over `files` (path → bytes): `decodes` serves X from X.br with Content-Encoding
- * (as pack serve), else every file as it is (python's http.server). Records [method, path].
+ * (as pack serve, and pack export's nginx, Apache and serve configurations, which mark X.br asked by
+ * its own name too), else every file as it is (python's http.server). Records [method, path].
  */
 function host(files, { decodes }) {
   const requests = [];
@@ -48,6 +49,8 @@ function host(files, { decodes }) {
     if (decodes && body === undefined && files[`${path}.br`]) {
       body = files[`${path}.br`];
       headers['Content-Encoding'] = 'br';
+    } else if (decodes && path.endsWith('.br') && body !== undefined) {
+      headers['Content-Encoding'] = 'br'; // X.br by its own name: marked, as the configured hosts do
     }
     if (body === undefined) return new Response('missing', { status: 404, statusText: 'Not Found' });
     headers['Content-Length'] = String(body.length);
@@ -81,7 +84,7 @@ function store(manifest) {
   return { files, events, progress };
 }
 
-test('probeHost reads the HEAD answer: Content-Encoding or the .br size says the host decodes, the decoded size or a 404 beside a kept .br says it does not', async () => {
+test('probeHost reads the HEAD answer: Content-Encoding or the .br size says the host decodes, the decoded size says it does not', async () => {
   const entry = { size: 1000, encodings: { br: { path: 'm.br', size: 300 } } };
   const answer = (status, headers) => async () => new Response(null, { status, headers });
   const ask = (fetchImpl, e = entry) => probeHost('https://h.test/m', e, { fetchImpl });
@@ -89,18 +92,21 @@ test('probeHost reads the HEAD answer: Content-Encoding or the .br size says the
   assert.equal((await ask(answer(200, { 'Content-Length': '300' }))).decodes, true);
   const plain = await ask(answer(200, { 'Content-Length': '1000' }));
   assert.deepEqual(plain, { decodes: false, how: 'HEAD https://h.test/m: Content-Length 1000, its decoded size' });
-  // an export that keeps only X.br: whatever answers for X is not the file (S3's 403, an app's fallback page)
-  const kept = { ...entry, stored: 'br' };
-  assert.equal((await ask(answer(404), kept)).decodes, false);
-  assert.equal((await ask(answer(403), kept)).decodes, false);
-  assert.deepEqual(await ask(answer(200, { 'Content-Type': 'text/html', 'Content-Length': '512' }), kept), { decodes: false, how: 'HEAD https://h.test/m: text/html of 512 bytes, not the file; only its .br body is published' });
-  assert.equal((await ask(answer(200, { 'Content-Encoding': 'br', 'Content-Length': '300' }), kept)).decodes, true);
-  assert.equal((await ask(answer(200, { 'Content-Length': '300' }), kept)).decodes, true);
   // gzip on the fly is more than the .br body
   assert.deepEqual(await ask(answer(200, { 'Content-Encoding': 'gzip' })), { decodes: false, how: 'HEAD https://h.test/m: Content-Encoding gzip, not its .br body' });
   // cannot say: a 404 where the file should be, no length, a failed request
   assert.equal((await ask(answer(404))).decodes, null);
   assert.match((await ask(answer(200, {}))).how, /Content-Length absent, neither its \.br size \(300\) nor its own \(1000\)/);
+  assert.equal((await ask(async () => { throw new TypeError('network error'); })).decodes, null);
+});
+
+test('probeStoredBody asks for the .br body an export keeps: Content-Encoding br says the host answers X with it, the body as it is says it does not', async () => {
+  const answer = (status, headers) => async () => new Response(null, { status, headers });
+  const ask = (fetchImpl) => probeStoredBody('https://h.test/m.br', { fetchImpl });
+  assert.deepEqual(await ask(answer(200, { 'Content-Encoding': 'br', 'Content-Length': '300' })), { decodes: true, how: 'HEAD https://h.test/m.br: Content-Encoding br, so this host answers X with X.br' });
+  assert.deepEqual(await ask(answer(200, { 'Content-Length': '300' })), { decodes: false, how: 'HEAD https://h.test/m.br: no Content-Encoding, a .br file served as it is' });
+  assert.equal((await ask(answer(200, { 'Content-Encoding': 'gzip' }))).decodes, false); // gzip on the fly over the .br file
+  assert.equal((await ask(answer(404))).decodes, null);
   assert.equal((await ask(async () => { throw new TypeError('network error'); })).decodes, null);
 });
 
@@ -162,12 +168,13 @@ test('on a host that serves .br files as they are, a file comes as its .br body,
   assert.equal(brokenEvents.filter((e) => e.type === 'retry').length, 2);
 });
 
-test('an export that keeps only X.br loads on a plain host: the 404 at X says so', needsDecoder, async () => {
+test('an export that keeps only X.br loads on a plain host without asking for X (no 404 in the console)', needsDecoder, async () => {
   const { files: served, manifest } = packageOf({ stored: true });
   const requests = host(served, { decodes: false });
   const { files } = store(manifest);
   assert.deepEqual(Array.from(await files.get('model.onnx')), Array.from(model));
-  assert.deepEqual(requests.slice(0, 2), [['HEAD', 'pkg/model.onnx'], ['GET', 'pkg/model.onnx.br']]);
+  assert.deepEqual(requests.slice(0, 2), [['HEAD', 'pkg/model.onnx.br'], ['GET', 'pkg/model.onnx.br']]);
+  assert.ok(!requests.some(([, path]) => path === 'pkg/model.onnx'), requests);
 });
 
 test('on a host that decodes .br itself nothing changes: X is fetched and the decoder never is', async () => {
@@ -175,7 +182,7 @@ test('on a host that decodes .br itself nothing changes: X is fetched and the de
   const requests = host(served, { decodes: true });
   const { files, events } = store(manifest);
   assert.deepEqual(Array.from(await files.get('model.onnx')), Array.from(model));
-  assert.deepEqual(requests, [['HEAD', 'pkg/model.onnx'], ['GET', 'pkg/model.onnx']]);
+  assert.deepEqual(requests, [['HEAD', 'pkg/model.onnx.br'], ['GET', 'pkg/model.onnx']]);
   assert.deepEqual(events.map((e) => e.type), ['host', 'download']);
   assert.equal(events[0].decodesBrotli, true);
   assert.equal(events[1].decodedBy, undefined);

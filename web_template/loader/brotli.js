@@ -8,13 +8,18 @@
 //
 // Which kind of host: one HEAD request per origin for a file with a `.br` body. Its Content-Length
 // is the size of the body the host would send: the `.br` size (it decodes), the decoded size (it
-// serves files as they are); where an export keeps only `X.br`, any answer for X but its brotli
-// body (a 404, S3's 403, a single-page app's index.html) says the same. HEAD and not
-// Resource Timing on a first download: it decides before any body moves, and Content-Length is
-// readable cross-origin (a CORS-safelisted header) where Resource Timing's sizes read 0 without
-// Timing-Allow-Origin. A host that compresses on the fly (gzip) sends more than the `.br` body: the
-// loader fetches that. Any other answer (no length, HEAD refused) keeps the browser's own
-// decoding; either way a file missing under one name is fetched under the other.
+// serves files as they are). HEAD and not Resource Timing on a first download: it decides before
+// any body moves, and Content-Length is readable cross-origin (a CORS-safelisted header) where
+// Resource Timing's sizes read 0 without Timing-Allow-Origin. A host that compresses on the fly
+// (gzip) sends more than the `.br` body: the loader fetches that. Any other answer (no length, HEAD
+// refused) keeps the browser's own decoding; either way a file missing under one name is fetched
+// under the other.
+//
+// Where an export keeps only `X.br` (`stored: 'br'`), X exists only on a host configured to answer
+// it, and asking for X on any other host is a 404 the browser logs in red on every first visit. The
+// probe asks for `X.br` there instead, which every host has: the hosts that answer X with it
+// (pack export's nginx, Apache and serve configurations) mark it `Content-Encoding: br`, the others
+// serve it as it is.
 
 import { PackLoadError, messageOf } from './errors.js';
 
@@ -47,8 +52,9 @@ export function probePath(manifest) {
 }
 
 /**
- * { decodes: true | false | null, how }: whether the host at `url` (a file with a `.br` body,
- * `entry` its files entry) sends brotli bodies under their decoded names. null: it cannot say.
+ * { decodes: true | false | null, how }: whether the host at `url` (a file with a `.br` body and
+ * its decoded self, `entry` its files entry) sends brotli bodies under their decoded names. null:
+ * it cannot say.
  */
 export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fetch } = {}) {
   const br = brBody(entry);
@@ -62,12 +68,6 @@ export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fet
   const encoding = response.headers.get('Content-Encoding');
   if (response.ok && encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}` };
   const length = Number(response.headers.get('Content-Length'));
-  if (entry.stored === 'br' && !(response.ok && length === br.size)) {
-    // X is no file of this export: whatever answers for it (a 404, S3's 403, a single-page app's
-    // index.html with 200) is not the file, so the host serves files as they are
-    const what = response.ok ? `${response.headers.get('Content-Type') || 'a body'} of ${response.headers.get('Content-Length') ?? 'unknown'} bytes, not the file` : `HTTP ${response.status}`;
-    return { decodes: false, how: `HEAD ${url}: ${what}; only its .br body is published` };
-  }
   if (!response.ok) return { decodes: null, how: `HEAD ${url}: HTTP ${response.status}` };
   // compressed on the fly (gzip, say): not from its .br body, which is smaller; a 404 for X.br goes back to X
   if (encoding && !/^\s*identity\s*$/i.test(encoding)) return { decodes: false, how: `HEAD ${url}: Content-Encoding ${encoding}, not its .br body` };
@@ -76,13 +76,35 @@ export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fet
   return { decodes: null, how: `HEAD ${url}: Content-Length ${response.headers.get('Content-Length') ?? 'absent'}, neither its .br size (${br.size}) nor its own (${entry.size})` };
 }
 
-/** probeHost once per origin (the answer is the host's, whichever package asks). */
+/**
+ * { decodes, how } from a HEAD for the `.br` body itself (`url`), of an export that keeps only that
+ * body: `Content-Encoding: br` says the host marks brotli bodies, as the configurations that answer
+ * X with X.br do; the body as it is says the host serves `.br` files as files. A client that cannot
+ * read Content-Encoding (cross-origin without Access-Control-Expose-Headers) counts it as the latter:
+ * the loader then decodes, at the same bytes on the wire.
+ */
+export async function probeStoredBody(url, { signal, fetchImpl = globalThis.fetch } = {}) {
+  let response;
+  try {
+    response = await fetchImpl(url, { method: 'HEAD', cache: 'no-store', credentials: 'same-origin', signal });
+  } catch (error) {
+    if (signal && signal.aborted) throw error;
+    return { decodes: null, how: `HEAD ${url} failed (${messageOf(error)})` };
+  }
+  if (!response.ok) return { decodes: null, how: `HEAD ${url}: HTTP ${response.status}` };
+  const encoding = response.headers.get('Content-Encoding');
+  if (encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}, so this host answers X with X.br` };
+  return { decodes: false, how: `HEAD ${url}: ${encoding ? `Content-Encoding ${encoding}` : 'no Content-Encoding'}, a .br file served as it is` };
+}
+
+/** The host probe once per origin (the answer is the host's, whichever package asks). */
 export function hostDecodes(baseUrl, manifest, options = {}) {
   const path = probePath(manifest);
   if (!path) return Promise.resolve({ decodes: null, how: 'no file has a .br body' });
   const origin = new URL(baseUrl).origin;
   if (!hosts.has(origin)) {
-    const asked = probeHost(new URL(path, baseUrl).href, manifest.files[path], options);
+    const entry = manifest.files[path];
+    const asked = entry.stored === 'br' ? probeStoredBody(new URL(brBody(entry).path, baseUrl).href, options) : probeHost(new URL(path, baseUrl).href, entry, options);
     hosts.set(origin, asked);
     asked.catch(() => hosts.delete(origin)); // an aborted probe is asked again by the next load
   }

@@ -3,9 +3,6 @@
 
 import { PackLoadError, messageOf, sleep, throwIfAborted } from './errors.js';
 
-// requestAdapter() has returned null on a first call in a fresh browser on real GPUs.
-const ADAPTER_ATTEMPTS = 4;
-const ADAPTER_RETRY_MS = 150;
 const MAX_THREADS = 4;
 
 // One ort module per build per page: its wasm instance and env are global to it.
@@ -102,9 +99,20 @@ export async function adapterInfo(adapter) {
   return { vendor: info.vendor || '', architecture: info.architecture || '', description: info.description || '' };
 }
 
+// requestAdapter() has returned null on a first call in a fresh browser on real GPUs (an H200,
+// docs/gpu.md: found on the second), so a null is asked once more; and each request that finds no
+// adapter prints "No available adapters." in Chromium's console, so no more than that (four tries
+// printed it four times per load). A page found without an adapter keeps that answer for every later
+// load(); a found adapter is asked for again per load (onnxruntime takes its device).
+const ADAPTER_ATTEMPTS = 2;
+const ADAPTER_RETRY_MS = 150;
+let noAdapter = null; // why this page has no adapter, once its requests found none
+
+/** { adapter, attempts, reason }: the page's WebGPU adapter, else why there is none. */
 export async function probeWebGpu(signal) {
   const gpu = globalThis.navigator && navigator.gpu;
   if (!gpu) return { adapter: null, attempts: 0, reason: 'WebGPU is unavailable: navigator.gpu is undefined in this browser' };
+  if (noAdapter) return { adapter: null, attempts: 0, reason: noAdapter };
   let lastError = null;
   for (let attempt = 1; attempt <= ADAPTER_ATTEMPTS; attempt++) {
     throwIfAborted(signal);
@@ -114,10 +122,16 @@ export async function probeWebGpu(signal) {
     } catch (error) {
       lastError = error;
     }
-    if (attempt < ADAPTER_ATTEMPTS) await sleep(ADAPTER_RETRY_MS * attempt);
+    if (attempt < ADAPTER_ATTEMPTS) await sleep(ADAPTER_RETRY_MS);
   }
   const why = lastError ? `threw ${messageOf(lastError)}` : 'returned null';
-  return { adapter: null, attempts: ADAPTER_ATTEMPTS, reason: `WebGPU is unavailable: requestAdapter() ${why} ${ADAPTER_ATTEMPTS} times` };
+  noAdapter = `WebGPU is unavailable: requestAdapter() ${why} ${ADAPTER_ATTEMPTS} times`;
+  return { adapter: null, attempts: ADAPTER_ATTEMPTS, reason: noAdapter };
+}
+
+/** Forget that the page has no adapter (tests). */
+export function forgetAdapter() {
+  noAdapter = null;
 }
 
 const NOT_ISOLATED =

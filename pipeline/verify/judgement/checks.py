@@ -130,8 +130,9 @@ def output_failures(reference: dict[str, np.ndarray], outputs: dict[str, np.ndar
 
 
 def rounded_metrics(metrics: dict) -> dict:
-    """Figures rounded to 6 decimals (the browser's checks: its outputs cross as JSON)."""
-    return {key: (round(value, 6) if isinstance(value, float) else value) for key, value in metrics.items()}
+    """Figures rounded to 6 significant digits (the browser's checks: its outputs cross as JSON);
+    not to 6 decimals, which made a max_abs_of_range of 3.7e-7 a 0."""
+    return {key: (float(f"{value:.6g}") if isinstance(value, float) else value) for key, value in metrics.items()}
 
 
 def self_reference_checks(variant: Variant, outputs: dict[str, np.ndarray], declared: list[dict]) -> list[Check]:
