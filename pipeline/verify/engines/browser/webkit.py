@@ -13,6 +13,7 @@ check naming the install line, never a silent skip.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -64,18 +65,22 @@ def run_page(url: str, base: str, timeout_ms: int) -> dict:
     from pipeline.verify.engines.browser.xvfb import virtual_display
 
     limit_s = timeout_ms / 1000
+    fired = threading.Event()
     try:
         with virtual_display() as (display, xvfb):
-            # selenium's HTTP calls wait without limit (a hung MiniBrowser would hang the build):
-            # past the limit the display goes, and MiniBrowser and its driver's calls with it.
-            guard = threading.Timer(limit_s + LAUNCH_S, xvfb.kill)
+            # selenium's HTTP calls wait without limit (a page whose main thread never yields would
+            # hang the build): past the limit the display goes, and MiniBrowser and its driver's calls with it.
+            guard = threading.Timer(limit_s + LAUNCH_S, lambda: (fired.set(), xvfb.kill()))
             guard.start()
             try:
-                return _ask(url, base, display, limit_s)
+                answer = _ask(url, base, display, limit_s)
             finally:
                 guard.cancel()
     except PackError as error:
         return {"ok": False, "message": f"WebKit: {error}", "fallbacks": []}
+    if fired.is_set():
+        return {"ok": False, "message": f"WebKit did not answer within {limit_s + LAUNCH_S:.0f} s (its page never yielded)", "fallbacks": []}
+    return answer
 
 
 def _ask(url: str, base: str, display: str, limit_s: float) -> dict:
@@ -99,10 +104,8 @@ def _ask(url: str, base: str, display: str, limit_s: float) -> dict:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return {"ok": False, "message": f"WebKit: {first[:300]}", "fallbacks": []}
     finally:
-        if driver is not None:
-            driver.quit()
-        else:
-            service.stop()
+        with contextlib.suppress(Exception):  # what is left of a session that failed must not hide why
+            driver.quit() if driver is not None else service.stop()
 
 
 def _wait(driver, script: str, limit_s: float, what: str):
