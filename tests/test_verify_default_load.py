@@ -209,3 +209,39 @@ def test_webkit_loads_the_package_with_its_defaults_on_wasm_with_one_thread(thre
     assert line.startswith("default load in webkit: ok   wasm/fp32 (desktop chain webgpu > wasm, pre-warm on, select measured; 1 thread: this browser has no SharedArrayBuffer"), line
     # the three engines, one line each
     assert [text.split(":")[0] for text in lines if text.startswith("default load")] == ["default load", "default load in firefox", "default load in webkit"]
+
+
+def test_each_virtual_display_takes_a_free_number_and_ends_with_its_block():
+    from pipeline.verify.engines.browser.xvfb import virtual_display, xvfb_executable
+
+    if xvfb_executable() is None:
+        pytest.skip("no Xvfb (apt-get install xvfb)")
+    with virtual_display() as (first, first_process), virtual_display() as (second, second_process):
+        assert first.startswith(":") and second.startswith(":") and first != second
+        assert first_process.poll() is None and second_process.poll() is None
+    assert first_process.poll() is not None and second_process.poll() is not None
+
+
+@pytest.mark.browser
+def test_a_webkit_page_that_never_yields_ends_as_a_failed_load_within_its_limit(tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import threading
+    import time
+
+    from pipeline.verify.engines.browser import webkit
+
+    if webkit.unavailable():
+        pytest.skip(webkit.unavailable())
+    (tmp_path / "index.html").write_text("<script>window.__packStartDefaultLoad = () => setTimeout(() => { for (;;); }, 10);</script>")
+    monkeypatch.setattr(webkit, "LAUNCH_S", 3)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/index.html"
+        started = time.monotonic()
+        answer = webkit.run_page(url, url, 2000)
+    finally:
+        server.shutdown()
+    assert answer == {"ok": False, "message": "WebKit did not answer within 5 s (its page never yielded)", "fallbacks": []}
+    assert time.monotonic() - started < 20
