@@ -105,7 +105,10 @@ def _ask(url: str, base: str, display: str, limit_s: float) -> dict:
         return {"ok": False, "message": f"WebKit: {first[:300]}", "fallbacks": []}
     finally:
         with contextlib.suppress(Exception):  # what is left of a session that failed must not hide why
-            driver.quit() if driver is not None else service.stop()
+            if driver is not None:
+                driver.quit()
+            else:
+                service.stop()
 
 
 def _wait(driver, script: str, limit_s: float, what: str):
