@@ -34,4 +34,8 @@ bash scripts/setup_lavapipe.sh
 # WebDriver BiDi by npm puppeteer-core, which pack installs into its cache on first use); it never
 # fails set-up: without it that check is not-verifiable and names this install line.
 command -v firefox-esr >/dev/null || { echo "setup: installing Debian's firefox-esr"; apt_install firefox-esr || echo "setup: firefox-esr not installed (the Firefox default load will be not-verifiable)"; }
+# WebKit for `pack build --engines ...,webkit` (WebKitGTK's MiniBrowser, driven by WebKitWebDriver
+# through selenium, under Xvfb: it has no headless mode); it never fails set-up: without it that
+# check is not-verifiable and names this install line.
+{ command -v WebKitWebDriver >/dev/null && command -v Xvfb >/dev/null; } || { echo "setup: installing WebKitGTK's driver and Xvfb"; apt_install webkit2gtk-driver xvfb || echo "setup: webkit2gtk-driver/xvfb not installed (the WebKit default load will be not-verifiable)"; }
 echo "setup: ready ($(.venv/bin/pack --help >/dev/null && echo 'pack OK'), $(chromium --version 2>/dev/null | head -1), npm $(npm --version))"

@@ -5,6 +5,8 @@ from a page's answer, the verdict they give, the summary's one line (no browser)
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -108,28 +110,67 @@ def test_firefox_not_installed_is_not_verifiable_with_the_install_line(monkeypat
     assert lines[1].startswith("default load in firefox: n/v  Firefox is not installed")
 
 
+def test_webkit_not_installed_is_not_verifiable_with_the_install_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PACK_MINIBROWSER", str(tmp_path / "no-minibrowser"))
+    out = default_load_stage(tmp_path, MANIFEST, [], {"passed": True, "verdict": []}, REFERENCE, enabled=True, gpu=False, remote_only=True,
+                             engines=("webkit",))
+    [webkit] = out["checks"]
+    assert (webkit["engine"], webkit["status"], webkit["install"]) == ("webkit", "not-verifiable", "apt-get install webkit2gtk-driver xvfb")
+    assert webkit["detail"].startswith("WebKit is not installed") and webkit["detail"].endswith("install it: apt-get install webkit2gtk-driver xvfb")
+    assert out["verdict"]["passed"] is True
+    [line] = default_load_lines(out["checks"])
+    assert line.startswith("default load in webkit: n/v  WebKit is not installed")
+
+
+def test_one_thread_is_shown_with_its_reason_and_the_page_facts_are_kept():
+    why = "this browser has no SharedArrayBuffer although the page is cross-origin isolated"
+    result = {**answer(REFERENCE["y"], threads=1, threadsWhy=why), "page": {"crossOriginIsolated": True, "sharedArrayBuffer": False}, "warnings": ["w"]}
+    [only] = judge_default_load(MANIFEST, REFERENCE, result, engine="webkit")
+    assert (only["threads"], only["threadsWhy"], only["page"]["sharedArrayBuffer"], only["warnings"]) == (1, why, False, ["w"])
+    [line] = default_load_lines([only])
+    assert line.startswith(f"default load in webkit: ok   wasm/fp32 (desktop chain webgpu > wasm, pre-warm on, select measured; 1 thread: {why}): y ")
+
+
 def test_an_unknown_engine_is_bad_input(tmp_path):
-    result = CliRunner().invoke(app, ["build", "nothing.onnx", "--engines", "chromium,webkit", "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "--engines 'chromium,webkit': use a comma-separated list of chromium, firefox" in result.output
+    result = CliRunner().invoke(app, ["build", "nothing.onnx", "--engines", "chromium,safari", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--engines 'chromium,safari': use a comma-separated list of chromium, firefox, webkit" in result.output
+
+
+@pytest.fixture(scope="module")
+def three_engines(tmp_path_factory):
+    """One `pack build --engines chromium,firefox,webkit` of the tiny scalar-selector model: (its
+    report, its summary's lines). Where Firefox or WebKit is absent its check says not-verifiable."""
+    from test_loader_defaults_browser import sample, sr_model
+    import onnx
+
+    from pipeline.commands.summary import print_summary
+
+    folder = tmp_path_factory.mktemp("engines")
+    onnx.save(sr_model(), str(folder / "sr_model.onnx"))
+    np.savez(folder / "sample.npz", **sample())
+    result = CliRunner().invoke(app, ["build", str(folder / "sr_model.onnx"), "--inputs", str(folder / "sample.npz"), "--json", "--no-reuse",
+                                      "--engines", "chromium,firefox,webkit", "--out", str(folder / "d")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_summary(report, folder / "d" / "sr_model")
+    return report, printed.getvalue().splitlines()
+
+
+def _engine_checks(report: dict, engine: str) -> list[dict]:
+    return [c for c in report["checks"] if c["stage"] == "default-load" and c.get("engine") == engine]
 
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_firefox_loads_the_package_with_its_defaults(tmp_path):
+def test_firefox_loads_the_package_with_its_defaults(three_engines):
     """Debian's firefox-esr through puppeteer-core over WebDriver BiDi (scripts/setup.sh installs
     it); where it is absent the check says not-verifiable with the install line."""
-    from test_loader_defaults_browser import sample, sr_model
-    import onnx
-
     from pipeline.verify.engines.browser.firefox import unavailable
 
-    onnx.save(sr_model(), str(tmp_path / "sr_model.onnx"))
-    np.savez(tmp_path / "sample.npz", **sample())
-    result = CliRunner().invoke(app, ["build", str(tmp_path / "sr_model.onnx"), "--inputs", str(tmp_path / "sample.npz"), "--json", "--no-reuse",
-                                      "--engines", "chromium,firefox", "--out", str(tmp_path / "d")])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    firefox = [c for c in report["checks"] if c["stage"] == "default-load" and c.get("engine") == "firefox"]
+    report, _ = three_engines
+    firefox = _engine_checks(report, "firefox")
     if unavailable():
         assert [(c["status"], c["install"]) for c in firefox] == [("not-verifiable", "apt-get install firefox-esr")]
         return
@@ -139,3 +180,68 @@ def test_firefox_loads_the_package_with_its_defaults(tmp_path):
     assert firefox[0]["ep"] in ("webgpu", "wasm")
     if firefox[0]["ep"] == "wasm":
         assert firefox[0]["threads"] >= 1
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_webkit_loads_the_package_with_its_defaults_on_wasm_with_one_thread(three_engines):
+    """WebKitGTK's MiniBrowser through WebKitWebDriver and selenium, under Xvfb (scripts/setup.sh
+    installs them); where they are absent the check says not-verifiable with the install line."""
+    from pipeline.verify.engines.browser.webkit import unavailable
+
+    report, lines = three_engines
+    webkit = _engine_checks(report, "webkit")
+    if unavailable():
+        assert [(c["status"], c["install"]) for c in webkit] == [("not-verifiable", "apt-get install webkit2gtk-driver xvfb")]
+        return
+    # the sample's outputs, right, with the bounds of the pair it landed on
+    assert [(c["output"], c["status"]) for c in webkit] == [("y", "passed")], webkit
+    [only] = webkit
+    assert only["browser"].startswith("webkitgtk/") and only["prewarmError"] is None
+    assert only["metrics"]["max_abs_of_range"] <= only["threshold"]["max_abs_of_range"]
+    # no WebGPU here: the loader passes over webgpu, says why, and lands on wasm
+    assert (only["ep"], only["variant"]) == ("wasm", "fp32")
+    assert [(f["ep"], f["phase"]) for f in only["fallbacks"]] == [("webgpu", "select")] and "navigator.gpu is undefined" in only["fallbacks"][0]["error"]
+    # isolated without SharedArrayBuffer: one thread, and the reason
+    assert (only["page"]["crossOriginIsolated"], only["page"]["sharedArrayBuffer"], only["page"]["webgpu"]) == (True, False, False)
+    assert only["threads"] == 1 and "no SharedArrayBuffer although the page is cross-origin isolated" in only["threadsWhy"]
+    [line] = [text for text in lines if text.startswith("default load in webkit:")]
+    assert line.startswith("default load in webkit: ok   wasm/fp32 (desktop chain webgpu > wasm, pre-warm on, select measured; 1 thread: this browser has no SharedArrayBuffer"), line
+    # the three engines, one line each
+    assert [text.split(":")[0] for text in lines if text.startswith("default load")] == ["default load", "default load in firefox", "default load in webkit"]
+
+
+def test_each_virtual_display_takes_a_free_number_and_ends_with_its_block():
+    from pipeline.verify.engines.browser.xvfb import virtual_display, xvfb_executable
+
+    if xvfb_executable() is None:
+        pytest.skip("no Xvfb (apt-get install xvfb)")
+    with virtual_display() as (first, first_process), virtual_display() as (second, second_process):
+        assert first.startswith(":") and second.startswith(":") and first != second
+        assert first_process.poll() is None and second_process.poll() is None
+    assert first_process.poll() is not None and second_process.poll() is not None
+
+
+@pytest.mark.browser
+def test_a_webkit_page_that_never_yields_ends_as_a_failed_load_within_its_limit(tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import threading
+    import time
+
+    from pipeline.verify.engines.browser import webkit
+
+    if webkit.unavailable():
+        pytest.skip(webkit.unavailable())
+    (tmp_path / "index.html").write_text("<script>window.__packStartDefaultLoad = () => setTimeout(() => { for (;;); }, 10);</script>")
+    monkeypatch.setattr(webkit, "LAUNCH_S", 3)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/index.html"
+        started = time.monotonic()
+        answer = webkit.run_page(url, url, 2000)
+    finally:
+        server.shutdown()
+    assert answer == {"ok": False, "message": "WebKit did not answer within 5 s (its page never yielded)", "fallbacks": []}
+    assert time.monotonic() - started < 20

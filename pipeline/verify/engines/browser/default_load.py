@@ -30,7 +30,8 @@ STAGE = "default-load"
 EVALUATE = "(base) => window.__packDefaultLoad(base)"
 
 
-ENGINES = ("chromium", "firefox")
+ENGINES = ("chromium", "firefox", "webkit")
+DRIVEN = ("firefox", "webkit")  # driven from outside Playwright, each by its module beside this one
 
 
 def parse_engines(text: str) -> tuple[str, ...]:
@@ -38,7 +39,7 @@ def parse_engines(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip().lower() for name in str(text).split(",") if name.strip()))
     unknown = [name for name in names if name not in ENGINES]
     if unknown or not names:
-        raise PackError(f"--engines {text!r}: use a comma-separated list of {', '.join(ENGINES)} (WebKit is not driven yet)")
+        raise PackError(f"--engines {text!r}: use a comma-separated list of {', '.join(ENGINES)}")
     return names
 
 
@@ -46,10 +47,10 @@ def verify_default_load(package_dir: Path, manifest: dict, reference: dict[str, 
                         timeout_s: float | None = None, engine: str = "chromium") -> list[Check]:
     """The default load's checks on `package_dir` with `manifest` served as its manifest.json, in
     `engine`: chromium (`browser`: an open Playwright browser, else the local Chromium is launched
-    with the `gpu` flags) or firefox (firefox.py; `not-verifiable` naming the install line where
-    it is not installed)."""
-    if engine == "firefox":
-        return _firefox_default_load(package_dir, manifest, reference, timeout_s)
+    with the `gpu` flags), firefox (firefox.py) or webkit (webkit.py); `not-verifiable` naming the
+    install line where the engine is not installed."""
+    if engine in DRIVEN:
+        return _driven_default_load(engine, package_dir, manifest, reference, timeout_s)
     if engine != "chromium":
         raise PackError(f"engine {engine!r}: not one of {', '.join(ENGINES)}")
     from contextlib import ExitStack
@@ -78,21 +79,25 @@ def verify_default_load(package_dir: Path, manifest: dict, reference: dict[str, 
     return judge_default_load(manifest, reference, result)
 
 
-def _firefox_default_load(package_dir: Path, manifest: dict, reference: dict[str, np.ndarray], timeout_s: float | None) -> list[Check]:
+def _driven_default_load(engine: str, package_dir: Path, manifest: dict, reference: dict[str, np.ndarray], timeout_s: float | None) -> list[Check]:
+    """The default load in an engine pack drives from outside (firefox.py, webkit.py: each has
+    INSTALL, unavailable() and run_page(url, base, timeout_ms)); not-verifiable naming the install
+    line where the engine is not installed."""
     from pipeline.package_server import running_server
-    from pipeline.verify.engines.browser import firefox
+    from pipeline.verify.engines.browser import firefox, webkit
     from pipeline.verify.engines.browser.pages import PAGE_DIR, PAGE_PREFIX
 
-    why = firefox.unavailable()
+    driver = {"firefox": firefox, "webkit": webkit}[engine]
+    why = driver.unavailable()
     if why:
-        return [check(STAGE, "*", "*", "not-verifiable", detail=why, check=STAGE, engine="firefox", install=firefox.INSTALL_FIREFOX)]
+        return [check(STAGE, "*", "*", "not-verifiable", detail=why, check=STAGE, engine=engine, install=driver.INSTALL)]
     watchdog_ms = int((manifest.get("loader") or {}).get("watchdogMs") or 60000)
     limit_ms = int((timeout_s or 0) * 1000) or 6 * watchdog_ms
     with running_server(Path(package_dir), {PAGE_PREFIX: PAGE_DIR}, manifest=json.dumps(manifest).encode()) as server:
-        result = firefox.run_page(server.url + PAGE_PREFIX.lstrip("/") + "default_load.html", server.url, limit_ms)
-    if result.get("notRunnable"):  # puppeteer-core could not be installed: the engine did not run
-        return [check(STAGE, "*", "*", "not-verifiable", detail=result["message"], check=STAGE, engine="firefox")]
-    return judge_default_load(manifest, reference, result, engine="firefox")
+        result = driver.run_page(server.url + PAGE_PREFIX.lstrip("/") + "default_load.html", server.url, limit_ms)
+    if result.get("notRunnable"):  # the driver's own tools could not be installed: the engine did not run
+        return [check(STAGE, "*", "*", "not-verifiable", detail=result["message"], check=STAGE, engine=engine)]
+    return judge_default_load(manifest, reference, result, engine=engine)
 
 
 def judge_default_load(manifest: dict, reference: dict[str, np.ndarray], result: dict, engine: str = "chromium") -> list[Check]:
@@ -104,6 +109,11 @@ def judge_default_load(manifest: dict, reference: dict[str, np.ndarray], result:
     facts = {"check": STAGE, "engine": engine, "platform": "desktop", "chain": chain, "select": loader.get("select", "chain"), "prewarm": loader.get("prewarm", True)}
     if result.get("browser"):
         facts["browser"] = result["browser"]
+    # what the page saw (isolation, SharedArrayBuffer, navigator.gpu) and heard (console warnings):
+    # the evidence for its threads and its EP, also where the driver has no console (WebKit)
+    for key in ("page", "warnings"):
+        if result.get(key):
+            facts[key] = result[key]
     if not result.get("ok"):
         tried = "; ".join(f"{f.get('ep')}/{f.get('variant')} ({f.get('phase')}): {f.get('error')}" for f in result.get("fallbacks") or [])
         detail = f"load() with the manifest's defaults failed: {result.get('message')}" + (f" [{tried}]" if tried and tried not in str(result.get("message")) else "")
@@ -167,6 +177,8 @@ def _line(mine: list[Check]) -> str:
     after = [f"{f['ep']}/{f['variant']} ({f['phase']})" if f.get("variant") else f"{f['ep']} ({f.get('error', '')[:80]})" for f in first.get("fallbacks") or []]
     extra = (f"; passed over {', '.join(after)}" if after else "") + ("; a pre-warm error kept the provider: the sample ran" if first.get("prewarmError") else "")
     threads = f"; {first['threads']} thread{'s' if first['threads'] != 1 else ''}" if first.get("threads") else ""
+    if first.get("threads") == 1 and first.get("threadsWhy"):  # one thread on a multi-core machine needs its reason beside it
+        threads += f": {first['threadsWhy']}"
     return f"{label} {mark} {landed} ({how}{threads}{extra}): {figures}"
 
 

@@ -23,7 +23,7 @@ from pipeline.errors import PackError
 # puppeteer-core 25 needs node >= 22.12 (Debian 12 has node 20); 24.x drives Firefox over BiDi.
 PUPPETEER_CORE = "24.43.1"
 FIREFOX_ENV = "PACK_FIREFOX"  # a Firefox executable other than firefox-esr/firefox on PATH
-INSTALL_FIREFOX = "apt-get install firefox-esr"
+INSTALL = "apt-get install firefox-esr"
 
 
 def firefox_executable() -> str | None:
@@ -38,7 +38,7 @@ def unavailable() -> str | None:
     """Why Firefox cannot run here, with the line that fixes it; None when it can."""
     if firefox_executable() is None:
         where = f"${FIREFOX_ENV} ({os.environ[FIREFOX_ENV]}) is not a file" if os.environ.get(FIREFOX_ENV) else "no firefox-esr or firefox on PATH"
-        return f"Firefox is not installed ({where}); install it: {INSTALL_FIREFOX}"
+        return f"Firefox is not installed ({where}); install it: {INSTALL}"
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "Firefox is driven from Node: node and npm are not on PATH; install them: apt-get install nodejs npm"
     return None
@@ -61,8 +61,8 @@ def puppeteer_dir() -> Path:
 
 
 def run_page(url: str, base: str, timeout_ms: int, webgpu: bool = True) -> dict:
-    """The answer of page/default_load.js at `url` in headless Firefox (DEFAULT_LOAD's shape, plus
-    `browser`, `page` facts and console `warnings`); {ok: false, message} when Firefox failed."""
+    """The answer of page/default_load.js at `url` in headless Firefox (DEFAULT_LOAD's shape, with
+    the page's facts, plus `browser` and BiDi's console `warnings`); {ok: false, message} when Firefox failed."""
     driver = Path(str(resources.files("pipeline").joinpath("firefox_driver.mjs")))
     try:
         tools = puppeteer_dir()

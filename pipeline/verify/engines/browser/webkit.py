@@ -1,0 +1,123 @@
+"""WebKit as the third engine (issue 36; /work/shared/notes/engines.md): Debian's WebKitGTK
+MiniBrowser, driven by `WebKitWebDriver` (W3C WebDriver classic; apt `webkit2gtk-driver`) through
+PyPI selenium's WebKitGTK driver, under a virtual display (xvfb.py): MiniBrowser has no headless
+mode. Playwright cannot drive it here (it passes MiniBrowser an option MiniBrowser does not know).
+
+Like firefox.py it runs the build's default load (default_load.py): the same page
+(page/default_load.js), served the same way. WebDriver classic gives no console, so the page
+reports its warnings and facts itself; and the driver polls for the answer instead of awaiting one
+long call. WebKit is the engine of every iOS browser; WebKitGTK has no SharedArrayBuffer on an
+isolated page (one wasm thread) and no WebGPU here. A machine without it gets a `not-verifiable`
+check naming the install line, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from pipeline.errors import PackError
+
+INSTALL = "apt-get install webkit2gtk-driver xvfb"
+MINIBROWSER_ENV = "PACK_MINIBROWSER"  # a MiniBrowser other than the one beside Debian's libwebkit2gtk
+# MiniBrowser is not on PATH: it lives beside the library, in the multiarch lib folder (Debian:
+# /usr/lib/<triplet>/webkit2gtk-4.1/) or libexec (other distributions); the newest API first.
+MINIBROWSER_GLOBS = ("/usr/lib/*/webkit2gtk-4.*/MiniBrowser", "/usr/lib/webkit2gtk-4.*/MiniBrowser", "/usr/libexec/webkit2gtk-4.*/MiniBrowser")
+POLL_S = 0.25
+LAUNCH_S = 60  # session start (1.5 s here) and page open, beyond the load's own limit
+
+
+def minibrowser() -> str | None:
+    """The MiniBrowser to drive: $PACK_MINIBROWSER, else the one installed with libwebkit2gtk; None when none."""
+    configured = os.environ.get(MINIBROWSER_ENV)
+    if configured:
+        return configured if Path(configured).is_file() else None
+    found = sorted({path for pattern in MINIBROWSER_GLOBS for path in glob.glob(pattern) if os.access(path, os.X_OK)}, reverse=True)
+    return found[0] if found else None
+
+
+def unavailable() -> str | None:
+    """Why WebKit cannot run here, with the line that fixes it; None when it can."""
+    from pipeline.verify.engines.browser.xvfb import xvfb_executable
+
+    if minibrowser() is None:
+        where = f"${MINIBROWSER_ENV} ({os.environ[MINIBROWSER_ENV]}) is not a file" if os.environ.get(MINIBROWSER_ENV) else "no webkit2gtk MiniBrowser in the lib folders"
+        return f"WebKit is not installed ({where}); install it: {INSTALL}"
+    if shutil.which("WebKitWebDriver") is None:
+        return f"WebKit is not drivable (no WebKitWebDriver on PATH); install it: {INSTALL}"
+    if xvfb_executable() is None:
+        return f"WebKit needs a display and Xvfb is not on PATH; install it: {INSTALL}"
+    try:
+        import selenium.webdriver.webkitgtk.webdriver  # noqa: F401
+    except ImportError:
+        return "WebKit is driven through selenium, which is not installed: pip install -e . (pyproject pins it)"
+    return None
+
+
+def run_page(url: str, base: str, timeout_ms: int) -> dict:
+    """The answer of page/default_load.js at `url` in MiniBrowser (DEFAULT_LOAD's shape, with the
+    page's facts and warnings, plus `browser`); {ok: false, message} when WebKit failed."""
+    from pipeline.verify.engines.browser.xvfb import virtual_display
+
+    limit_s = timeout_ms / 1000
+    fired = threading.Event()
+    try:
+        with virtual_display() as (display, xvfb):
+            # selenium's HTTP calls wait without limit (a page whose main thread never yields would
+            # hang the build): past the limit the display goes, and MiniBrowser and its driver's calls with it.
+            guard = threading.Timer(limit_s + LAUNCH_S, lambda: (fired.set(), xvfb.kill()))
+            guard.start()
+            try:
+                answer = _ask(url, base, display, limit_s)
+            finally:
+                guard.cancel()
+    except PackError as error:
+        return {"ok": False, "message": f"WebKit: {error}", "fallbacks": []}
+    if fired.is_set():
+        return {"ok": False, "message": f"WebKit did not answer within {limit_s + LAUNCH_S:.0f} s (its page never yielded)", "fallbacks": []}
+    return answer
+
+
+def _ask(url: str, base: str, display: str, limit_s: float) -> dict:
+    from selenium.webdriver.webkitgtk.options import Options
+    from selenium.webdriver.webkitgtk.service import Service
+    from selenium.webdriver.webkitgtk.webdriver import WebDriver
+
+    options = Options()
+    options.binary_location = minibrowser() or "MiniBrowser"
+    options.add_argument("--automation")  # MiniBrowser given as a binary waits for the driver only with it
+    service = Service(executable_path=shutil.which("WebKitWebDriver"), env={**os.environ, "DISPLAY": display})
+    driver = None
+    try:
+        driver = WebDriver(options=options, service=service)
+        driver.get(url)
+        _wait(driver, "return typeof window.__packStartDefaultLoad === 'function'", 30, "the page did not load its script")
+        driver.execute_script("window.__packStartDefaultLoad(arguments[0])", base)
+        answer = _wait(driver, "return window.__packDefaultLoadAnswer", limit_s, "load() and the sample run did not finish")
+        return {**answer, "browser": f"webkitgtk/{driver.capabilities.get('browserVersion', '?')}"}
+    except Exception as error:  # the session, the page or the display failed: the load did not happen
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return {"ok": False, "message": f"WebKit: {first[:300]}", "fallbacks": []}
+    finally:
+        with contextlib.suppress(Exception):  # what is left of a session that failed must not hide why
+            if driver is not None:
+                driver.quit()
+            else:
+                service.stop()
+
+
+def _wait(driver, script: str, limit_s: float, what: str):
+    """The first truthy value of `script` within `limit_s`; TimeoutError naming `what` after it."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {limit_s:.0f} s")
+        time.sleep(POLL_S)
