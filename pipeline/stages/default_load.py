@@ -22,5 +22,5 @@ STAGE = Stage(
     "default_load", run, settings=("browser", "options.browser", "options.gpu", "options.engines"),
     reads=("manifest", "checks", "verdict", "reference"), makes=("loaded",),
     code=("pipeline.verify.engines.browser", "pipeline.web_template"),  # the page's code and the loader it loads
-    libraries=("playwright",),
+    libraries=("playwright", "selenium"),
 )
