@@ -373,7 +373,10 @@ def time_conversion(model: onnx.ModelProto, feeds: dict[str, np.ndarray], name: 
 def corpus_main(args: argparse.Namespace) -> None:
     from measure_fp16_corpus import CORPUS, SYMBOLIC
 
-    models = []
+    small = {"convs": 6, "channels": 8} if args.smoke else {}
+    # the two slow cases first, then the corpus
+    models = [("paddle2onnx-style rec (Constant weights, -1 dims)", *paddle_style_model(**small)),
+              ("VITS-style voice (Ceil durations)", *vits_style_model(**({"width": 16, "layers": 1} if args.smoke else {})))]
     for path in sorted(CORPUS.glob("*.onnx"))[: 1 if args.smoke else None]:
         model = onnx.load(str(path))
         rng = np.random.default_rng(0)
@@ -382,9 +385,6 @@ def corpus_main(args: argparse.Namespace) -> None:
             dims = [d.dim_value if d.HasField("dim_value") else SYMBOLIC.get(d.dim_param, 1) for d in value.type.tensor_type.shape.dim]
             feeds[value.name] = rng.normal(0, 0.5, dims).astype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
         models.append((path.stem, model, feeds))
-    small = {"convs": 6, "channels": 8} if args.smoke else {}
-    models.append(("paddle2onnx-style rec (Constant weights, -1 dims)", *paddle_style_model(**small)))
-    models.append(("VITS-style voice (Ceil durations)", *vits_style_model(**({"width": 16, "layers": 1} if args.smoke else {}))))
     if not args.json:
         print(f"{'model':52}{'nodes':>7}{'MB':>7}{'s':>8}{'trials':>8}{'kept':>6}  outcome", flush=True)
     rows = []
