@@ -204,3 +204,68 @@ def loudness_model(samples: int = 4096, seed: int = 0) -> tuple[onnx.ModelProto,
     onnx.checker.check_model(model, full_check=True)
     feeds = {"audio": rng.uniform(-0.3, 0.3, (1, 1, samples)).astype(np.float32), "feat": rng.uniform(-1, 1, (1, 64, 64)).astype(np.float32)}
     return model, feeds
+
+
+def overflow_in_if_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """overflow_model's audio head inside an If's then branch (a decoder behind a flag, as
+    exporters write optional paths): `pcm` comes out of the If, and the node that must stay fp32
+    (`dc_est`, OVERFLOW_KEPT) lives in the branch. `y`, the MLP output, stays in the main graph."""
+    source = overflow_model(width, seed)
+    inside = {"mm1", "tanh1", "pcm_scale", "dc_est", "dc_remove"}
+    head = [n for n in source.graph.node if n.name in inside]
+    head[-1].output[0] = "pcm_head"  # names are unique across graphs, as exporters write them
+    then_branch = helper.make_graph(head, "head", [], [helper.make_tensor_value_info("pcm_head", TensorProto.FLOAT, [1, width])])
+    else_branch = helper.make_graph(
+        [helper.make_node("Mul", ["x", "x"], ["pcm_off"], name="silence")], "no_head", [],
+        [helper.make_tensor_value_info("pcm_off", TensorProto.FLOAT, [1, width])],
+    )
+    nodes = [
+        helper.make_node("If", ["use_head"], ["pcm"], then_branch=then_branch, else_branch=else_branch, name="head_if"),
+        helper.make_node("Tanh", ["x"], ["tx"], name="tanh_main"),
+        helper.make_node("MatMul", ["tx", "w2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "overflow_in_if",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width]), helper.make_tensor_value_info("use_head", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width]), helper.make_tensor_value_info("pcm", TensorProto.FLOAT, [1, width])],
+        [t for t in source.graph.initializer if t.name != "axes"],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def length_by_comparison_model(width: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """overflow_model beside a length decided by a comparison: `frames` counts the
+    `d = d_in · 1.0001` above 2.0001 (each d_in of 2 in fp32; in fp16 both constants round to
+    1.0 and 2.0, so none) and `y_len` is that long. decision_paths keeps only rounded values (a
+    comparison is no rounding), so fp16's `y_len` comes out with another shape until the search
+    keeps `scale` (and, where fp16 kernels compare, `above`) in fp32; `pcm` needs `dc_est`
+    (OVERFLOW_KEPT) as in overflow_model."""
+    source = overflow_model(width, seed)
+    nodes = list(source.graph.node) + [
+        helper.make_node("Mul", ["d_in", "gain"], ["d"], name="scale"),
+        helper.make_node("Greater", ["d", "threshold"], ["long"], name="above"),
+        helper.make_node("Cast", ["long"], ["long_i"], to=TensorProto.INT64, name="as_count"),
+        helper.make_node("ReduceSum", ["long_i"], ["frames"], keepdims=0, name="count"),
+        helper.make_node("Unsqueeze", ["frames", "zero"], ["length"], name="as_shape"),
+        helper.make_node("ConstantOfShape", ["length"], ["ones"], value=numpy_helper.from_array(np.array([0.5], np.float32)), name="fill"),
+        helper.make_node("CumSum", ["ones", "zero_scalar"], ["y_len"], name="ramp"),
+    ]
+    graph = helper.make_graph(
+        nodes, "length_by_comparison",
+        [*source.graph.input, helper.make_tensor_value_info("d_in", TensorProto.FLOAT, [1, 8])],
+        [*source.graph.output, helper.make_tensor_value_info("y_len", TensorProto.FLOAT, ["T"])],
+        [
+            *source.graph.initializer,
+            numpy_helper.from_array(np.full(8, 1.0001, np.float32), "gain"), numpy_helper.from_array(np.array(2.0001, np.float32), "threshold"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array(0, np.int64), "zero_scalar"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+

@@ -106,6 +106,18 @@ def test_bench_fp16_search_smoke():
         assert set(figures["planted"]) <= set(row["kept"]), (tool, row["kept"])  # each found the planted node
 
 
+def test_bench_fp16_search_corpus_smoke(monkeypatch):
+    """The conversion-time table of issue 37 runs (host check only here: the webgpu-kernels stage
+    adds its own start-up to each row): one corpus export and the two generated exports, each a
+    verified fp16; the VITS-style voice keeps its duration path in fp32 without a trial."""
+    monkeypatch.setenv("PACK_WEBGPU_KERNELS", "off")
+    figures = smoke("bench_fp16_search.py", "--corpus")
+    rows = {row["model"].split(" ")[0]: row for row in figures["rows"]}
+    assert len(rows) == 3 and {"paddle2onnx-style", "VITS-style"} <= set(rows), rows
+    assert all(row["outcome"] == "fp16 passes" and positive(row["seconds"]) and row["evaluators"] == ["host cpu"] for row in rows.values()), rows
+    assert rows["VITS-style"]["kept"] > 0 and rows["VITS-style"]["trials"] == 0, rows["VITS-style"]
+
+
 @smoke_test("bench_fp16w_widen.py")
 @pytest.mark.skipif(shutil.which("node") is None, reason="node not on PATH (the JS side of the widening runs under node)")
 def test_bench_fp16w_widen_smoke():

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from build_helpers import conv_model, model_from_text, run, save
 from pipeline.cli import app
+from pipeline.graph.passes.util import all_graphs
 from pipeline.precision.decision_paths import decision_paths
 
 # A duration predictor as VITS has it: float durations, Ceil, cast to integers, summed into the
@@ -93,3 +94,37 @@ def test_fp16_of_a_duration_predictor_keeps_the_length_of_fp32(tmp_path):
     assert fp16["host"]["status"] == "passed", fp16
     assert fp16["webgpu-kernels"]["status"] in ("passed", "skipped"), fp16  # skipped: no lavapipe on this machine
     assert not report["refused"] and not report["variants_refused"]
+
+
+# The duration predictor behind a flag: the Ceil and the Cast live in an If branch, the length
+# they make is read by the main graph's ConstantOfShape through the If's output.
+DURATIONS_IN_IF = """
+<ir_version: 8, opset_import: ["" : 17]>
+durations (bool c, float[1, 8] x) => (float[T] y) <float[8] gain = {1, 1, 1, 1, 1, 1, 1, 1}, int64 axis = {0}> {
+  d = Mul (x, gain)
+  frames = If (c) <
+    then_branch = ceil_g () => (int64[8] up_frames) {
+      up = Ceil (d)
+      up_frames = Cast <to = 7> (up)
+    },
+    else_branch = floor_g () => (int64[8] down_frames) {
+      down = Floor (d)
+      down_frames = Cast <to = 7> (down)
+    }
+  >
+  total = ReduceSum <keepdims = 0> (frames)
+  length = Unsqueeze (total, axis)
+  ones = ConstantOfShape <value = float[1] {0.5}> (length)
+  y = CumSum (ones, axis)
+}
+"""
+
+
+def test_a_float_path_into_a_length_through_if_branches_is_found():
+    model = model_from_text(DURATIONS_IN_IF)
+    for graph in all_graphs(model.graph):
+        for index, node in enumerate(graph.node):
+            node.name = f"{graph.name}_{node.op_type}_{index}"
+    kept = decision_paths(model)
+    # both branches' rounding and cast, and the float Mul of the main graph above them
+    assert sorted(kept) == ["ceil_g_Cast_1", "ceil_g_Ceil_0", "durations_Mul_0", "floor_g_Cast_1", "floor_g_Floor_0"]

@@ -367,3 +367,57 @@ def test_a_failure_only_the_webgpu_kernels_show_is_ranked_and_searched_there(tmp
     assert "loud_e2" in kept and kept["loud_e2"].startswith("search: webgpu-kernels: its fp16 output turns NaN or Inf")
     record = next(s for s in made.steps if s["name"] == "fp16_keep_fp32")["records"][0]
     assert record["search"]["ranked"][0]["why"].startswith("webgpu-kernels: its fp16 output turns NaN or Inf")
+
+
+def test_the_search_ranks_and_keeps_nodes_inside_an_if_branch(tmp_path, host_only_search):
+    """Issue 37: a head behind an If gave the search the If node alone as a candidate (keeping it
+    fp32 leaves its branch's nodes fp16). Its branch's nodes are ranked from one run that exposes
+    their values through the If, and the search keeps the one node inside the branch that needs fp32."""
+    from fp16_models import overflow_in_if_model
+    from pipeline.precision.kept_nodes import Fp16Context
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.stages import fp16_evaluators
+
+    model = overflow_in_if_model()
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32), "use_head": np.array(True)}
+    run = lambda path, f: run_model(path, f).outputs  # noqa: E731
+    ranked = [stat.node for stat in rank_nodes(model, feeds, run)]
+    assert {"dc_remove", "pcm_scale", "dc_est"} == set(ranked[:3])  # the branch's cancellation, as in the main graph
+    # the branch that does not run ranks none of its nodes
+    assert "silence" not in ranked and "silence" in [stat.node for stat in rank_nodes(model, {**feeds, "use_head": np.array(False)}, run)]
+    reference_file = save(model, tmp_path / "ref.onnx")
+    recipe = Recipe(name="head", path=tmp_path / "head.toml")
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    context = Fp16Context(feeds, run, evaluators, LockFile(tmp_path / "head.lock.json"), Progress.quiet())
+    made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
+    fp16 = next(v for v in made.variants if v.name == "fp16")
+    assert [k["node"] for k in fp16.kept_fp32] == OVERFLOW_KEPT
+    assert fp16.kept_fp32[0]["op"] == "Mul"  # the kept list names the op of a node inside a branch
+
+
+def test_an_output_of_another_shape_is_fixed_first_by_a_search_of_its_own(tmp_path, host_only_search):
+    """Issue 37: an output whose length fp16 decides differently (a comparison flips: no rounding
+    op, so decision_paths leaves it) is a failure the search fixes first, over the nodes it
+    depends on, before the numeric search over the rest; the report says which outputs and nodes."""
+    from fp16_models import length_by_comparison_model
+    from pipeline.precision.kept_nodes import Fp16Context
+    from pipeline.precision.variants import make_variants
+    from pipeline.progress import Progress
+    from pipeline.verify.stages import fp16_evaluators
+
+    model = length_by_comparison_model()
+    feeds = {"x": np.random.default_rng(3).uniform(-1, 1, (1, 64)).astype(np.float32), "d_in": np.array([[2, 1, 2, 1, 2, 1, 1, 1]], np.float32)}
+    reference_file = save(model, tmp_path / "ref.onnx")
+    assert run_model(reference_file, feeds).outputs["y_len"].shape == (3,)
+    recipe = Recipe(name="length", path=tmp_path / "length.toml")
+    evaluators = fp16_evaluators(lambda: run_model(reference_file, feeds).outputs, feeds, recipe)
+    context = Fp16Context(feeds, lambda path, f: run_model(path, f).outputs, evaluators, LockFile(tmp_path / "length.lock.json"), Progress.quiet())
+    made = make_variants(model, recipe, hashlib.sha256(model_bytes(model)).hexdigest(), context)
+    search = next(s for s in made.steps if s["name"] == "fp16_keep_fp32")["records"][0]["search"]
+    assert "y_len: shape [0] != expected [3]" in search["first_failure"]
+    # the comparison's float input, found among the 2 candidates `y_len` depends on
+    assert search["shapes_first"] == {"outputs": ["y_len"], "candidates": 2, "kept": ["scale"], "minimal": True}
+    fp16 = next(v for v in made.variants if v.name == "fp16")
+    kept = {k["node"]: k["why"] for k in fp16.kept_fp32}
+    assert sorted(kept) == sorted([*OVERFLOW_KEPT, "scale"]) and kept["scale"].endswith("keeps the shape fp32 gives `y_len`")

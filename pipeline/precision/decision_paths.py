@@ -8,7 +8,9 @@ shape, a length, a count or an index (`DECISION_INPUTS`), the walk goes up throu
 arithmetic that computes it to where a float becomes an integer (a `Cast` to an integer type, or a
 `Ceil`/`Floor`/`Round` whose result is cast) and keeps that node and every float node above it in
 fp32 (their weights with them: a kept node's initializers stay fp32). `Resize`'s float `scales`
-decide its output size the same way. The main graph only.
+decide its output size the same way. Subgraphs too: If branches and Loop/Scan bodies read outer
+values by name (unique across graphs once the conversion names every node), so one walk over every
+graph's nodes follows a path across them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from pipeline.graph.passes.util import constant_values, infer_shapes
+from pipeline.graph.passes.util import all_graphs, constant_values, declared_types, infer_shapes, subgraphs
 
 # op -> positions of the inputs that are shapes, lengths, counts or indices
 DECISION_INPUTS = {
@@ -29,25 +31,27 @@ _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorPro
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    inferred = infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output] if v.type.HasField("tensor_type")}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    for node in model.graph.node:
-        if node.op_type == "Cast":
-            to = next((a.i for a in node.attribute if a.name == "to"), None)
-            if to is not None:
-                types[node.output[0]] = to
+    types: dict[str, int] = {}
+    for graph in all_graphs(infer_shapes(model).graph):
+        types.update(declared_types(graph))
+    for graph in all_graphs(model.graph):
+        types.update(declared_types(graph))
     return types
 
 
 def decision_paths(model: onnx.ModelProto) -> dict[str, str]:
-    """{node name: why} for the main-graph nodes whose float values become a shape, a length, a
-    count or an index. Unnamed nodes are skipped (the conversion names every node first)."""
-    graph = model.graph
+    """{node name: why} for the nodes (any graph level) whose float values become a shape, a
+    length, a count or an index. Unnamed nodes are skipped (the conversion names every node first)."""
+    graphs = list(all_graphs(model.graph))
+    nodes = [node for graph in graphs for node in graph.node]
     types = _elem_types(model)
-    constants = constant_values(graph)
-    producer = {output: node for node in graph.node for output in node.output}
+    constants = {name: value for graph in graphs for name, value in constant_values(graph).items()}
+    producer = {output: node for node in nodes for output in node.output}
     found: dict[str, str] = {}
+
+    def body_outputs(node: onnx.NodeProto) -> list[str]:
+        """A container's outputs come from its bodies' outputs: the walk goes on inside."""
+        return [value.name for sub in subgraphs(node) for value in sub.output]
 
     def is_float(name: str) -> bool:
         return types.get(name) in _FLOATS
@@ -60,9 +64,9 @@ def decision_paths(model: onnx.ModelProto) -> dict[str, str]:
                 continue
             found[node.name] = why
             # above a Cast from an integer the values are integers: nothing there rounds
-            stack += [name for name in node.input if name and name not in constants and is_float(name)]
+            stack += [name for name in [*node.input, *body_outputs(node)] if name and name not in constants and is_float(name)]
 
-    for sink in graph.node:
+    for sink in nodes:
         for position in DECISION_INPUTS.get(sink.op_type, ()):
             if position >= len(sink.input) or not sink.input[position] or sink.input[position] in constants:
                 continue
@@ -85,5 +89,5 @@ def decision_paths(model: onnx.ModelProto) -> dict[str, str]:
                     keep_float_ancestors(name, why)
                     continue
                 # integers only: a float reaching here (a comparison's operand) was not rounded into this value
-                stack += [i for i in node.input if i and not is_float(i)]
+                stack += [i for i in [*node.input, *body_outputs(node)] if i and not is_float(i)]
     return found

@@ -16,12 +16,13 @@ import onnx
 
 from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
+from pipeline.graph.passes.util import subgraphs
 from pipeline.lockfile import LockFile
 from pipeline.precision.detect import weight_bytes_by_type
 from pipeline.precision.fp16 import SAFE_BLOCK_LIST
 from pipeline.precision.decision_paths import decision_paths
 from pipeline.precision.kernel_hazards import known_kernel_hazards
-from pipeline.precision.ranking import NodeStat, RunOutputs, divergent_nodes, rank_nodes
+from pipeline.precision.ranking import NodeStat, RunOutputs, divergent_nodes, nodes_in_order, rank_nodes
 from pipeline.precision.search import SearchResult, search_keep_set
 from pipeline.progress import Progress
 from pipeline.recipe import Recipe
@@ -78,16 +79,24 @@ def _judge_all(converted: onnx.ModelProto, evaluators: list[Evaluator]) -> tuple
     return True, "passes " + ", ".join(e.name for e in evaluators)
 
 
-def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
-    producer = {out: node for node in model.graph.node for out in node.output}
+def _upstream_nodes(model: onnx.ModelProto, output: str) -> list[onnx.NodeProto]:
+    """The nodes `output` depends on, nearest first; a container's dependencies include what its
+    bodies compute (their outputs) and the outer values they read."""
+    producer = {out: node for node in nodes_in_order(model.graph) for out in node.output}
     seen: set[str] = set()
+    found = []
     stack = [output]
     while stack:
         node = producer.get(stack.pop())
         if node is not None and node.name not in seen:
             seen.add(node.name)
-            stack += list(node.input)
-    return seen
+            found.append(node)
+            stack += [*node.input, *(value.name for sub in subgraphs(node) for value in sub.output)]
+    return found
+
+
+def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
+    return {node.name for node in _upstream_nodes(model, output)}
 
 
 def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int]) -> SearchResult | None:
@@ -169,7 +178,7 @@ def _rounded_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
         if value.type.tensor_type.elem_type == TensorProto.FLOAT:
             half, back = f"{value.name}__as_fp16", f"{value.name}__rounded"
             casts += [helper.make_node("Cast", [value.name], [half], to=TensorProto.FLOAT16, name=half), helper.make_node("Cast", [half], [back], to=TensorProto.FLOAT, name=back)]
-            for node in rounded.graph.node:
+            for node in nodes_in_order(rounded.graph):
                 node.input[:] = [back if name == value.name else name for name in node.input]
     nodes = casts + list(rounded.graph.node)
     del rounded.graph.node[:]
@@ -181,17 +190,7 @@ def _discrete_upstream(model: onnx.ModelProto, output: str) -> list[str]:
     """Discrete ops (Ceil, ArgMax, comparisons, Cast to int, ...) an output depends on."""
     from pipeline.precision.ranking import is_discrete
 
-    producer = {out: node for node in model.graph.node for out in node.output}
-    seen, stack, found = set(), [output], []
-    while stack:
-        node = producer.get(stack.pop())
-        if node is None or node.name in seen:
-            continue
-        seen.add(node.name)
-        if is_discrete(node):
-            found.append(f"{node.op_type} '{node.name}'")
-        stack += list(node.input)
-    return found
+    return [f"{node.op_type} '{node.name}'" for node in _upstream_nodes(model, output) if is_discrete(node)]
 
 
 def diagnose_unfixable(model: onnx.ModelProto, unfixable: dict[tuple[str, str], str], context: Fp16Context, when: str = "with every candidate kept in fp32") -> list[str]:
@@ -254,6 +253,43 @@ def _divergence_first(named: onnx.ModelProto, converted: onnx.ModelProto, failin
     return [*first.values(), *(stat for stat in ranked if stat.node not in first)]
 
 
+def is_shape_failure(why: str) -> bool:
+    """A failure that is an output's shape, not its values (judgement/metrics.py `judge` words it
+    "shape [..] != expected [..]"): a length or count the fp16 candidate decided differently."""
+    return why.startswith("shape ")
+
+
+def _shapes_first(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, recipe: Recipe, tried: list[int]) -> tuple[dict, list[str]] | None:
+    """Outputs whose shape differs from fp32's are fixed first, by a search of their own over the
+    ranked nodes they depend on (a discrete op's float inputs rank near the top): no bound on
+    values can judge an output of another length, and a numeric search run while a length is
+    wrong judges every trial by an output it cannot compare. (its report figures, the nodes it
+    keeps), or None when no output has another shape."""
+    outputs = sorted({output for (_, output), why in failures_of([]).items() if is_shape_failure(why)})
+    if not outputs:
+        return None
+    cone = set().union(*(_ancestors(model, output) for output in outputs))
+    pool = [name for name in ranked if name in cone]
+
+    def trial(nodes: list[str]) -> tuple[bool, str]:
+        left = {k: v for k, v in failures_of(nodes).items() if k[1] in outputs and is_shape_failure(v)}
+        return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
+
+    left_trials = recipe.fp16_search_trials - tried[0]
+    found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds) if left_trials > 0 and pool else None
+    figures = {"outputs": outputs, "candidates": len(pool)}
+    if not pool:
+        figures["failed"] = "no ranked node that these outputs depend on"
+    elif found is None:
+        figures["failed"] = f"trial budget ({recipe.fp16_search_trials}) spent"
+    elif not found.passed:
+        figures["failed"] = found.stopped or "no passing set found"
+    if "failed" in figures:
+        return figures, []
+    figures.update(kept=found.kept, minimal=found.minimal)
+    return figures, found.kept
+
+
 def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, str], detail: str, recipe: Recipe, convert: Convert, context: Fp16Context) -> tuple[dict, onnx.ModelProto, dict[str, str]]:
     """The search for nodes to keep in fp32 when `converted` misses a threshold ("first failure"
     `detail`): (its report figures, the fp16 model, kept {node: why}). Nodes a node-local
@@ -263,7 +299,7 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
 
     started = time.perf_counter()
     context.progress.note(f"fp16 misses a threshold ({detail}); searching for nodes to keep in fp32")
-    ops = {n.name: n.op_type for n in named.graph.node}
+    ops = {n.name: n.op_type for n in nodes_in_order(named.graph)}
     needed = {node: found for node, found in _failing_nodes(converted, context.evaluators).items() if node not in kept and node in ops}
     why = {node: f"search: {evaluator} {reason}" for node, (evaluator, reason) in needed.items()}
     tried = [0]
@@ -271,8 +307,10 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
     unfixable: dict[tuple[str, str], str] = {}
     pool: list[str] = []
 
+    shaped: list[str] = []  # kept first, to give every output fp32's shape (_shapes_first)
+
     def failures_of(nodes: list[str]) -> dict[tuple[str, str], str]:
-        key = frozenset([*needed, *nodes])
+        key = frozenset([*needed, *shaped, *nodes])
         if key not in outcomes:
             tried[0] += 1
             context.progress.note(f"fp16 search trial {tried[0]}/{recipe.fp16_search_trials}: {len(key)} nodes kept in fp32 ({len(needed)} named by the node audit)")
@@ -287,6 +325,7 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         return not left, "; ".join(f"{e}: {o}: {w}" for (e, o), w in left.items()) or "passed"
 
     ranked: list = []
+    shape_first = None
     if needed and trial([])[0]:
         result = SearchResult(True, [], tried[0], time.perf_counter() - started, True)
     else:
@@ -295,20 +334,28 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         ranked = [stat for stat in ranked if stat.node not in kept and stat.node not in needed]
         why.update({stat.node: f"search: {stat.why}" for stat in ranked})
         pool = [stat.node for stat in ranked]
+        shape_first = _shapes_first(named, pool, failures_of, recipe, tried)
+        if shape_first is not None:
+            search_shapes, found_shaped = shape_first
+            shaped += found_shaped
+            why.update({node: f"{why[node]}; keeps the shape fp32 gives {', '.join(f'`{o}`' for o in search_shapes['outputs'])}" for node in found_shaped})
+            pool = [node for node in pool if node not in shaped]
         # Keeping every candidate shows what no node choice fixes (one trial, reused by the search).
         everything = failures_of(pool)
         if not any(k == ("*", "*") or k[1] == "*" for k in everything):
             unfixable.update(everything)
-        if (unfixable or needed) and trial([])[0]:
+        if (unfixable or needed or shaped) and trial([])[0]:
             result = SearchResult(True, [], tried[0], time.perf_counter() - started, True, None if needed else "keeping nodes in fp32 fixes none of the failures")
         else:
             result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried)
             if result is None:
                 result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
     if result.passed:
-        result.kept = [*needed, *result.kept]
+        result.kept = [*needed, *shaped, *result.kept]
     result.trials = tried[0]
-    search = {**result.figures(), "candidates": len(needed) + len(pool), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
+    search = {**result.figures(), "candidates": len(needed) + len(shaped) + len(pool), "first_failure": detail, "evaluators": [e.name for e in context.evaluators]}
+    if shape_first is not None:
+        search["shapes_first"] = shape_first[0]
     costs = {e.name: e.facts() for e in context.evaluators if e.facts is not None}
     if costs:
         search["evaluator_costs"] = costs
@@ -366,7 +413,7 @@ def fp16_with_kept_nodes(named: onnx.ModelProto, recipe: Recipe, convert: Conver
         passed, detail = _judge_all(converted, context.evaluators)
         if not passed and DID_NOT_RUN not in detail:
             search, converted, kept = _search(named, converted, kept, detail, recipe, convert, context)
-    nodes = {n.name: n.op_type for n in named.graph.node}
+    nodes = {n.name: n.op_type for n in nodes_in_order(named.graph)}
     kept_list = [{"node": name, "op": nodes.get(name, "?"), "why": why} for name, why in sorted(kept.items())]
     if kept_list or search:
         record.update(kept=kept_list, sizes=_sizes(named, converted))

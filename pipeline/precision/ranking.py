@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
-from pipeline.graph.passes.util import all_graphs, copy_model
+from pipeline.graph.passes.util import NameMaker, all_graphs, copy_model, declared_types, subgraphs
 from pipeline.precision.regions import float_constants, why_unholdable
 
 FP16_MAX = 65504.0
@@ -55,21 +55,114 @@ def _finite(value: float) -> float:
     return 1e30 if not math.isfinite(value) else float(f"{value:.4g}")
 
 
-def exposed_model(model: onnx.ModelProto, elem_types: tuple[int, ...] = (TensorProto.FLOAT,)) -> tuple[onnx.ModelProto, list[str]]:
-    """The model with every intermediate of the main graph of `elem_types` (default: float32)
-    added as a graph output, and their names."""
-    exposed = copy_model(model)
-    inferred = onnx.shape_inference.infer_shapes(exposed)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    present = {o.name for o in exposed.graph.output}
-    added = []
-    for node in exposed.graph.node:
+RunOutputs = Callable[[Path, dict[str, np.ndarray]], "dict[str, np.ndarray] | None"]
+
+
+def nodes_in_order(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `graph` and of its subgraphs in the order they run: a container's body
+    (If branches, Loop/Scan bodies) right before the container, whose outputs come from it."""
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from nodes_in_order(sub)
+        yield node
+
+
+def _float_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types of every value at every graph level (shape inference fills subgraphs too)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types: dict[str, int] = {}
+    for graph in all_graphs(inferred.graph):
+        types.update(declared_types(graph))
+    return types
+
+
+def _add_body_output(body: onnx.GraphProto, name: str, elem_type: int, fresh: NameMaker) -> None:
+    """`name` as one more output of `body`; a value that is an output already goes out through
+    an Identity (onnxruntime returned zeros for a second If output of the same name)."""
+    if any(value.name == name for value in body.output):
+        copy = fresh(f"{name}__copy")
+        body.node.append(helper.make_node("Identity", [name], [copy], name=copy))
+        name = copy
+    body.output.append(helper.make_tensor_value_info(name, elem_type, None))
+
+
+def _expose(graph: onnx.GraphProto, types: dict[str, int], elem_types: tuple[int, ...], fresh: NameMaker) -> dict[str, str]:
+    """{value: the name in `graph` that carries it out} for the float intermediates of `graph` and
+    of the subgraphs nested in it. A subgraph's values leave through its container: an If gains
+    one output per value of either branch (the branch that does not make it gives an empty tensor, read
+    as no value: its nodes did not run), a Loop or Scan one scan output per value of its body (every
+    iteration's value, stacked)."""
+    found: dict[str, str] = {}
+    for node in graph.node:
         for name in node.output:
-            if name and name not in present and types.get(name) in elem_types:
-                exposed.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-                present.add(name)
-                added.append(name)
+            if name and types.get(name) in elem_types:
+                found[name] = name
+        bodies = [a for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+        if node.op_type == "If" and len(bodies) == 2:
+            inner = [_expose(body.g, types, elem_types, fresh) for body in bodies]
+            names = [name for name in {**inner[0], **inner[1]} if name not in found]
+            for name in names:
+                outer = fresh(f"{name}__exposed")
+                for body, carried in zip(bodies, inner):
+                    if name in carried:
+                        _add_body_output(body.g, carried[name], types[name], fresh)
+                    else:
+                        missing = fresh(f"{name}__not_run")
+                        dtype = helper.tensor_dtype_to_np_dtype(types[name])
+                        body.g.node.append(helper.make_node("Constant", [], [missing], value=onnx.numpy_helper.from_array(np.zeros(0, dtype)), name=missing))
+                        body.g.output.append(helper.make_tensor_value_info(missing, types[name], None))
+                node.output.append(outer)
+                found[name] = outer
+        elif node.op_type in ("Loop", "Scan") and len(bodies) == 1:
+            for name, carried in _expose(bodies[0].g, types, elem_types, fresh).items():
+                if name in found:
+                    continue
+                outer = fresh(f"{name}__exposed")
+                _add_body_output(bodies[0].g, carried, types[name], fresh)
+                node.output.append(outer)
+                for attribute in node.attribute:  # Scan's per-output lists, when given, cover the new output too
+                    if attribute.name in ("scan_output_axes", "scan_output_directions"):
+                        attribute.ints.append(0)
+                found[name] = outer
+    return found
+
+
+def exposed_model(model: onnx.ModelProto, elem_types: tuple[int, ...] = (TensorProto.FLOAT,), subgraph_values: bool = True) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The model with every intermediate of `elem_types` (default: float32) added as a graph
+    output, and {value: the graph output that carries it}. Values inside If branches and Loop/Scan
+    bodies come out through their containers (`_expose`), unless `subgraph_values` is False."""
+    exposed = copy_model(model)
+    types = _float_types(exposed)
+    present = {o.name for o in exposed.graph.output}
+    added = {}
+    if subgraph_values:
+        carried = _expose(exposed.graph, types, elem_types, NameMaker(exposed.graph))
+    else:
+        carried = {name: name for node in exposed.graph.node for name in node.output if name and types.get(name) in elem_types}
+    for name, output in carried.items():
+        if output not in present:
+            exposed.graph.output.append(helper.make_tensor_value_info(output, types[name], None))
+            present.add(output)
+        added[name] = output
     return exposed, added
+
+
+def _run_exposed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run: RunOutputs, elem_types: tuple[int, ...] = (TensorProto.FLOAT,)) -> dict[str, np.ndarray] | None:
+    """Every float intermediate's value, by its own name, from one run of `run` on the exposed
+    model; where exposing subgraph values makes a model the runtime refuses (a Loop whose body
+    values change shape between iterations cannot stack them), the main graph's values alone."""
+    for subgraph_values in (True, False):
+        exposed, carried = exposed_model(model, elem_types, subgraph_values)
+        with temporary_folder("pack-rank-") as tmp:
+            path = Path(tmp) / "exposed.onnx"
+            path.write_bytes(model_bytes(exposed))
+            outputs = run(path, feeds)
+        if outputs is not None:
+            # empty: a value of the If branch that did not run (or one with no element to judge)
+            return {name: outputs[output] for name, output in carried.items() if output in outputs and np.asarray(outputs[output]).size}
+        if not any(subgraphs(node) for node in model.graph.node):
+            return None
+    return None
 
 
 def _clamped_constants(model: onnx.ModelProto) -> dict[str, str]:
@@ -89,35 +182,33 @@ def _max_abs(value: np.ndarray) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-RunOutputs = Callable[[Path, dict[str, np.ndarray]], "dict[str, np.ndarray] | None"]
-
 
 def rank_nodes(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run_outputs: RunOutputs, blocked_ops: set[str] = frozenset()) -> list[NodeStat]:
-    """Main-graph nodes with float outputs, most likely to need fp32 first, from one run of
-    `run_outputs` (the build passes the host's child-process runner)."""
-    exposed, _ = exposed_model(model)
-    with temporary_folder("pack-rank-") as tmp:
-        path = Path(tmp) / "exposed.onnx"
-        path.write_bytes(model_bytes(exposed))
-        outputs = run_outputs(path, feeds)
+    """Nodes with float outputs, in the main graph and in If/Loop/Scan bodies, most likely to need
+    fp32 first, from one run of `run_outputs` (the build passes the host's child-process runner)."""
+    outputs = _run_exposed(model, feeds, run_outputs)
     if outputs is None:
         return []
     values = dict(outputs)
     values.update({k: v for k, v in feeds.items() if np.asarray(v).dtype.kind == "f"})
-    for tensor in model.graph.initializer:
-        if tensor.data_type == TensorProto.FLOAT:
-            values[tensor.name] = onnx.numpy_helper.to_array(tensor)
+    for graph in all_graphs(model.graph):
+        for tensor in graph.initializer:
+            if tensor.data_type == TensorProto.FLOAT:
+                values[tensor.name] = onnx.numpy_helper.to_array(tensor)
+    nodes = list(nodes_in_order(model.graph))
     clamped = _clamped_constants(model)
     peaks = {name: _max_abs(np.asarray(value, dtype=np.float64)) for name, value in values.items() if np.asarray(value).dtype.kind == "f"}
     stats = []
-    for index, node in enumerate(model.graph.node):
+    for index, node in enumerate(nodes):
         if node.op_type in _NOT_CANDIDATES or node.op_type in blocked_ops or not node.name:
             continue
         outs = [peaks[name] for name in node.output if name in peaks]
+        in_peak = max((peaks[name] for name in node.input if name in peaks), default=0.0)
+        if not outs and is_discrete(node) and any(name in peaks for name in node.input):
+            outs = [in_peak]  # a comparison of floats: kept fp32, it compares fp32 values
         if not outs:
             continue
         out_peak = max(outs)
-        in_peak = max((peaks[name] for name in node.input if name in peaks), default=0.0)
         if node.op_type in ADDITIVE_OPS:
             amplification = in_peak / out_peak if out_peak > 0 else (math.inf if in_peak > 0 else 1.0)
         else:
@@ -141,16 +232,16 @@ def rank_nodes(model: onnx.ModelProto, feeds: dict[str, np.ndarray], run_outputs
     # A cancellation is only as exact as its inputs: the nodes that make them rank right after it
     # (`Sub(Add(x, 2000), 2000)` needs the Add in fp32 as much as the Sub).
     by_name = {stat.node: stat for stat in stats}
-    producer = {out: node.name for node in model.graph.node for out in node.output}
+    producer = {out: node.name for node in nodes for out in node.output}
     for stat in sorted(stats, key=lambda s: -s.score):
         if stat.amplification >= 8 and stat.score < 1e6:
-            node = next(n for n in model.graph.node if n.name == stat.node)
+            node = next(n for n in nodes if n.name == stat.node)
             for name in node.input:
                 parent = by_name.get(producer.get(name, ""))
                 if parent is not None and parent.score < stat.score * 0.999:
                     parent.score = stat.score * 0.999
                     parent.why = f"feeds the cancellation in '{stat.node}' ({stat.why})"
-    _rank_discrete_inputs(model, by_name, producer)
+    _rank_discrete_inputs(nodes, by_name, producer)
     stats.sort(key=lambda stat: -stat.score)
     return stats
 
@@ -169,13 +260,17 @@ def is_discrete(node: onnx.NodeProto) -> bool:
     return node.op_type in DISCRETE_OPS
 
 
-def _rank_discrete_inputs(model: onnx.ModelProto, by_name: dict[str, NodeStat], producer: dict[str, str]) -> None:
+def _rank_discrete_inputs(all_nodes: list[onnx.NodeProto], by_name: dict[str, NodeStat], producer: dict[str, str]) -> None:
     """The fp32 producers of a discrete op rank first (after overflows), its input subgraph right
     after them, nearest first: keeping them is what stops the flip."""
-    nodes = {node.name: node for node in model.graph.node}
-    for node in model.graph.node:
+    nodes = {node.name: node for node in all_nodes}
+    for node in all_nodes:
         if not is_discrete(node):
             continue
+        own = by_name.get(node.name)  # the discrete op itself, where it reads floats
+        if own is not None and own.score < _DISCRETE_SCORE:
+            own.score = _DISCRETE_SCORE
+            own.why = f"discrete {node.op_type}: an fp16 rounding of its float input flips it by a whole step"
         frontier = [producer.get(name) for name in node.input if producer.get(name)]
         for depth in range(_UPSTREAM_DEPTH):
             upstream = []
@@ -209,22 +304,18 @@ DIVERGENCE_FLOOR = 1e-3  # error a node adds, as a share of its output's range, 
 
 
 def divergent_nodes(model: onnx.ModelProto, candidate: onnx.ModelProto, feeds: dict[str, np.ndarray], run_reference: RunOutputs, run_candidate: RunOutputs, blocked_ops: set[str] = frozenset()) -> list[NodeStat]:
-    """The main-graph nodes of `model` whose fp16 output in `candidate`, run where the candidate
+    """The nodes of `model` (subgraphs' included) whose fp16 output in `candidate`, run where the candidate
     fails (`run_candidate`: the WebGPU kernels, say), adds the most error to the fp32 intermediates
     (`run_reference`), most first: the error of its output (NaN or Inf where fp32 is finite: infinite)
     less the largest error of its inputs, so the node where the error starts ranks above the nodes
     it flows through. Nodes adding less than DIVERGENCE_FLOOR are left out."""
-    exposed, _ = exposed_model(model)
-    with temporary_folder("pack-diverge-") as tmp:
-        reference_path, candidate_path = Path(tmp) / "reference.onnx", Path(tmp) / "candidate.onnx"
-        reference_path.write_bytes(model_bytes(exposed))
-        candidate_path.write_bytes(model_bytes(exposed_model(candidate, (TensorProto.FLOAT, TensorProto.FLOAT16))[0]))
-        reference, values = run_reference(reference_path, feeds), run_candidate(candidate_path, feeds)
+    reference = _run_exposed(model, feeds, run_reference)
+    values = _run_exposed(candidate, feeds, run_candidate, (TensorProto.FLOAT, TensorProto.FLOAT16)) if reference is not None else None
     if reference is None or values is None:
         return []
     error: dict[str, float] = {}
     stats = []
-    for index, node in enumerate(model.graph.node):
+    for index, node in enumerate(nodes_in_order(model.graph)):
         error.update({name: _error_of_range(reference[name], values[name]) for name in node.output if name in reference and name in values})
         errors = [error[name] for name in node.output if name in error]
         if not errors:
