@@ -142,6 +142,7 @@ def test_pack_verify_reads_back_exactly_the_bounds_the_build_checked():
     class Variant:
         name: str
         precision: str
+        self_reference: str | None = None
 
     variants = [Variant("fp32", "fp32"), Variant("fp16", "fp16"), Variant("fp16w", "fp16w")]
     recipe = Recipe(name="m")

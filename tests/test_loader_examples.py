@@ -225,7 +225,7 @@ def test_vite_app_types_builds_with_only_the_loader_and_runs_in_dev_and_preview(
     assert len(shipped) == 3 and shipped[2] == "index.html", shipped
     assert shipped[0].startswith("assets/index-") and shipped[1].startswith("assets/worker-") and shipped[1].endswith(".js"), shipped
     script = (vite_app / "dist" / shipped[0]).read_bytes()
-    assert len(script) < 80_000, len(script)
+    assert len(script) < 90_000, len(script)  # the loader with its decision checks: 82.6 kB (2026-12-03)
     assert b"InferenceSession.create" in script  # the loader's own code is there...
     assert b"ort-wasm" not in script and b"onnxruntime-web/dist" not in script  # ...and no runtime
     with _Running(vite_app, env, "preview") as preview:

@@ -205,7 +205,7 @@ def test_nchw_is_adopted_when_it_fixes_a_variant_that_nhwc_fails_though_another_
     monkeypatch.setattr(kernels, "unavailable_reason", lambda: None)
     monkeypatch.setattr(kernels, "adapter_name", lambda: "lavapipe")
 
-    def fake_pass(models, reference, feeds, thresholds, kinds, progress, ep_options, reference_model):
+    def fake_pass(models, reference, feeds, thresholds, kinds, progress, ep_options, reference_model, judging=None):
         nchw = ep_options.get("preferredLayout") == "NCHW"
         status = {"fp16": "failed", "fp32": "passed" if nchw else "failed"}
         return [{"stage": "webgpu-kernels", "ep": "webgpu", "variant": v, "output": "y", "status": s, "detail": "y: rel_l2 1 > 0.001"} for v, s in status.items()], {}, None

@@ -49,5 +49,11 @@ test('describeEvent turns each loader event into one readable line with a level'
   assert.equal(describeEvent({ type: 'select', phase: 'done', choice: { ep: 'wasm', variant: 'fp32' }, fromCache: true }).text,
     'chose wasm/fp32 (decision cached earlier on this device)');
   assert.deepEqual(describeEvent({ type: 'warning', message: 'no cache' }), { level: 'warning', text: 'no cache' });
+  assert.equal(describeEvent({ type: 'cache', held: { files: 3, bytes: 2_500_000 }, evicted: { files: 1, bytes: 1_000_000 } }).text,
+    'Cache Storage holds 3 files of this package (2.5 MB); removed 1 files of an earlier version (1.0 MB)');
+  assert.equal(describeEvent({ type: 'cache', held: { files: 3, bytes: 2_500_000 }, evicted: { files: 0, bytes: 0 } }).text, 'Cache Storage holds 3 files of this package (2.5 MB)');
+  assert.equal(describeEvent({ type: 'retry', file: 'm.onnx', attempt: 2, delayMs: 500, error: 'reset' }).level, 'warning');
+  assert.equal(describeEvent({ type: 'widen', variant: 'fp16w', where: 'worker', ms: 12, tensors: 40 }).text, "widened fp16w's fp16 weights (40 tensors) in a worker in 12 ms");
+  assert.equal(describeEvent({ type: 'prewarm', ep: 'wasm', variant: 'fp32', error: 'bad sr', verdict: 'the sample ran: the provider is kept' }).level, 'warning');
   assert.equal(describeEvent({ type: 'novel', a: 1 }).text, 'novel: {"a":1}');
 });

@@ -115,7 +115,15 @@ export function describeEvent(event) {
     case 'session':
       return { level: 'info', text: `session ${pair(event)} created in ${ms(event.ms)}` };
     case 'prewarm':
-      return { level: 'info', text: `pre-warmed ${pair(event)} in ${ms(event.ms)}` };
+      return event.error
+        ? { level: 'warning', text: `pre-warm of ${pair(event)} failed (${event.error}); ${event.verdict || 'the sample decides'}` }
+        : { level: 'info', text: `pre-warmed ${pair(event)} in ${ms(event.ms)}` };
+    case 'cache':
+      return { level: 'info', text: `Cache Storage holds ${event.held.files} files of this package (${bytesText(event.held.bytes)})${event.evicted.files ? `; removed ${event.evicted.files} files of an earlier version (${bytesText(event.evicted.bytes)})` : ''}` };
+    case 'retry':
+      return { level: 'warning', text: `retrying ${event.file} (attempt ${event.attempt}, in ${ms(event.delayMs)}): ${event.error}` };
+    case 'widen':
+      return { level: 'info', text: `widened ${event.variant}'s fp16 weights (${event.tensors} tensors) ${event.where === 'worker' ? 'in a worker' : 'here'} in ${ms(event.ms)}` };
     case 'select':
       return event.phase === 'start'
         ? { level: 'info', text: `measuring ${(event.candidates || []).map(pair).join(', ')} on this device` }

@@ -63,10 +63,12 @@ _IMAGE_BLOCK = {"fp32": 1e-3, "fp16": 1e-2, "fp16w": 5e-3}
 _ONE_LEVEL_SHARE = {"fp32": 5e-3, "fp16": 2e-2, "fp16w": 1e-2}
 # Precisions that are not float (quantized uint8/int8 shipped as-is) are compared loosely: against
 # their dequantized twin (pipeline/precision/dequantize.py) the 8-bit activations' rounding adds up
-# layer by layer (ISNet's 119 dynamically quantized convs: rel_l2 0.12, max 0.15 of range on its
-# mask, 0.15 and 0.26 on a side output, 2026-12-03); the bounds still fail zeros, wrong slices and
-# overflow, whose errors are of order 100 % of the range.
-_QUANTIZED = {"max_abs_of_range": 0.5, "rel_l2": 0.25}
+# layer by layer (ISNet's 119 dynamically quantized convs, 2026-12-03: on uniform noise rel_l2 0.12,
+# max 0.15 of range on its mask, 0.15 and 0.26 on a side output; on its recipe's image-pattern
+# sample max 0.62 of range on the mask, rel_l2 0.45 on a side output, and 99.8 % of the mask's
+# pixels on the same side of 0.5); the bounds still fail zeros, wrong slices and overflow, whose
+# errors are of order 100 % of the range (zeros: rel_l2 1).
+_QUANTIZED = {"max_abs_of_range": 0.75, "rel_l2": 0.5}
 # Decisions (decisions.py): no flip beyond a near-tie, and one near-tie (a flip no numeric bound could
 # keep: fp32's margin is within the error the variant is allowed) per output; more must be allowed by
 # the recipe, which sees each one reported with its margin. Boxes: fp16's error of 1e-2 of a 0..320
@@ -75,7 +77,7 @@ _QUANTIZED = {"max_abs_of_range": 0.5, "rel_l2": 0.25}
 _NEAR_TIES = {"flips": 0, "near_ties": 1}
 _DECISION = {
     "detection": {"fp32": {"min_iou": 0.99, "score_diff": 1e-3}, "fp16": {"min_iou": 0.9, "score_diff": 2e-2}, "fp16w": {"min_iou": 0.95, "score_diff": 1e-2}},
-    "mask": {"fp32": {"mask_agreement": 0.9999}, "fp16": {"mask_agreement": 0.999}, "fp16w": {"mask_agreement": 0.999}},
+    "mask": {"fp32": {"mask_agreement": 0.9999}, "fp16": {"mask_agreement": 0.999}, "fp16w": {"mask_agreement": 0.999}, "quantized": {"mask_agreement": 0.995}},
     "embedding": {"fp32": {"cosine": 0.99999}, "fp16": {"cosine": 0.999}, "fp16w": {"cosine": 0.9995}},
 }
 # fp16 on WebGPU accumulates in fp16 (3x the error, as for the numeric bounds)
