@@ -1,4 +1,4 @@
-"""The package as an app loads it (issue 36): one page imports the shipped loader.js, calls
+"""The package as an app loads it: one page imports the shipped loader.js, calls
 `load()` with nothing but its base URL, so the manifest's defaults decide (pre-warm, the desktop
 platform chain, the selection mode, refusals, priors, threads), runs the sample and hands the
 outputs back; they are judged against the build's fp32 reference with the bounds of the pair the

@@ -1,4 +1,4 @@
-"""Firefox as a second engine (issue 36; /work/shared/notes/engines.md): Debian's `firefox-esr`,
+"""Firefox as a second engine: Debian's `firefox-esr`,
 headless, driven over WebDriver BiDi by npm `puppeteer-core` (pinned; no geckodriver, no browser
 download: puppeteer-core fetches none). Playwright cannot drive it here (its BiDi path fails on
 `emulation.setMediaFeaturesOverride`).

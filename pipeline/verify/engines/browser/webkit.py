@@ -1,4 +1,4 @@
-"""WebKit as the third engine (issue 36; /work/shared/notes/engines.md): Debian's WebKitGTK
+"""WebKit as the third engine: Debian's WebKitGTK
 MiniBrowser, driven by `WebKitWebDriver` (W3C WebDriver classic; apt `webkit2gtk-driver`) through
 PyPI selenium's WebKitGTK driver, under a virtual display (xvfb.py): MiniBrowser has no headless
 mode. Playwright cannot drive it here (it passes MiniBrowser an option MiniBrowser does not know).
