@@ -107,7 +107,7 @@ def test_bench_fp16_search_smoke():
 
 
 def test_bench_fp16_search_corpus_smoke(monkeypatch):
-    """The conversion-time table of issue 37 runs (host check only here: the webgpu-kernels stage
+    """The conversion-time table runs (host check only here: the webgpu-kernels stage
     adds its own start-up to each row): one corpus export and the two generated exports, each a
     verified fp16; the VITS-style voice keeps its duration path in fp32 without a trial."""
     monkeypatch.setenv("PACK_WEBGPU_KERNELS", "off")

@@ -1,4 +1,4 @@
-"""The loader's defaults cannot break a model (issue 36): a tiny model whose scalar `sr` input
+"""The loader's defaults cannot break a model: a tiny model whose scalar `sr` input
 (a sample rate) makes zeros fail, built with `pack build` and loaded in headless Chromium with
 the loader's defaults; and a page where webgpu/fp16 fails, which lands on webgpu/fp32, not wasm.
 

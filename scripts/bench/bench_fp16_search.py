@@ -11,7 +11,7 @@ by side in one run: trials, wall time and the number of nodes each keeps in fp32
     python scripts/bench/bench_fp16_search.py [--blocks 170] [--plants 4] [--width 32] [--json]
     python scripts/bench/bench_fp16_search.py --hazards [--trials 80] [--json]   # issue 22's planted hazards
     python scripts/bench/bench_fp16_search.py --smoke --json   # 12 blocks, 1 plant, width 8
-    python scripts/bench/bench_fp16_search.py --corpus [--json]   # issue 37: conversion time per model
+    python scripts/bench/bench_fp16_search.py --corpus [--json]   # conversion time per model
     python scripts/bench/bench_fp16_search.py --corpus --smoke --json   # one export and the two small generated models
 
 `--corpus` times what the build spends on the fp16 variant (source repairs, conversion, the
@@ -19,7 +19,7 @@ host and webgpu-kernels checks of each candidate, the keep-in-fp32 search when o
 export of tests/data/exporter_corpus/ and on two models built here with onnx.helper: a
 paddle2onnx-style OCR recogniser (weights in `Constant` nodes, a `-1` batch dim, 62 Convs, about
 5 MB) and a VITS-style voice (a duration predictor whose `Ceil` decides the waveform's length).
-The target of issue 37: at most 180 s for a model of at most 60 MB on a 2-core machine.
+The target: at most 180 s for a model of at most 60 MB on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -409,7 +409,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--hazards", action="store_true", help="the planted-hazard model of issue 22 instead of the chain")
     parser.add_argument("--smoke", action="store_true", help="a 12-block chain with 1 plant, width 8: checks the benchmark runs")
-    parser.add_argument("--corpus", action="store_true", help="conversion time per model of the exporter corpus and two generated exports (issue 37)")
+    parser.add_argument("--corpus", action="store_true", help="conversion time per model of the exporter corpus and two generated exports")
     args = parser.parse_args()
     if args.smoke:
         args.blocks, args.plants, args.width = 12, 1, 8
