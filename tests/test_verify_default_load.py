@@ -1,4 +1,4 @@
-"""The build verifies the package as an app loads it (issue 36, item 1): the default-load checks
+"""The build verifies the package as an app loads it: the default-load checks
 from a page's answer, the verdict they give, the summary's one line (no browser); and a real
 `pack build` whose default load runs in Chromium, passing, then made to fail (exit 1)."""
 
