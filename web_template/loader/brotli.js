@@ -51,6 +51,16 @@ export function probePath(manifest) {
   return best && best.path;
 }
 
+/** A HEAD for a probe: { response } or, when the request itself failed, { failed: the probe's answer }. */
+async function head(url, signal, fetchImpl) {
+  try {
+    return { response: await fetchImpl(url, { method: 'HEAD', cache: 'no-store', credentials: 'same-origin', signal }) };
+  } catch (error) {
+    if (signal && signal.aborted) throw error;
+    return { failed: { decodes: null, how: `HEAD ${url} failed (${messageOf(error)})` } };
+  }
+}
+
 /**
  * { decodes: true | false | null, how }: whether the host at `url` (a file with a `.br` body and
  * its decoded self, `entry` its files entry) sends brotli bodies under their decoded names. null:
@@ -58,13 +68,8 @@ export function probePath(manifest) {
  */
 export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fetch } = {}) {
   const br = brBody(entry);
-  let response;
-  try {
-    response = await fetchImpl(url, { method: 'HEAD', cache: 'no-store', credentials: 'same-origin', signal });
-  } catch (error) {
-    if (signal && signal.aborted) throw error;
-    return { decodes: null, how: `HEAD ${url} failed (${messageOf(error)})` };
-  }
+  const { response, failed } = await head(url, signal, fetchImpl);
+  if (failed) return failed;
   const encoding = response.headers.get('Content-Encoding');
   if (response.ok && encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}` };
   const length = Number(response.headers.get('Content-Length'));
@@ -84,13 +89,8 @@ export async function probeHost(url, entry, { signal, fetchImpl = globalThis.fet
  * the loader then decodes, at the same bytes on the wire.
  */
 export async function probeStoredBody(url, { signal, fetchImpl = globalThis.fetch } = {}) {
-  let response;
-  try {
-    response = await fetchImpl(url, { method: 'HEAD', cache: 'no-store', credentials: 'same-origin', signal });
-  } catch (error) {
-    if (signal && signal.aborted) throw error;
-    return { decodes: null, how: `HEAD ${url} failed (${messageOf(error)})` };
-  }
+  const { response, failed } = await head(url, signal, fetchImpl);
+  if (failed) return failed;
   if (!response.ok) return { decodes: null, how: `HEAD ${url}: HTTP ${response.status}` };
   const encoding = response.headers.get('Content-Encoding');
   if (encoding && /\bbr\b/i.test(encoding)) return { decodes: true, how: `HEAD ${url}: Content-Encoding ${encoding}, so this host answers X with X.br` };
