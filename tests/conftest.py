@@ -22,6 +22,9 @@ pytest_plugins = ["loader_helpers", "publish_helpers"]
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PACK_CACHE_DIR", str(REPO / ".cache" / "pack"))
 SUITE_CACHE = Path(os.environ["PACK_CACHE_DIR"]).expanduser().absolute()
+# One Mesa shader cache for every pack cache of the run, a test's private one included (compiled
+# shaders change no result; each private cache compiling them again cost minutes).
+os.environ.setdefault("MESA_SHADER_CACHE_DIR", str(SUITE_CACHE / "mesa-shader-cache"))
 # Moved out of PACK_CACHE_URL (which pack reads) before xdist starts its workers, which inherit it.
 if os.environ.get("PACK_CACHE_URL"):
     os.environ["PACK_TEST_SUITE_CACHE_URL"] = os.environ.pop("PACK_CACHE_URL")

@@ -81,6 +81,19 @@ def test_missing_set_up_is_named_and_the_stage_is_skipped_with_it(tmp_path, monk
     assert webgpu_kernels.unavailable_reason() == "turned off by PACK_WEBGPU_KERNELS=off"
 
 
+def test_mesas_shader_cache_is_the_named_one_or_the_pack_caches(tmp_path, monkeypatch):
+    from pipeline.cache import cache_dir
+
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "pack"))
+    monkeypatch.setenv("MESA_SHADER_CACHE_DIR", str(tmp_path / "shaders"))
+    assert webgpu_kernels.worker_env()["MESA_SHADER_CACHE_DIR"] == str(tmp_path / "shaders")
+    monkeypatch.delenv("MESA_SHADER_CACHE_DIR")
+    monkeypatch.setenv("MESA_SHADER_CACHE_DISABLE", "true")  # a cache turned off elsewhere is on in the child
+    env = webgpu_kernels.worker_env()
+    assert env["MESA_SHADER_CACHE_DIR"] == str(cache_dir("mesa-shader-cache")) and "MESA_SHADER_CACHE_DISABLE" not in env
+    assert Path(env["MESA_SHADER_CACHE_DIR"]).is_relative_to(tmp_path / "pack")
+
+
 def test_a_tensor_over_lavapipes_buffer_limit_is_not_verifiable_without_running(tmp_path, monkeypatch):
     monkeypatch.setattr(webgpu_kernels, "unavailable_reason", lambda: None)
     monkeypatch.setattr(webgpu_kernels, "WORKER_MODULE", "tests.webgpu_crashing_worker")

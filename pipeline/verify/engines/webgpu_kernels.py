@@ -86,7 +86,9 @@ def _icd_library() -> Path | None:
 
 def worker_env() -> dict[str, str]:
     """The child's environment: the Vulkan loader sees lavapipe only, the plugin accepts a
-    software adapter, and Mesa's shader cache persists between runs."""
+    software adapter, and Mesa's shader cache persists between runs: in the pack cache, unless
+    `MESA_SHADER_CACHE_DIR` names one (compiled shaders change no result; a cache shared by clean
+    clones or private pack caches saves each one compiling them again: docs/kernels.md)."""
     icd = str(lavapipe_dir() / "lvp_icd.json")
     library = _icd_library()
     env = dict(os.environ)
@@ -98,7 +100,7 @@ def worker_env() -> dict[str, str]:
         VK_ICD_FILENAMES=icd,
         VK_DRIVER_FILES=icd,
         LD_LIBRARY_PATH=os.pathsep.join(libs),
-        MESA_SHADER_CACHE_DIR=str(cache_dir("mesa-shader-cache")),
+        MESA_SHADER_CACHE_DIR=env.get("MESA_SHADER_CACHE_DIR") or str(cache_dir("mesa-shader-cache")),
     )
     env.pop("MESA_SHADER_CACHE_DISABLE", None)
     return env
