@@ -7,6 +7,7 @@ builds, local builds) and prints them side by side.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -47,11 +48,11 @@ def verify(
         grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)
         if grid is not None and runtime:
             raise PackError("--runtime with --browser/--cdp: compare runtimes on one browser at a time; drop one of them")
-        require_package_folder(package, "verify")
         shared = open_shared_store(cache_url)  # runtimes and WebGPU-kernel runs read through it
+        require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
-        with reading_through(shared):
+        with reading_through(shared) if shared is not None else nullcontext():  # none named: the cache as the caller left it
             runtimes = [runtime_from_option(value, "--runtime", progress) for value in runtime or []]
             labels = [rt.label for rt in runtimes]
             if len(set(labels)) != len(labels):
