@@ -29,8 +29,6 @@ CacheUrlOption = Annotated[Optional[str], typer.Option(
 def open_shared_store(url: str | None):
     """The session on the shared store --cache-url names, behind the local cache, checked before
     any work (exit 2 when unusable); None when none is named. Returns a shared_cache.StoreSession."""
-    if not url or not url.strip():
-        return None
     from pipeline.cache import cache_root
     from pipeline.shared_cache import open_session
 
