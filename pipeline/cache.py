@@ -343,8 +343,8 @@ def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
 # reads through it, a committed entry is written back. The command that opened it binds it for the
 # work it runs (`reading_through`); with none bound, the cache is local only. A context variable
 # rather than an argument, because every entry point below is reached from modules that know
-# nothing of stores (a brotli encoding, a host run); the binding ends with its block, and a worker
-# thread gets it only through `carrying_shared_store`.
+# nothing of stores (a brotli encoding, a host run, a stage the stage table keeps); the binding
+# ends with its block, and a worker thread gets it only through `carrying_shared_store`.
 _shared_store: ContextVar["StoreSession | None"] = ContextVar("the shared store behind the cache", default=None)
 
 
