@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipeline.cache import file_sha256, staging_folder, swap_into_place
+from pipeline.cache import file_sha256, reading_through, staging_folder, swap_into_place
 from pipeline.errors import PackError, recorded_warnings, say_again
 from pipeline.keys import as_data
 from pipeline.lockfile import fp16_lock_for, lock_for
@@ -30,7 +30,7 @@ from pipeline.recipe import InputSpec, Recipe, find_recipe, load_recipe_file, pa
 from pipeline.report.record import Record, read_record
 from pipeline.reuse import KILL_AT_ENV, browser_version, link_tree, reuse_enabled, store_package, stored_outcome, stored_package
 from pipeline.runtime import local_runtime
-from pipeline.shared_cache import begin_traffic, check_shared_store, traffic_line as shared_traffic_line
+from pipeline.shared_cache import StoreSession
 from pipeline.source import is_url
 from pipeline.stage_table import Ledger, Stage, StageRun, run_stage, stage_keys
 from pipeline.stages import ARTEFACTS, STAGES
@@ -45,7 +45,7 @@ class BuildResult:
     report: Record
     reused: str | None = None  # the build key, when a stored package with the same inputs was linked into place
     lock: Path | None = None  # the lock file the build read or wrote, when there is one (the summary names it)
-    shared: str | None = None  # what the build read from and wrote to the shared cache (one line), when it did
+    shared: str | None = None  # what the build read from and wrote to its shared store (one line), when it did
 
     @property
     def exit_code(self) -> int:
@@ -185,13 +185,16 @@ def _make_out_dir(out_dir: Path) -> None:
         raise PackError(f"--out {out_dir}: cannot write there ({error.strerror or error}); give --out a writable folder") from None
 
 
-def build(options: BuildOptions, progress: Progress) -> BuildResult:
+def build(options: BuildOptions, progress: Progress, shared: StoreSession | None = None) -> BuildResult:
     """Run the stage table: the fetch, then (unless a stored package has the last stage's key) the
-    rest, with the package assembled in a staging folder renamed into place at the end."""
-    check_shared_store()  # a shared cache named but unusable is bad input: before any work
-    begin_traffic()
-    result = _run_build(options, progress)
-    return replace(result, shared=shared_traffic_line())
+    rest, with the package assembled in a staging folder renamed into place at the end. `shared`:
+    the store the cache reads through and writes back to for this build (opened and checked by the
+    command line); None leaves the cache as the caller set it (local only, from the command line)."""
+    if shared is None:
+        return _run_build(options, progress)
+    with reading_through(shared):
+        result = _run_build(options, progress)
+    return replace(result, shared=shared.traffic_line())
 
 
 def _run_build(options: BuildOptions, progress: Progress) -> BuildResult:

@@ -17,12 +17,16 @@ import shutil
 import signal
 import tempfile
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from pipeline.cache_location import CACHE_ENV, cache_root
 from pipeline.errors import PackError, error_path, is_environment_error, warn
+
+if TYPE_CHECKING:
+    from pipeline.shared_cache import StoreSession
 
 
 
@@ -335,37 +339,63 @@ def cached_entry(path: Path, sha256: str | None = None) -> Path | None:
     return _shared_entry(path, sha256)
 
 
-# The shared store (pipeline/shared_cache.py) behind the local cache: a local miss reads through
-# it, a committed entry is written back. Nothing happens unless PACK_CACHE_URL names one.
+# The shared store (pipeline/shared_cache.py `StoreSession`) behind the local cache: a local miss
+# reads through it, a committed entry is written back. The command that opened it binds it for the
+# work it runs (`reading_through`); with none bound, the cache is local only. A context variable
+# rather than an argument, because every entry point below is reached from modules that know
+# nothing of stores (a brotli encoding, a host run, a stage the stage table keeps); the binding
+# ends with its block, and a worker thread gets it only through `carrying_shared_store`.
+_shared_store: ContextVar["StoreSession | None"] = ContextVar("the shared store behind the cache", default=None)
 
 
-def _shared_name(path: Path, folder: bool = False) -> str | None:
-    from pipeline.shared_cache import object_name, shared_store
+@contextmanager
+def reading_through(session: "StoreSession | None") -> Iterator[None]:
+    """Within the block, cache entries read through `session`'s store and are written back to it."""
+    token = _shared_store.set(session)
+    try:
+        yield
+    finally:
+        _shared_store.reset(token)
 
-    return object_name(cache_root(), path, folder) if shared_store() is not None else None
+
+def carrying_shared_store(function: Callable) -> Callable:
+    """`function` run under this thread's shared store: for work handed to a worker thread, which
+    starts with none bound."""
+    session = _shared_store.get()
+
+    def run(*args, **kwargs):
+        with reading_through(session):
+            return function(*args, **kwargs)
+
+    return run
+
+
+def _shared(path: Path, folder: bool = False) -> "tuple[StoreSession, str] | None":
+    """The bound session and its name for the entry `path`; None when no store is bound or the entry is not shared."""
+    session = _shared_store.get()
+    name = session.object_name(path, folder) if session is not None else None
+    return (session, name) if name is not None else None
 
 
 def share_entry(path: Path, sha256: str) -> None:
     """Write the committed file entry `path` (its bytes hash to `sha256`) back to the shared store."""
-    name = _shared_name(path)
-    if name is not None:
-        from pipeline.shared_cache import put_file
-
-        put_file(name, path, sha256)
+    shared = _shared(path)
+    if shared is not None:
+        session, name = shared
+        session.put_file(name, path, sha256)
 
 
 def _shared_entry(path: Path, sha256: str | None) -> Path | None:
     """The entry read from the shared store and committed here as if made here; None when it has none."""
-    name = _shared_name(path)
-    if name is None:
+    shared = _shared(path)
+    if shared is None:
         return None
-    from pipeline.shared_cache import fetch_file
-
+    session, name = shared
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        digest = fetch_file(name, Path(scratch), sha256)
+        digest = session.fetch_file(name, Path(scratch), sha256)
         if digest is None:
             return None
         os.chmod(scratch, file_mode())
@@ -416,12 +446,11 @@ def folder_commit(folder: Path) -> Iterator[None]:
     written back to the shared store."""
     with _entries_locked(folder.parent):
         yield
-    name = _shared_name(folder, folder=True)
-    if name is not None and (folder / FOLDER_SEAL).is_file():
-        from pipeline.shared_cache import put_folder
-
+    shared = _shared(folder, folder=True)
+    if shared is not None and (folder / FOLDER_SEAL).is_file():
+        session, name = shared
         sealed = json.loads((folder / FOLDER_SEAL).read_text())["files"]  # every other file's sha256
-        put_folder(name, folder, {**sealed, FOLDER_SEAL: file_sha256(folder / FOLDER_SEAL)})
+        session.put_folder(name, folder, {**sealed, FOLDER_SEAL: file_sha256(folder / FOLDER_SEAL)})
 
 
 def sealed_folder(folder: Path) -> bool:
@@ -443,20 +472,19 @@ def sealed_folder(folder: Path) -> bool:
 
 def _shared_folder(folder: Path) -> bool:
     """The folder entry read from the shared store, checked against its seal and renamed into place."""
-    name = _shared_name(folder, folder=True)
-    if name is None:
+    shared = _shared(folder, folder=True)
+    if shared is None:
         return False
-    from pipeline.shared_cache import discard_object, fetch_folder
-
+    session, name = shared
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = folder.with_name(f".{folder.name}.{os.getpid()}-shared")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
-        if not fetch_folder(name, scratch):
+        if not session.fetch_folder(name, scratch):
             return False
         fault = _folder_fault(scratch)
         if fault is not None:
-            discard_object(name, fault)
+            session.discard_object(name, fault)
             return False
         with _entries_locked(folder.parent):
             if not folder.is_dir():

@@ -1,10 +1,12 @@
-"""A shared store behind the local cache: `PACK_CACHE_URL` (or `--cache-url`) names an S3 or R2
-prefix (`s3://BUCKET/PREFIX`, endpoint and credentials as boto3 reads them, e.g.
+"""A shared store behind the local cache: `--cache-url` (or `PACK_CACHE_URL`, which the command
+line reads) names an S3 or R2 prefix (`s3://BUCKET/PREFIX`, endpoint and credentials as boto3 reads them, e.g.
 `AWS_ENDPOINT_URL`) or a folder (a path or `file://` URL), and builds on other machines (a CI
 matrix, tomorrow's run) read what one machine made instead of making it again.
 
-Read-through, write-back, per entry (pipeline/cache.py calls in): a local miss asks the store; an
-entry this machine commits is put there too. Only the areas whose entries are named by the one key
+Read-through, write-back, per entry: the command line opens a `StoreSession` (`open_session`) and
+hands it to the cache (pipeline/cache.py `reading_through`), which calls it: a local miss asks the
+store; an entry this machine commits is put there too. A session keeps its own state (a dropped
+store, bad objects, traffic); nothing here is process-wide. Only the areas whose entries are named by the one key
 function (pipeline/keys.py: code, libraries, settings and inputs) or by their own sha256 are
 shared; what describes this machine (file digests by inode, locks, Mesa's shader cache, memos of a
 bucket's listing) never is. So a shared entry is trusted exactly as far as its key covers.
@@ -30,7 +32,6 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote, urlsplit
@@ -38,7 +39,8 @@ from urllib.parse import unquote, urlsplit
 from pipeline.errors import PackError, warn
 from pipeline.urls import mask_url
 
-SHARED_ENV = "PACK_CACHE_URL"
+# How messages name the store's setting: the command line reads it (--cache-url's envvar), nothing here does.
+URL_SETTING = "PACK_CACHE_URL"
 # Cache areas (first folder under the cache root) whose entries are keyed by what decides them or
 # named by their sha256: safe on any machine with the same key.
 SHARED_AREAS = frozenset({"brotli", "builds", "downloads", "external-data-names", "host-runs", "packages", "runtime", "runtime-probes", "stages", "webgpu-runs", "work"})
@@ -75,7 +77,7 @@ class SharedStore:
     def describe(self) -> str:
         return mask_url(self.url)
 
-    def check(self) -> None:  # raises PackError naming PACK_CACHE_URL
+    def check(self) -> None:  # raises PackError naming the store's setting
         raise NotImplementedError
 
     def read(self, name: str, handle) -> str | None:  # the recorded sha256, or None when absent
@@ -109,11 +111,11 @@ class FolderStore(SharedStore):
 
     def check(self) -> None:
         if not self.root.is_dir():
-            raise PackError(f"{SHARED_ENV}={self.describe()}: no such folder; create it or fix {SHARED_ENV} / --cache-url")
+            raise PackError(f"{URL_SETTING}={self.describe()}: no such folder; create it or fix {URL_SETTING} / --cache-url")
         try:
             os.rmdir(tempfile.mkdtemp(prefix=".pack-probe-", dir=self.root))
         except OSError as error:
-            raise PackError(f"{SHARED_ENV}={self.describe()}: cannot write there ({error.strerror or error}); make it writable or fix {SHARED_ENV} / --cache-url") from None
+            raise PackError(f"{URL_SETTING}={self.describe()}: cannot write there ({error.strerror or error}); make it writable or fix {URL_SETTING} / --cache-url") from None
 
     def read(self, name: str, handle) -> str | None:
         try:
@@ -184,7 +186,7 @@ class S3Store(SharedStore):
                 try:
                     self._client = make_client(self.target)
                 except PackError as error:
-                    raise PackError(f"{SHARED_ENV}={self.describe()}: {error}") from None
+                    raise PackError(f"{URL_SETTING}={self.describe()}: {error}") from None
             return self._client
 
     def _key(self, name: str) -> str:
@@ -196,7 +198,7 @@ class S3Store(SharedStore):
         try:
             check_bucket(self.client, self.target)
         except PackError as error:
-            raise PackError(f"{SHARED_ENV}={self.describe()}: {error}; fix {SHARED_ENV} / --cache-url or the credentials") from None
+            raise PackError(f"{URL_SETTING}={self.describe()}: {error}; fix {URL_SETTING} / --cache-url or the credentials") from None
 
     def read(self, name: str, handle) -> str | None:
         import botocore.exceptions
@@ -263,62 +265,23 @@ def store_from_url(url: str) -> SharedStore:
     parts = urlsplit(url)
     if parts.scheme == "s3":
         if not parts.netloc or "@" in parts.netloc or parts.query or parts.fragment:
-            raise PackError(f"{SHARED_ENV}={mask_url(url)}: give s3://BUCKET/PREFIX (the endpoint and credentials come from AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+            raise PackError(f"{URL_SETTING}={mask_url(url)}: give s3://BUCKET/PREFIX (the endpoint and credentials come from AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
         return S3Store(url, parts.netloc, "/".join(part for part in parts.path.split("/") if part))
     if parts.scheme == "file":
         return FolderStore(url, Path(unquote(parts.path)))
     if parts.scheme == "" and url:
         return FolderStore(url, Path(url).expanduser().absolute())
-    raise PackError(f"{SHARED_ENV}={mask_url(url)}: not a shared cache URL; give s3://BUCKET/PREFIX (S3 or R2) or a folder")
+    raise PackError(f"{URL_SETTING}={mask_url(url)}: not a shared cache URL; give s3://BUCKET/PREFIX (S3 or R2) or a folder")
 
 
-@lru_cache(maxsize=None)
-def _store_for(url: str) -> SharedStore:
-    return store_from_url(url)
-
-
-def shared_store() -> SharedStore | None:
-    """The store `PACK_CACHE_URL` names, or None when it is unset (or was dropped after a failure)."""
-    url = os.environ.get(SHARED_ENV, "").strip()
-    if not url or url in _dropped:
+def open_session(url: str | None, root: Path) -> "StoreSession | None":
+    """The session on the store `url` names (the command line's --cache-url), behind the local
+    cache at `root`, checked before any work (exit 2 when unusable); None when no store is named."""
+    if not url or not url.strip():
         return None
-    return _store_for(url)
-
-
-def check_shared_store() -> None:
-    """Fail early, before any work, when the shared cache is named but unusable (exit 2)."""
-    store = shared_store()
-    if store is not None:
-        store.check()
-
-
-def begin_traffic() -> None:
-    """Count from zero: what one build moved (a process may run several, as the tests do)."""
-    global traffic
-    traffic = Traffic()
-
-
-def traffic_line() -> str | None:
-    """One line on what this process read from and wrote to the shared store, when it did."""
-    store = shared_store()
-    if store is None or not (traffic.read or traffic.written or traffic.discarded):
-        return None
-    mb = lambda size: f"{size / 1e6:.1f} MB"  # noqa: E731
-    line = f"shared cache {store.describe()}: {traffic.read} entries read ({mb(traffic.read_bytes)}), {traffic.written} written ({mb(traffic.written_bytes)})"
-    return line + (f", {len(traffic.discarded)} discarded" if traffic.discarded else "")
-
-
-_dropped: set[str] = set()
-_bad: set[str] = set()  # objects this process found corrupted: the next write replaces them
-traffic = Traffic()
-
-
-def _drop(store: SharedStore, error: BaseException) -> None:
-    """A store that fails mid-build: one warning, then this process goes on with the local cache."""
-    _dropped.add(store.url)
-    from pipeline.s3 import describe_error
-
-    warn(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; going on with the local cache only", local=True)
+    store = store_from_url(url.strip())
+    store.check()
+    return StoreSession(store, root)
 
 
 def object_name(root: Path, path: Path, folder: bool = False) -> str | None:
@@ -333,100 +296,135 @@ def object_name(root: Path, path: Path, folder: bool = False) -> str | None:
     return relative.as_posix() + (FOLDER_SUFFIX if folder else "")
 
 
-def fetch_file(name: str, scratch: Path, expected_sha256: str | None) -> str | None:
-    """Read object `name` into the file `scratch`; its sha256 when the bytes match the recorded
-    one (and `expected_sha256`, for an entry named by its hash), else None (absent, or discarded)."""
-    store = shared_store()
-    if store is None:
-        return None
-    digest = hashlib.sha256()
-    try:
-        with scratch.open("wb") as handle:
-            recorded = store.read(name, _Hashing(handle, digest))
-    except Exception as error:  # noqa: BLE001 - any store failure: local only from here on
-        _drop(store, error)
-        return None
-    if recorded is None:
-        return None
-    actual = digest.hexdigest()
-    if recorded != actual or (expected_sha256 is not None and actual != expected_sha256):
-        discard_object(name, "its bytes do not match their recorded sha256")
-        return None
-    traffic.read += 1
-    traffic.read_bytes += scratch.stat().st_size
-    store.mark_used(name)
-    return actual
+class StoreSession:
+    """One command's use of a shared store behind one local cache: the store, and what this use
+    learns as it goes (that the store stopped answering, which objects were bad, what moved).
+    The command line builds it once from --cache-url and hands it to the cache
+    (pipeline/cache.py `reading_through`); two sessions share nothing, so two builds in one
+    process each count their own traffic."""
 
+    def __init__(self, store: SharedStore, root: Path):
+        self.store = store
+        self.root = root.absolute()  # the local cache it stands behind: entries elsewhere are not shared
+        self.dropped = False  # the store failed mid-build: local only from then on
+        self.bad: set[str] = set()  # objects found corrupted: the next write replaces them
+        self.traffic = Traffic()
+        self._lock = threading.Lock()  # entries are read and written from worker threads too
 
-def discard_object(name: str, fault: str) -> None:
-    """A shared object that failed its check: never used; the copy this machine makes replaces it."""
-    store = shared_store()
-    _bad.add(name)
-    traffic.discarded.append(name)
-    warn(f"shared cache {store.describe() if store else ''}: {name}: {fault}; discarded, it is made again here and replaced", local=True)
+    def describe(self) -> str:
+        return self.store.describe()
 
+    def object_name(self, path: Path, folder: bool = False) -> str | None:
+        """The store's name for the local entry `path`; None when it is not shared (or the store was dropped)."""
+        return None if self.dropped else object_name(self.root, path, folder)
 
-def put_file(name: str, path: Path, sha256: str) -> None:
-    """Write the local entry `path` (sha256 known) as object `name`, once."""
-    store = shared_store()
-    if store is None:
-        return
-    try:
-        if store.write(name, path, sha256, replace=name in _bad):
-            traffic.written += 1
-            traffic.written_bytes += path.stat().st_size
-        _bad.discard(name)
-    except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
-        _drop(store, error)
+    def traffic_line(self) -> str | None:
+        """One line on what this session read from and wrote to the store, when it did."""
+        traffic = self.traffic
+        if not (traffic.read or traffic.written or traffic.discarded):
+            return None
+        mb = lambda size: f"{size / 1e6:.1f} MB"  # noqa: E731
+        line = f"shared cache {self.describe()}: {traffic.read} entries read ({mb(traffic.read_bytes)}), {traffic.written} written ({mb(traffic.written_bytes)})"
+        return line + (f", {len(traffic.discarded)} discarded" if traffic.discarded else "")
 
+    def _drop(self, error: BaseException) -> None:
+        """A store that fails mid-build: one warning, then this session goes on with the local cache."""
+        with self._lock:
+            if self.dropped:
+                return
+            self.dropped = True
+        from pipeline.s3 import describe_error
 
-def put_folder(name: str, folder: Path, files: dict[str, str]) -> None:
-    """Write a sealed folder entry: each file as a blob named by its sha256 (stored once however
-    many entries hold it: every package ships the same runtime), then the entry's listing.
-    `files`: every file of the entry (its seal included), relative, with its sha256."""
-    store = shared_store()
-    if store is None:
-        return
-    files = dict(sorted(files.items()))
-    try:
-        for relative, sha256 in files.items():
-            blob = f"{BLOBS}/{sha256}"
-            if blob in _bad or not store.exists(blob):
-                put_file(blob, folder / relative, sha256)
-    except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
-        _drop(store, error)
-        return
-    listing = json.dumps({"files": files}, sort_keys=True, indent=0).encode()
-    with tempfile.TemporaryDirectory(prefix="pack-share-") as scratch:
-        path = Path(scratch) / "listing.json"
-        path.write_bytes(listing)
-        put_file(name, path, hashlib.sha256(listing).hexdigest())
+        warn(f"shared cache {self.describe()}: {describe_error(error, 'stopped answering')}; going on with the local cache only", local=True)
 
-
-def fetch_folder(name: str, destination: Path) -> bool:
-    """Read the folder entry `name` into `destination` (a new scratch folder): its listing, then
-    every blob it lists, each checked against its sha256. False when any part is absent or bad."""
-    if shared_store() is None:
-        return False
-    with tempfile.TemporaryDirectory(prefix="pack-share-") as scratch:
-        listing = Path(scratch) / "listing.json"
-        if fetch_file(name, listing, None) is None:
-            return False
+    def fetch_file(self, name: str, scratch: Path, expected_sha256: str | None) -> str | None:
+        """Read object `name` into the file `scratch`; its sha256 when the bytes match the recorded
+        one (and `expected_sha256`, for an entry named by its hash), else None (absent, or discarded)."""
+        if self.dropped:
+            return None
+        digest = hashlib.sha256()
         try:
-            files = json.loads(listing.read_text(encoding="utf-8"))["files"]
-            assert isinstance(files, dict)
-        except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError):
-            discard_object(name, "its listing is not one pack wrote")
-            return False
-    for relative, sha256 in sorted(files.items()):
-        target = destination / relative
-        if Path(relative).is_absolute() or ".." in Path(relative).parts or not _HEX64.fullmatch(str(sha256)):
-            discard_object(name, f"its listing names {relative!r}, which is not a file of an entry")
-            return False
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if fetch_file(f"{BLOBS}/{sha256}", target, sha256) is None:
-            return False
-    return True
+            with scratch.open("wb") as handle:
+                recorded = self.store.read(name, _Hashing(handle, digest))
+        except Exception as error:  # noqa: BLE001 - any store failure: local only from here on
+            self._drop(error)
+            return None
+        if recorded is None:
+            return None
+        actual = digest.hexdigest()
+        if recorded != actual or (expected_sha256 is not None and actual != expected_sha256):
+            self.discard_object(name, "its bytes do not match their recorded sha256")
+            return None
+        with self._lock:
+            self.traffic.read += 1
+            self.traffic.read_bytes += scratch.stat().st_size
+        self.store.mark_used(name)
+        return actual
+
+    def discard_object(self, name: str, fault: str) -> None:
+        """A shared object that failed its check: never used; the copy this machine makes replaces it."""
+        with self._lock:
+            self.bad.add(name)
+            self.traffic.discarded.append(name)
+        warn(f"shared cache {self.describe()}: {name}: {fault}; discarded, it is made again here and replaced", local=True)
+
+    def put_file(self, name: str, path: Path, sha256: str) -> None:
+        """Write the local entry `path` (sha256 known) as object `name`, once."""
+        if self.dropped:
+            return
+        try:
+            if self.store.write(name, path, sha256, replace=name in self.bad):
+                with self._lock:
+                    self.traffic.written += 1
+                    self.traffic.written_bytes += path.stat().st_size
+            with self._lock:
+                self.bad.discard(name)
+        except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
+            self._drop(error)
+
+    def put_folder(self, name: str, folder: Path, files: dict[str, str]) -> None:
+        """Write a sealed folder entry: each file as a blob named by its sha256 (stored once however
+        many entries hold it: every package ships the same runtime), then the entry's listing.
+        `files`: every file of the entry (its seal included), relative, with its sha256."""
+        if self.dropped:
+            return
+        files = dict(sorted(files.items()))
+        try:
+            for relative, sha256 in files.items():
+                blob = f"{BLOBS}/{sha256}"
+                if blob in self.bad or not self.store.exists(blob):
+                    self.put_file(blob, folder / relative, sha256)
+        except Exception as error:  # noqa: BLE001 - a store failure costs the other machines time, not this build
+            self._drop(error)
+            return
+        listing = json.dumps({"files": files}, sort_keys=True, indent=0).encode()
+        with tempfile.TemporaryDirectory(prefix="pack-share-") as scratch:
+            path = Path(scratch) / "listing.json"
+            path.write_bytes(listing)
+            self.put_file(name, path, hashlib.sha256(listing).hexdigest())
+
+    def fetch_folder(self, name: str, destination: Path) -> bool:
+        """Read the folder entry `name` into `destination` (a new scratch folder): its listing, then
+        every blob it lists, each checked against its sha256. False when any part is absent or bad."""
+        with tempfile.TemporaryDirectory(prefix="pack-share-") as scratch:
+            listing = Path(scratch) / "listing.json"
+            if self.fetch_file(name, listing, None) is None:
+                return False
+            try:
+                files = json.loads(listing.read_text(encoding="utf-8"))["files"]
+                assert isinstance(files, dict)
+            except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError):
+                self.discard_object(name, "its listing is not one pack wrote")
+                return False
+        for relative, sha256 in sorted(files.items()):
+            target = destination / relative
+            if Path(relative).is_absolute() or ".." in Path(relative).parts or not _HEX64.fullmatch(str(sha256)):
+                self.discard_object(name, f"its listing names {relative!r}, which is not a file of an entry")
+                return False
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if self.fetch_file(f"{BLOBS}/{sha256}", target, sha256) is None:
+                return False
+        return True
 
 
 class _Hashing(io.RawIOBase):

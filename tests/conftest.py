@@ -33,25 +33,17 @@ SUITE_SHARED_URL = os.environ.get("PACK_TEST_SUITE_CACHE_URL") or None
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_cache_behind_the_suite_cache():
-    """The run's shared cache (if .ci/run named one) behind the suite cache only, in this process."""
+    """The run's shared cache (if .ci/run named one) behind the suite cache only, in this process:
+    a session on it bound to the cache for the whole run. Its entries are those under the suite
+    cache, so a test with a private cache reads nothing from it, and a test (or a command) that
+    opens its own store binds that one over it."""
     if SUITE_SHARED_URL is None:
         yield
         return
-    import pipeline.shared_cache as shared
-    from pipeline.cache import cache_root
+    from pipeline.cache import reading_through
+    from pipeline.shared_cache import StoreSession, store_from_url
 
-    own = shared.shared_store
-    suite_store = shared.store_from_url(SUITE_SHARED_URL)
-
-    def store():
-        named = own()  # a test that names its own store gets it
-        if named is not None or os.environ.get(shared.SHARED_ENV):
-            return named
-        dropped = SUITE_SHARED_URL in shared._dropped
-        return suite_store if not dropped and cache_root().absolute() == SUITE_CACHE else None
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(shared, "shared_store", store)
+    with reading_through(StoreSession(store_from_url(SUITE_SHARED_URL), SUITE_CACHE)):
         yield
 
 

@@ -108,3 +108,41 @@ def test_the_runner_page_uses_the_loaders_tensor_code() -> None:
     page = (PIPELINE / "verify" / "engines" / "browser" / "page" / "runner.js").read_text()
     assert "from '../loader/tensors.js'" in page
     assert "Float32Array" not in page and "function decodeTensors" not in page
+
+
+def _environment_reads(source: str, setting: str) -> list[int]:
+    """Lines of `source` that read the environment variable `setting`: os.environ[...] /
+    .get / .pop / `in os.environ`, os.getenv, named as a string or by a module constant."""
+    tree = ast.parse(source)
+    names = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value == setting
+             for target in node.targets if isinstance(target, ast.Name)}
+
+    def is_setting(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Constant) and node.value == setting) or (isinstance(node, ast.Name) and node.id in names)
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" or isinstance(node, ast.Name) and node.id == "environ"
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_environ(node.value) and is_setting(node.slice):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and node.args and is_setting(node.args[0]) and isinstance(node.func, ast.Attribute) and (
+                is_environ(node.func.value) or node.func.attr == "getenv"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Compare) and is_setting(node.left) and any(is_environ(c) for c in node.comparators):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_command_line_reads_the_shared_store_setting() -> None:
+    """The shared store is an object the command line opens from --cache-url (PACK_CACHE_URL is
+    that option's variable) and hands down; no module below pipeline/commands/ reads the variable."""
+    readers = {f"{path.relative_to(PIPELINE.parent)}:{line}" for path in PIPELINE.rglob("*.py") if "commands" not in path.relative_to(PIPELINE).parts
+               for line in _environment_reads(path.read_text(encoding="utf-8"), "PACK_CACHE_URL")}
+    assert not readers
+    # the check sees each way of reading it
+    for source in ('import os\nos.environ.get("PACK_CACHE_URL")', 'import os\nURL = "PACK_CACHE_URL"\nos.environ[URL]',
+                   'import os\nos.getenv("PACK_CACHE_URL", "")', 'import os\nif "PACK_CACHE_URL" in os.environ: pass'):
+        assert _environment_reads(source, "PACK_CACHE_URL") == [len(source.splitlines())], source
+    assert _environment_reads('MESSAGE = "set PACK_CACHE_URL"\nprint(MESSAGE)', "PACK_CACHE_URL") == []

@@ -175,11 +175,19 @@ def test_a_signal_stops_every_build_and_leaves_no_half_written_package(models, t
         assert f"{package.name}: PASSED in " in stdout
 
 
-def test_cache_url_is_exported_for_the_shared_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv("PACK_CACHE_URL", "")  # undone after the test: the command sets it for the whole process
+def test_cache_url_reaches_each_target_as_a_flag_not_the_environment(monkeypatch, tmp_path):
+    from pipeline.commands.build_target import BuildFlags
+
+    monkeypatch.delenv("PACK_CACHE_URL", raising=False)
+    (tmp_path / "shared").mkdir()
     url = f"file://{tmp_path / 'shared'}"
     pack("build", "no-such-recipe", "--cache-url", url, "--out", str(tmp_path / "d"))
-    assert os.environ["PACK_CACHE_URL"] == url
+    assert "PACK_CACHE_URL" not in os.environ  # the command hands the store down; it sets nothing for the process
+    # each target's process gets it with the rest of its flags (on stdin) and opens its own session
+    assert BuildFlags.from_data(json.loads(json.dumps(BuildFlags(cache_url=url).to_data()))).cache_url == url
+    bad = pack("build", "gtcrn", "migan", "--cache-url", "ftp://host/x", "--out", str(tmp_path / "d"))
+    assert bad.exit_code == 2 and bad.output.startswith("error: PACK_CACHE_URL=ftp://host/x: not a shared cache URL"), bad.output
+    assert not (tmp_path / "d").exists() or not list((tmp_path / "d").iterdir())
 
 
 def test_recipes_matrix_for_github_actions():

@@ -18,19 +18,19 @@ from typer.testing import CliRunner
 import pipeline.commands.cache as cache_command
 from pipeline.cache import FOLDER_SEAL, atomic_write, cache_root, cached_entry, remove_entry, sealed_folder
 from pipeline.cli import app
-from test_shared_cache import _folder_entry, fresh_process_state, machine, moto, objects, store_url
+from test_shared_cache import _folder_entry, machine, moto, objects, store_url
 
-FIXTURES = (fresh_process_state, moto, store_url)  # test_shared_cache's: a moto S3 server, a store of each kind, a new process each test
+FIXTURES = (machine, moto, store_url)  # test_shared_cache's: a moto S3 server, a store of each kind, machines with their own cache and session
 runner = CliRunner()
 DAY = 86400
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def local(tmp_path, monkeypatch) -> Path:
+def local(machine, monkeypatch) -> Path:
     """An empty local cache and no shared store."""
     monkeypatch.delenv("PACK_CACHE_URL", raising=False)
-    return machine(monkeypatch, tmp_path, "local")
+    return machine("local")
 
 
 def entry(area: str, name: str, size: int, days: float) -> Path:
@@ -127,8 +127,8 @@ def test_what_was_used_in_the_last_hour_is_kept_and_a_use_after_listing_stops_th
     assert remove_entry(stale, listed_use) is False and stale.exists()
 
 
-def test_the_shared_store_loses_listings_first_and_only_blobs_no_listing_lists(store_url, tmp_path, monkeypatch):
-    machine(monkeypatch, tmp_path, "a")
+def test_the_shared_store_loses_listings_first_and_only_blobs_no_listing_lists(machine, store_url, tmp_path, monkeypatch):
+    machine("a")
     runtime = b"the same runtime in every package"
     k5 = _folder_entry("k5", {"package/manifest.json": b"{}", "package/ort.wasm": runtime})
     _folder_entry("k6", {"package/manifest.json": b"{ }", "package/ort.wasm": runtime})
@@ -149,7 +149,7 @@ def test_the_shared_store_loses_listings_first_and_only_blobs_no_listing_lists(s
     assert document["local"] is None and document["shared"]["blobs"] == 2  # k5's manifest and seal; the runtime stays
     after = objects(store_url)
     assert set(before) - set(after) == {"builds/k5.listing.json", *k5_only} and set(after) <= set(before)
-    b = machine(monkeypatch, tmp_path, "b")
+    b = machine("b")
     assert sealed_folder(b / "builds" / "k6") and (b / "builds" / "k6" / "package" / "ort.wasm").read_bytes() == runtime
     assert not sealed_folder(b / "builds" / "k5")
     everything, _ = invoke("prune", "--shared", "--local", "--older-than", "0s")

@@ -104,6 +104,13 @@ def test_verify_of_a_model_file_or_a_plain_folder(conv_file, tmp_path):
     refused(["verify", str(tmp_path / "absent")], "no such folder")
 
 
+def test_verify_opens_the_shared_store_its_option_names_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.delenv("PACK_CACHE_URL", raising=False)
+    refused(["verify", str(tmp_path), "--cache-url", "ftp://host/x"], "PACK_CACHE_URL=ftp://host/x: not a shared cache URL")
+    monkeypatch.setenv("PACK_CACHE_URL", str(tmp_path / "no-store"))  # the option's variable
+    refused(["verify", str(tmp_path)], f"PACK_CACHE_URL={tmp_path / 'no-store'}: no such folder")
+
+
 def test_recipe_output_that_the_model_lacks_names_the_key_and_the_real_outputs(conv_file, tmp_path):
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'source.uri = "{conv_file.name}"\n[outputs.mask]\nkind = "image"\n')

@@ -16,6 +16,7 @@ import onnx
 import onnx.numpy_helper
 import pytest
 
+from pipeline.graph.passes.topo_sort import out_of_order
 from pipeline.graph.repairs import auto_repairs, run_passes
 from pipeline.precision.detect import detect_precision
 from pipeline.precision.fp16 import FP16Refused, convert_with_keeps
@@ -70,7 +71,10 @@ def _converts(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
         names = {n.name for n in repaired.graph.node}
         assert any(f"'{name}'" in str(refused) for name in names), f"refused without naming a node to keep: {refused}"
         return
+    # valid, topologically sorted ONNX with no repair after the conversion (`validate` ran it on
+    # onnxruntime, in a child process, before the conversion returned it)
     onnx.checker.check_model(result.model, full_check=True)
+    assert out_of_order(result.model) is None
 
 
 @pytest.mark.parametrize("path", REPO_MODELS, ids=lambda p: str(p.relative_to(DATA)))

@@ -207,17 +207,20 @@ def test_fp16_conversion_keeps_the_ir_version_the_build_capped():
     converted, steps = convert_to_fp16(capped)
     assert converted.ir_version == 10
     assert [s["name"] for s in steps] == [
-        "rename_converter_names", "detach_consumed_outputs", "name_unnamed_nodes", "fp16_convert", "cast_retarget", "topological_sort", "onnx_checker",
+        "rename_converter_names", "detach_consumed_outputs", "name_unnamed_nodes", "fp16_convert", "onnx_checker",
     ]
 
 
 @pytest.mark.parametrize(
     "recipe_tail, message",
     [
-        ('[repairs]\npasses = ["nope"]\n', "m.toml: key 'repairs.passes': unknown repair 'nope'; known: cast_retarget, detach_consumed_outputs, fold_if"),
+        ('[repairs]\npasses = ["nope"]\n', "m.toml: key 'repairs.passes': unknown repair 'nope'; known: detach_consumed_outputs, fold_if"),
+        # the after-conversion repairs the typed conversion made dead, removed
+        ('[repairs]\npasses = ["topological_sort"]\n', "m.toml: key 'repairs.passes': unknown repair 'topological_sort'; known: detach_consumed_outputs, fold_if"),
+        ('[repairs]\npasses = ["cast_retarget"]\n', "m.toml: key 'repairs.passes': unknown repair 'cast_retarget'; known: detach_consumed_outputs, fold_if"),
         ('[runtime]\nversion = "1.18.0"\n', "m.toml: key 'runtime.version': onnxruntime-web 1.18.0 is older than 1.19, the oldest release whose entry points are ES module bundles"),
     ],
-    ids=["unknown-repair", "runtime-older-than-1.19"],
+    ids=["unknown-repair", "removed-topological-sort", "removed-cast-retarget", "runtime-older-than-1.19"],
 )
 def test_build_refuses_what_the_registry_cannot_run_with_one_error_line(tmp_path, recipe_tail, message):
     onnx.save(clean_conv_model(), tmp_path / "m.onnx")

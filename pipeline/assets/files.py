@@ -13,7 +13,7 @@ from pathlib import Path
 import brotli
 
 from pipeline.keys import stage_key
-from pipeline.cache import atomic_write, cache_dir, cached_entry, file_sha256, made_once, remember_digest
+from pipeline.cache import atomic_write, cache_dir, cached_entry, carrying_shared_store, file_sha256, made_once, remember_digest
 from pipeline.manifest import FileEntry
 from pipeline.media_types import media_type
 from pipeline.progress import Progress
@@ -129,7 +129,7 @@ def add_hashed_files(root: Path, items: list[tuple[str, str, bytes]], kind: str 
             return sha256, encoded
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            done = list(pool.map(encode, items))
+            done = list(pool.map(carrying_shared_store(encode), items))  # each encoding read through the build's store
     return [add_hashed_file(root, stem, suffix, data, progress, kind, blob, sha256) for (stem, suffix, data), (sha256, blob) in zip(items, done)]
 
 

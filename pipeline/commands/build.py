@@ -4,7 +4,6 @@ inside the command bodies, so `pack --help` and the other commands do not load t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,7 +11,7 @@ import typer
 
 from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption
 from pipeline.commands.build_target import BuildFlags, build_one
-from pipeline.commands.common import CACHE_URL_ENV, CacheUrlOption, cli_errors, print_json
+from pipeline.commands.common import CacheUrlOption, cli_errors, print_json
 from pipeline.errors import PackError
 
 BUILD_EXAMPLES = """Examples:
@@ -57,10 +56,9 @@ def build(
     Several targets: 2 when any is bad input (checked before anything is built), else 1 when any
     build failed, else 0.
     """
-    if cache_url:
-        os.environ[CACHE_URL_ENV] = cache_url  # read where the cache is opened; a catalog's processes inherit it
     flags = BuildFlags(out=out, no_browser=no_browser, gpu=gpu, no_reuse=no_reuse, lock=lock, browsers=browsers, cdps=cdps,
-                             require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium, engines=engines)
+                       require_all=require_all, browser_budget_s=browser_budget_s, remote_chromium=remote_chromium, engines=engines,
+                       cache_url=cache_url.strip() if cache_url and cache_url.strip() else None)
     if len(targets) > 1:
         from pipeline.commands.catalog import build_catalog
 

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from pipeline.commands.browsers import DEFAULT_BUDGET_S, grid_settings
-from pipeline.commands.common import check_output_folder, cli_errors, print_json, progress_for
+from pipeline.commands.common import check_output_folder, cli_errors, open_shared_store, print_json, progress_for
 from pipeline.errors import PackError
 
 
@@ -30,6 +30,7 @@ class BuildFlags:
     browser_budget_s: int = DEFAULT_BUDGET_S
     remote_chromium: Optional[str] = None
     engines: str = "chromium"  # --engines: the default load's engines, comma-separated
+    cache_url: Optional[str] = None  # --cache-url: each target's process opens its own session on the store
 
     def to_data(self) -> dict:
         return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
@@ -66,6 +67,7 @@ def build_one(target: str, settings: BuildFlags, *, source: str | None = None, s
 
         graph_sha256, data_sha256 = parse_sha256_options(sha256 or [])
         grid = check_settings(settings)
+        shared = open_shared_store(settings.cache_url)  # named but unusable: bad input, before any work
         from pipeline.build import BuildOptions, build as run_build
         from pipeline.verify.engines.browser.default_load import parse_engines
         from pipeline.commands.summary import print_summary
@@ -73,7 +75,7 @@ def build_one(target: str, settings: BuildFlags, *, source: str | None = None, s
         options = BuildOptions(target=target, source=source, source_sha256=graph_sha256, source_data_sha256=data_sha256, name=name, inputs_npz=inputs, input_shapes=input_shapes or [], out_dir=settings.out,
                                browser=not settings.no_browser, gpu=settings.gpu, lock=settings.lock, reuse=not settings.no_reuse, grid=grid,
                                engines=parse_engines(settings.engines))
-        result = run_build(options, progress_for(json_output, lines_when_piped=True))
+        result = run_build(options, progress_for(json_output, lines_when_piped=True), shared)
     if json_output:
         print_json(result.report)
     else:

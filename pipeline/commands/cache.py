@@ -14,7 +14,7 @@ from typing import Annotated, Callable, Iterable, Optional
 
 import typer
 
-from pipeline.commands.common import CACHE_URL_ENV, CacheUrlOption, cli_errors, print_json
+from pipeline.commands.common import CACHE_URL_ENV, CacheUrlOption, cli_errors, open_shared_store, print_json
 from pipeline.errors import PackError
 
 CACHE_EXAMPLES = """Examples:
@@ -88,13 +88,8 @@ def parse_size(text: str) -> int:
 
 def _store(url: str | None):
     """The shared store named by --cache-url / PACK_CACHE_URL, checked (exit 2 when unusable); None when none is named."""
-    if not url or not url.strip():
-        return None
-    from pipeline.shared_cache import store_from_url
-
-    store = store_from_url(url.strip())
-    store.check()
-    return store
+    session = open_shared_store(url)
+    return session.store if session is not None else None
 
 
 # --- what the caches hold ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import Any
 import typer
 
 from pipeline.commands.build_target import BuildFlags, build_one, check_settings
-from pipeline.commands.common import cli_errors, piped, print_json
+from pipeline.commands.common import cli_errors, open_shared_store, piped, print_json
 from pipeline.errors import EXIT_SIGINT, EXIT_SIGTERM, PackError, Terminated
 from pipeline.progress import Progress
 from pipeline.urls import mask_url
@@ -68,6 +68,7 @@ def build_catalog(targets: list[str], settings: BuildFlags, *, jobs: int, json_o
             raise PackError(f"{given[0]} describes one target, and {len(targets)} are given; build that target on its own: pack build TARGET {given[0]} ...")
         queue = resolve_targets(targets)
         check_settings(settings)
+        open_shared_store(settings.cache_url)  # named but unusable: exit 2 before any build; each build opens its own
         log = Progress.lines(sys.stdout) if not json_output and piped(sys.stdout) else Progress.quiet()
         catalog = Catalog(queue, settings, jobs=jobs, say=not json_output, log=log)
         catalog.say(f"building {len(queue)} packages, {min(jobs, len(queue))} at a time, into {settings.out}/")

@@ -18,11 +18,21 @@ from pipeline.errors import PackError, environment_error, interrupt_exit_code, i
 from pipeline.progress import Progress
 from pipeline.urls import mask_urls
 
-# The shared cache behind the local one (pipeline/shared_cache.py reads PACK_CACHE_URL where the cache is opened).
+# The shared cache behind the local one: read here, from the option or its variable, and nowhere
+# below the command line; the command hands the store it opens (`open_shared_store`) down.
 CACHE_URL_ENV = "PACK_CACHE_URL"
 CacheUrlOption = Annotated[Optional[str], typer.Option(
     "--cache-url", envvar=CACHE_URL_ENV, show_envvar=True,
     help="Shared cache behind the local one: s3://BUCKET/PREFIX (S3 or R2; endpoint and credentials as boto3 reads them, e.g. AWS_ENDPOINT_URL) or a folder.")]
+
+
+def open_shared_store(url: str | None):
+    """The session on the shared store --cache-url names, behind the local cache, checked before
+    any work (exit 2 when unusable); None when none is named. Returns a shared_cache.StoreSession."""
+    from pipeline.cache import cache_root
+    from pipeline.shared_cache import open_session
+
+    return open_session(url, cache_root())
 
 
 @contextmanager

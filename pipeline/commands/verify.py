@@ -7,13 +7,14 @@ builds, local builds) and prints them side by side.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from pipeline.commands.browsers import DEFAULT_BUDGET_S, BrowserOption, BudgetOption, CdpOption, RemoteChromiumOption, RequireAllOption, grid_settings
-from pipeline.commands.common import cli_errors, print_json, progress_for, require_package_folder
+from pipeline.commands.common import CacheUrlOption, cli_errors, open_shared_store, print_json, progress_for, require_package_folder
 from pipeline.errors import PackError
 from pipeline.runtime import runtime_from_option
 
@@ -33,11 +34,13 @@ def verify(
     require_all: RequireAllOption = False,
     browser_budget_s: BudgetOption = DEFAULT_BUDGET_S,
     remote_chromium: RemoteChromiumOption = None,
+    cache_url: CacheUrlOption = None,
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
     with cli_errors():
         # Imported here: the browser harness and onnxruntime load only when this command runs.
         from pipeline.assets.chunks import runnable_model
+        from pipeline.cache import reading_through
         from pipeline.commands.summary import verify_lines
         from pipeline.verify.engines.browser.run_plan import load_manifest
         from pipeline.verify.package import verify_package
@@ -45,15 +48,17 @@ def verify(
         grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)
         if grid is not None and runtime:
             raise PackError("--runtime with --browser/--cdp: compare runtimes on one browser at a time; drop one of them")
+        shared = open_shared_store(cache_url)  # runtimes and WebGPU-kernel runs read through it
         require_package_folder(package, "verify")
         progress = progress_for(json_output)
         manifest = load_manifest(package)
-        runtimes = [runtime_from_option(value, "--runtime", progress) for value in runtime or []]
-        labels = [rt.label for rt in runtimes]
-        if len(set(labels)) != len(labels):
-            raise PackError(f"--runtime: the same runtime twice ({', '.join(labels)}); give different ones")
-        verification = verify_package(package, manifest, runnable_model, runtimes=runtimes, grid=grid, gpu=gpu, bundle=bundle,
-                                      watchdog_ms=watchdog_ms, progress=progress)
+        with reading_through(shared) if shared is not None else nullcontext():  # none named: the cache as the caller left it
+            runtimes = [runtime_from_option(value, "--runtime", progress) for value in runtime or []]
+            labels = [rt.label for rt in runtimes]
+            if len(set(labels)) != len(labels):
+                raise PackError(f"--runtime: the same runtime twice ({', '.join(labels)}); give different ones")
+            verification = verify_package(package, manifest, runnable_model, runtimes=runtimes, grid=grid, gpu=gpu, bundle=bundle,
+                                          watchdog_ms=watchdog_ms, progress=progress)
         lines = verify_lines(verification)
         by = "pack verify" + (f" --bundle {bundle}" if bundle else "") + "".join(f" --runtime {label}" for label in labels)
         _write_report(package, by, verification, progress)

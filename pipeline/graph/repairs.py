@@ -19,7 +19,7 @@ from pipeline.graph.passes.topo_sort import check_order
 
 PACKAGE = "pipeline.graph.passes"
 # Modules of the folder that hold the shared contract and helpers rather than a repair.
-HELPER_MODULES = frozenset({"base", "util"})
+HELPER_MODULES = frozenset({"base", "topo_sort", "util"})
 
 
 class RegistryError(Exception):

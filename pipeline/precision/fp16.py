@@ -3,9 +3,8 @@
 `convert_with_keeps` = the "fp16-before" repairs (rename names the converter would reuse, detach
 consumed outputs) → topological order, unnamed nodes named → typed_fp16.py (fp16 by construction:
 fp32 I/O kept, the safe block list and the nodes kept in fp32 in fp32, casts only between regions)
-→ the "fp16-after" repairs (Cast retarget, topological sort: no-ops on a typed model, kept for models
-converted elsewhere) → full onnx.checker; an invalid result (or one onnxruntime refuses) keeps more
-nodes in fp32 and retries, reading the error (converter_errors.py). Each step is recorded for
+→ the order check (the typing keeps the order it is given, so nothing after it repairs or sorts)
+→ full onnx.checker; an invalid result (or one onnxruntime refuses) keeps more nodes in fp32 and retries, reading the error (converter_errors.py). Each step is recorded for
 report.json.
 """
 
@@ -50,12 +49,12 @@ def _convert_once(model: onnx.ModelProto, block_list: list[str], keep: set[str])
     """One conversion attempt keeping `keep` in fp32: (the checked fp16 model, its steps)."""
     result = _converter_step(model, block_list, keep)
     check_order(model, result.model, "fp16_convert")
-    converted, after = run_passes(result.model, in_stage("fp16-after"), finish=False)
+    converted = result.model
     try:
         onnx.checker.check_model(converted, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise ConversionError(f"converted model fails onnx.checker: {error}", converted) from None
-    return converted, [result.as_step("fp16_convert"), *after, {"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]}]
+    return converted, [result.as_step("fp16_convert"), {"name": "onnx_checker", "changed": False, "records": [{"what": "full check passed"}]}]
 
 
 def _with_repair_identities(prepared: onnx.ModelProto, original: onnx.ModelProto, keep: dict[str, str]) -> dict[str, str]:

@@ -27,7 +27,7 @@ def fp16_readiness(model: onnx.ModelProto, hazards: list[dict[str, Any]] | None 
     `hazards`: detect_hazards(model) when the caller has it already."""
     precision, why = detect_precision(model)
     graph = model.graph
-    findings = repairs.find_hazards(model, "fp16-before", "fp16-after")
+    findings = repairs.find_hazards(model, "fp16-before")
     findings += [h for h in (detect_hazards(model) if hazards is None else hazards) if FP16 in h["affects"]]
     for init in graph.initializer:
         if init.data_type != onnx.TensorProto.FLOAT:

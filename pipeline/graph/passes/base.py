@@ -19,10 +19,10 @@ from pipeline.runtime import DEFAULT_VERSION
 
 # Where a repair runs (pipeline.graph.repairs.run_passes keeps this order within one run):
 #   source       - the build runs it when `find` reports a hazard it repairs (and recipes may name it)
-#   fp16-before  - the fp16 stage runs it on the model it is about to convert
-#   fp16-after   - the fp16 stage runs it on the converter's output
+#   fp16-before  - the fp16 stage runs it on the model it is about to convert (the conversion is
+#                  typed by construction: its output needs no repair, precision/typed_fp16.py)
 #   last         - every build ends with it, whatever else ran
-STAGES = ("source", "fp16-before", "fp16-after", "last")
+STAGES = ("source", "fp16-before", "last")
 
 # bundle/EP pairs a hazard can break (bundles as in pipeline.runtime), and the fp16 variant.
 BUNDLE_EPS = ("root/webgpu", "root/wasm", "webgpu/webgpu", "webgpu/wasm")

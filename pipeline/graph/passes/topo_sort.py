@@ -1,12 +1,15 @@
-"""Put nodes in topological order (the fp16 converter and some exporters leave them out of order,
-and onnx.checker refuses that even where onnxruntime loads it)."""
+"""Topological order: the sort the fp16 stage runs on the model it converts (some exporters leave
+nodes out of order, and onnx.checker refuses that even where onnxruntime loads it), the upcast of an
+fp16 model, and the check every repair's rewrite and the conversion itself are held to (a rewrite
+that leaves an ordered graph out of order is a bug: `OrderBroken`). A helper, not a repair: the
+typed conversion keeps the order it is given, so nothing after it needs sorting."""
 
 from __future__ import annotations
 
 import onnx
 
 from pipeline.errors import PackError
-from pipeline.graph.passes.base import PassResult, PassSettings, Repair
+from pipeline.graph.passes.base import PassResult
 from pipeline.graph.passes.util import all_graphs, subgraphs
 
 
@@ -72,7 +75,8 @@ def check_order(before: onnx.ModelProto, after: onnx.ModelProto, rewrite_name: s
         raise OrderBroken(f"'{rewrite_name}' broke topological order: {broken}")
 
 
-def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
+def topological_sort(model: onnx.ModelProto) -> PassResult:
+    """The model with its main graph's nodes in topological order (a new model when it moved any)."""
     ordered = _sorted_nodes(model.graph, set())
     if [id(n) for n in ordered] == [id(n) for n in model.graph.node]:
         return PassResult(model, False)
@@ -84,7 +88,3 @@ def rewrite(model: onnx.ModelProto, settings: PassSettings) -> PassResult:
     model.graph.node.extend(copies)
     return PassResult(model, True, [{"what": f"reordered {moved} nodes into topological order"}])
 
-
-# No detector: onnxruntime sorts on load; the fp16 stage sorts what the converter reorders so that
-# onnx.checker accepts it, and a recipe can name it for a source the checker refuses.
-topological_sort = Repair(name="topological_sort", order=70, stage="fp16-after", rewrite=rewrite)

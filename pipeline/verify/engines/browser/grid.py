@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cache import carrying_shared_store
 from pipeline.errors import PackError
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
@@ -145,7 +146,7 @@ def verify_on_endpoints(
         except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
             failures.append(error)
 
-    threads = [threading.Thread(target=guarded, args=(outcome,), daemon=True, name=f"pack-endpoint-{i}")
+    threads = [threading.Thread(target=carrying_shared_store(guarded), args=(outcome,), daemon=True, name=f"pack-endpoint-{i}")
                for i, outcome in enumerate(outcomes)]
     hard_deadline = time.monotonic() + budget_s + GRACE_S
     total = len(planned) * len(outcomes)
