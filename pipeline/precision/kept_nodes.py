@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+from onnx import TensorProto, numpy_helper
 
 from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
@@ -99,7 +100,7 @@ def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
     return {node.name for node in _upstream_nodes(model, output)}
 
 
-def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int]) -> SearchResult | None:
+def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int], hopeless: Callable) -> SearchResult | None:
     """One search per failing output, over the ranked nodes that output depends on, each starting
     from the nodes earlier outputs needed: independent failures cost a few trials each instead of
     one search whose every trial must fix them all. All of them share the trial budget; an output
@@ -124,7 +125,16 @@ def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: C
         cone = _ancestors(model, output)
         pool = [name for name in ranked if name in cone and name not in fixed]
         left_trials = recipe.fp16_search_trials - tried[0]
-        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start)) if left_trials > 0 else None
+        proven: list[str] = []  # why the nodes proven needed so far make every result unacceptable
+
+        def stop(nodes: list[str]) -> str | None:
+            why = hopeless(fixed + nodes)
+            proven.extend([why] if why else [])
+            return why
+
+        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start), stop) if left_trials > 0 else None
+        if proven:
+            return SearchResult(False, [], tried[0], time.perf_counter() - start, False, proven[0])
         if found is not None and found.passed and found.minimal:
             fixed += found.kept
         else:
@@ -213,6 +223,15 @@ def diagnose_unfixable(model: onnx.ModelProto, unfixable: dict[tuple[str, str], 
         fallback = "not weight or input rounding (fp16 kernels of ops the search does not rank)" if unfixable_run else "not weight or input rounding: fp16 kernels, which keeping nodes fixes"
         lines.append(f"{evaluator}: {output}: {why} {when}; " + ("; ".join(causes) if causes else fallback))
     return lines
+
+
+def kept_weight_floor(model: onnx.ModelProto, nodes: list[str]) -> int:
+    """The least a kept set costs over the all-fp16 ideal: half the bytes of each distinct fp32
+    initializer (as `_sizes` counts them: the main graph's) that its nodes read, at any graph level;
+    a kept node's weights stay fp32. It never falls when nodes are added."""
+    sizes = {t.name: (len(t.raw_data) or numpy_helper.to_array(t).nbytes) // 2 for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
+    names = set(nodes)
+    return sum({name: sizes[name] for node in nodes_in_order(model.graph) if node.name in names for name in node.input if name in sizes}.values())
 
 
 def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
@@ -347,9 +366,20 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         if (unfixable or needed or shaped) and trial([])[0]:
             result = SearchResult(True, [], tried[0], time.perf_counter() - started, True, None if needed else "keeping nodes in fp32 fixes none of the failures")
         else:
-            result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried)
+            sizes = _sizes(named, named)
+            cost_limit = MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"])
+
+            def hopeless(nodes: list[str]) -> str | None:
+                # every result contains these nodes, and each keeps the fp32 weights it reads
+                floor = kept_weight_floor(named, [*needed, *shaped, *nodes])
+                if floor > cost_limit:
+                    return (f"stopped early: the {len(nodes)} nodes proven needed keep at least {floor:,} B of weights in fp32, more than half of "
+                            f"fp16's saving ({int(2 * cost_limit):,} B): every kept set that passes contains them")
+                return None
+
+            result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried, hopeless)
             if result is None:
-                result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
+                result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds, hopeless)
     if result.passed:
         result.kept = [*needed, *shaped, *result.kept]
     result.trials = tried[0]
