@@ -247,7 +247,7 @@ def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_pat
     assert any(item["variant"] == "fp16" for item in report["refused"])
     search = next(s for s in report["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]["search"]
     # both Convs are needed: once both are proven, their weights are all of fp16's saving
-    assert search["failed"].startswith("stopped early: the 2 nodes proven needed keep at least 432 B") and "more than half of fp16's saving" in search["failed"]
+    assert search["failed"].startswith("stopped early (all kept but one, 2 trials): the 2 nodes proven needed keep at least 432 B") and "more than half of fp16's saving" in search["failed"]
     # the figure of what no cheap kept set fixes: the weights' own rounding
     assert search["diagnosis"] and all("weight rounding alone costs" in line and "on `y`" in line for line in search["diagnosis"])
     assert not (tmp_path / "strict.lock.json").exists()

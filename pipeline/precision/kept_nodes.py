@@ -32,6 +32,10 @@ DID_NOT_RUN = "did not run"  # an evaluator's detail for a model that produced n
 # A kept set that spends more than this share of fp16's saving (fp32 bytes - all-fp16 bytes) is no
 # fp16 variant worth shipping: the search fails instead (fp16 then fails its host check as before).
 MAX_KEPT_COST_SHARE = 0.5
+# Before a search, the heaviest candidates are tested one at a time with every other candidate kept
+# ("all kept but one"): a failure proves that node is in every passing set. At most this many such
+# trials, and only where these nodes' weights could together cost more than MAX_KEPT_COST_SHARE.
+ELIMINATION_PROBES = 8
 
 
 @dataclass
@@ -234,6 +238,25 @@ def kept_weight_floor(model: onnx.ModelProto, nodes: list[str]) -> int:
     return sum({name: sizes[name] for node in nodes_in_order(model.graph) if node.name in names for name in node.input if name in sizes}.values())
 
 
+def _all_kept_but_one(model: onnx.ModelProto, pool: list[str], trial: Callable, hopeless: Callable) -> str | None:
+    """Why no acceptable kept set exists, proven before the search, or None. Keeping more nodes
+    never hurts (the search's own assumption), so a node whose absence from the whole pool already
+    fails is in every passing set. The heaviest ELIMINATION_PROBES candidates are tried that way,
+    heaviest first, while the nodes proven so far and those left to try could still cost more than
+    `hopeless` allows; it returns its reason once the proven ones do."""
+    heaviest = sorted((node for node in pool if kept_weight_floor(model, [node])), key=lambda node: -kept_weight_floor(model, [node]))[:ELIMINATION_PROBES]
+    proven: list[str] = []
+    for index, node in enumerate(heaviest):
+        if hopeless(proven + heaviest[index:]) is None:
+            return None  # even if every node left were needed, they could not prove it
+        if not trial([other for other in pool if other != node])[0]:
+            proven.append(node)
+            why = hopeless(proven)
+            if why:
+                return why.replace("stopped early:", f"stopped early (all kept but one, {index + 1} trials):", 1)
+    return None
+
+
 def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
     """Weight bytes of fp32, of the all-fp16 ideal (every fp32 weight halved) and of the variant."""
     source_weights = weight_bytes_by_type(source)
@@ -370,16 +393,24 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
             cost_limit = MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"])
 
             def hopeless(nodes: list[str]) -> str | None:
-                # every result contains these nodes, and each keeps the fp32 weights it reads
-                floor = kept_weight_floor(named, [*needed, *shaped, *nodes])
+                # every result contains these nodes (and the ones kept before the search), each keeping the fp32 weights it reads
+                floor = kept_weight_floor(named, [*kept, *needed, *shaped, *nodes])
                 if floor > cost_limit:
                     return (f"stopped early: the {len(nodes)} nodes proven needed keep at least {floor:,} B of weights in fp32, more than half of "
                             f"fp16's saving ({int(2 * cost_limit):,} B): every kept set that passes contains them")
                 return None
 
-            result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried, hopeless)
-            if result is None:
-                result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds, hopeless)
+            before_probes = tried[0]
+            why = _all_kept_but_one(named, pool, trial, hopeless)
+            # the probes do not spend the search's budget: a search that passes finds the same set with or without them
+            probes, tried[0] = tried[0] - before_probes, before_probes
+            if why:
+                result = SearchResult(False, [], tried[0], time.perf_counter() - started, False, why)
+            else:
+                result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried, hopeless)
+                if result is None:
+                    result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds, hopeless)
+            tried[0] += probes
     if result.passed:
         result.kept = [*needed, *shaped, *result.kept]
     result.trials = tried[0]
