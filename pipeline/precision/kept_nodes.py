@@ -401,11 +401,11 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
                 return None
 
             before_probes = tried[0]
-            why = _all_kept_but_one(named, pool, trial, hopeless)
+            proof = _all_kept_but_one(named, pool, trial, hopeless)
             # the probes do not spend the search's budget: a search that passes finds the same set with or without them
             probes, tried[0] = tried[0] - before_probes, before_probes
-            if why:
-                result = SearchResult(False, [], tried[0], time.perf_counter() - started, False, why)
+            if proof:
+                result = SearchResult(False, [], tried[0], time.perf_counter() - started, False, proof)
             else:
                 result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried, hopeless)
                 if result is None:
