@@ -98,6 +98,29 @@ def test_the_weight_floor_of_a_kept_set_never_exceeds_what_its_conversion_costs(
     assert kept_weight_floor(model, ["relu"]) == 0
 
 
+def test_all_kept_but_one_proves_a_hopeless_search_and_never_an_acceptable_one():
+    """A node whose absence from the whole pool fails is in every passing set: once such nodes
+    alone cost more than half of fp16's saving, no search can succeed. Where an acceptable set
+    exists (conv1 alone: exactly half the saving), the probes prove nothing."""
+    from build_helpers import conv_model
+    from pipeline.precision.kept_nodes import _all_kept_but_one, kept_weight_floor
+
+    model = conv_model(channels=16)  # each Conv's weights: 1728 B, 864 B over fp16
+    limit = 864
+
+    def hopeless(nodes):
+        floor = kept_weight_floor(model, nodes)
+        return f"stopped early: {floor} B" if floor > limit else None
+
+    pool = ["conv1", "relu", "conv2"]
+    both, calls = _oracle({"conv1", "conv2"})
+    assert _all_kept_but_one(model, pool, both, hopeless) == "stopped early (all kept but one, 2 trials): 1728 B"
+    assert calls == [["relu", "conv2"], ["conv1", "relu"]]  # the heaviest first, each with every other node kept
+    one, calls = _oracle({"conv1"})
+    assert _all_kept_but_one(model, pool, one, hopeless) is None and len(calls) == 2
+    assert search_keep_set(pool, one, max_trials=10, max_seconds=60, hopeless=hopeless).kept == ["conv1"]
+
+
 def test_ranking_puts_the_overflow_then_the_cancellation_and_its_producers_first():
     ranked = rank_nodes(overflow_model(), {"x": np.linspace(-1, 1, 64, dtype=np.float32)[None]}, lambda path, feeds: run_model(path, feeds).outputs)
     assert ranked[0].node == "energy_sum" and "65504" in ranked[0].why
