@@ -62,6 +62,9 @@ KINDS = {
     "qoperator-int8-axis": ({"quant_format": "QOperator", "per_channel": True, "weight_type": "QInt8"}, 0.02),
     "matmulnbits-asymmetric": ({"symmetric": False}, 0.1),
     "matmulnbits-symmetric": ({"symmetric": True}, 0.1),
+    # the same 4-bit blocks as opset 21 QDQ: uint4 DequantizeLinear with block_size (onnxruntime
+    # fuses it with the MatMul into MatMulNBits on its 8-bit activations: the quantized model's error)
+    "qdq-uint4-blocked": ({"symmetric": False, "format": "QDQ"}, 0.1),
 }
 
 
@@ -75,7 +78,12 @@ def _quantize(source: Path, target: Path, settings: dict) -> None:
     if "symmetric" in settings:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), block_size=16, is_symmetric=settings["symmetric"])
+        model = onnx.load(str(source))
+        options = {}
+        if settings.get("format") == "QDQ":
+            model.opset_import[0].version, model.ir_version = 21, 10  # blocked DequantizeLinear
+            options["quant_format"] = QuantFormat.QDQ
+        quantizer = MatMulNBitsQuantizer(model, block_size=16, is_symmetric=settings["symmetric"], **options)
         quantizer.process()
         quantizer.model.save_model_to_file(str(target))
         return
@@ -126,6 +134,8 @@ def test_the_twin_of_a_static_quantization_is_fp32_and_within_the_bounds(models,
     figures = compare(reference, result)
     bounds = threshold_for("tensor", "quantized", "cpu")
     assert figures["max_abs_of_range"] <= bounds["max_abs_of_range"] and figures["rel_l2"] <= bounds["rel_l2"], figures
+    if kind == "qdq-uint4-blocked":
+        assert any(a.name == "block_size" and a.i == 16 for n in quantized.graph.node for a in n.attribute if n.op_type == "DequantizeLinear")
     if kind.startswith("matmulnbits"):
         # MatMulNBits computes in float on the dequantized blocks: the twin is the same product
         assert figures["max_abs_of_range"] < 1e-5, figures
