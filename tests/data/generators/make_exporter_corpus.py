@@ -1,5 +1,6 @@
 """Export every flagship architecture with both torch.onnx exporters at two input sizes
-(tests/data/exporter_corpus/<name>.<exporter>.<size>.onnx): the fp16 conversion corpus.
+(tests/data/exporter_corpus/<name>.<exporter>.<size>.onnx): the fp16 conversion corpus; beside
+them a VITS-architecture voice (`VITS` below) whose float durations decide its output length.
 
 The two exporters write the same module as different graphs: the TorchScript exporter
 (`dynamo=False`, opset 17) traces shapes into Shape/Gather/Cast chains, keeps `torch.arange` over a
