@@ -87,7 +87,7 @@ def test_the_exporter_corpus_holds_both_exporters_of_every_flagship_architecture
     corpus = {p.name.split(".")[0]: set() for p in (DATA / "exporter_corpus").glob("*.onnx")}
     for path in (DATA / "exporter_corpus").glob("*.onnx"):
         corpus[path.name.split(".")[0]].add(path.name.split(".")[1])
-    assert set(corpus) == {"lama", "migan", "vocos", "wavtokenizer", "htdemucs", "mdx", "scnet", "mpsenet"}
+    assert set(corpus) == {"lama", "migan", "vocos", "wavtokenizer", "htdemucs", "mdx", "scnet", "mpsenet", "vits"}
     assert all(exporters == {"torchscript", "dynamo"} for exporters in corpus.values()), corpus
     lama = onnx.load(str(DATA / "exporter_corpus" / "lama.torchscript.small.onnx"))
     # the pattern the TorchScript exporter writes for LaMa's Fourier unit

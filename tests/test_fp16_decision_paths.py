@@ -4,14 +4,18 @@ stay fp32, found from the graph before any trial (pipeline/precision/decision_pa
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from build_helpers import conv_model, model_from_text, run, save
 from pipeline.cli import app
 from pipeline.graph.passes.util import all_graphs
 from pipeline.precision.decision_paths import decision_paths
+
+DATA = Path(__file__).resolve().parent / "data"
 
 # A duration predictor as VITS has it: float durations, Ceil, cast to integers, summed into the
 # output's length. At x = 2.0004 fp32 rounds up to 3; fp16 holds 2.0004 as 2.0 and rounds to 2.
@@ -128,3 +132,40 @@ def test_a_float_path_into_a_length_through_if_branches_is_found():
     kept = decision_paths(model)
     # both branches' rounding and cast, and the float Mul of the main graph above them
     assert sorted(kept) == ["ceil_g_Cast_1", "ceil_g_Ceil_0", "durations_Mul_0", "floor_g_Cast_1", "floor_g_Floor_0"]
+
+
+# A float Range bound cast from an integer: `torch.arange(n, dtype=float)` over a length the durations
+# decided, as the TorchScript exporter writes it: the walk goes on through the integer to the Ceil.
+FLOAT_RANGE = """
+<ir_version: 8, opset_import: ["" : 17]>
+arange (float[1, 8] x) => (float[F] y) <float zero = {0.0}, float one = {1.0}> {
+  up = Ceil (x)
+  total = ReduceSum <keepdims = 0> (up)
+  frames = Cast <to = 7> (total)
+  limit = Cast <to = 1> (frames)
+  y = Range (zero, limit, one)
+}
+"""
+
+
+def test_a_float_range_bound_cast_from_an_integer_keeps_the_rounding_above_it():
+    assert set(decision_paths(named(FLOAT_RANGE))) == {"Ceil_0", "ReduceSum_1", "Cast_2", "Cast_3"}
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_vits_export_of_either_torch_exporter_builds_a_verified_fp16_keeping_its_duration_path(tmp_path, exporter):
+    """tests/data/exporter_corpus/vits.*.small.onnx (make_exporter_corpus.py): the duration
+    predictor's path into the waveform's length (Ceil → sum → Cast → Range) stays fp32 with the
+    encoder above it, found before any trial; the rest is fp16 and verified on the host and the
+    WebGPU kernels, the waveform as long as fp32's."""
+    source = DATA / "exporter_corpus" / f"vits.{exporter}.small.onnx"
+    result = CliRunner().invoke(app, ["build", str(source), "--no-browser", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    package = tmp_path / f"vits.{exporter}.small"
+    manifest = json.loads((package / "manifest.json").read_text())
+    kept = {entry["op"]: entry["why"] for entry in manifest["fp16"]["keptFp32"]}
+    assert {"Ceil", "Exp", "ReduceSum"} <= set(kept) and "Range" in kept["Ceil"] and "kept without a trial" in kept["Ceil"]
+    assert "ConvTranspose" not in kept  # the decoder is fp16
+    report = json.loads((package / "report.json").read_text())
+    fp16 = {c["stage"]: c for c in report["checks"] if c["variant"] == "fp16" and c["stage"] in ("host", "webgpu-kernels")}
+    assert fp16["host"]["status"] == "passed" and fp16["webgpu-kernels"]["status"] == "passed", fp16

@@ -64,6 +64,63 @@ def test_search_stops_at_its_budgets_and_says_so():
     assert not failed.passed and failed.trials == 1 and "still misses" in failed.stopped
 
 
+def test_a_search_whose_proven_nodes_are_already_unacceptable_stops_there_and_an_acceptable_one_is_unchanged():
+    """Every passing result contains the nodes proven needed so far: once they alone are too dear
+    (`hopeless`), the search fails at once with that reason; a test that never fires changes nothing."""
+    ranked = [f"n{i}" for i in range(500)]
+    trial, _ = _oracle({"n1", "n4", "n37"})
+    full = search_keep_set(ranked, trial, max_trials=60, max_seconds=60)
+    checked = []
+
+    def too_dear(nodes):
+        checked.append(list(nodes))
+        return "n37 keeps too many weights" if "n37" in nodes else None
+
+    stopped = search_keep_set(ranked, trial, max_trials=60, max_seconds=60, hopeless=too_dear)
+    assert not stopped.passed and stopped.kept == [] and stopped.stopped == "n37 keeps too many weights"
+    assert stopped.trials < full.trials and checked == [["n37"]]  # n37 is the first node proven needed
+    same = search_keep_set(ranked, trial, max_trials=60, max_seconds=60, hopeless=lambda nodes: None)
+    assert (same.passed, same.kept, same.trials, same.minimal) == (full.passed, full.kept, full.trials, full.minimal)
+
+
+def test_the_weight_floor_of_a_kept_set_never_exceeds_what_its_conversion_costs():
+    """The early stop is sound only if the floor is a floor: each kept node's weights stay fp32."""
+    from build_helpers import conv_model
+    from pipeline.precision.fp16 import convert_with_keeps
+    from pipeline.precision.kept_nodes import _sizes, kept_weight_floor
+
+    model = conv_model(channels=16)
+    for keep in (["conv1"], ["conv2"], ["conv1", "relu"], ["conv1", "conv2"]):
+        converted = convert_with_keeps(model, keep={name: "test" for name in keep}).model
+        floor = kept_weight_floor(model, keep)
+        assert 0 < floor <= _sizes(model, converted)["kept_cost_bytes"], keep
+    assert kept_weight_floor(model, ["conv1", "conv2"]) == (16 * 3 * 9 + 3 * 16 * 9) * 4 // 2
+    assert kept_weight_floor(model, ["relu"]) == 0
+
+
+def test_all_kept_but_one_proves_a_hopeless_search_and_never_an_acceptable_one():
+    """A node whose absence from the whole pool fails is in every passing set: once such nodes
+    alone cost more than half of fp16's saving, no search can succeed. Where an acceptable set
+    exists (conv1 alone: exactly half the saving), the probes prove nothing."""
+    from build_helpers import conv_model
+    from pipeline.precision.kept_nodes import _all_kept_but_one, kept_weight_floor
+
+    model = conv_model(channels=16)  # each Conv's weights: 1728 B, 864 B over fp16
+    limit = 864
+
+    def hopeless(nodes):
+        floor = kept_weight_floor(model, nodes)
+        return f"stopped early: {floor} B" if floor > limit else None
+
+    pool = ["conv1", "relu", "conv2"]
+    both, calls = _oracle({"conv1", "conv2"})
+    assert _all_kept_but_one(model, pool, both, hopeless) == "stopped early (all kept but one, 2 trials): 1728 B"
+    assert calls == [["relu", "conv2"], ["conv1", "relu"]]  # the heaviest first, each with every other node kept
+    one, calls = _oracle({"conv1"})
+    assert _all_kept_but_one(model, pool, one, hopeless) is None and len(calls) == 2
+    assert search_keep_set(pool, one, max_trials=10, max_seconds=60, hopeless=hopeless).kept == ["conv1"]
+
+
 def test_ranking_puts_the_overflow_then_the_cancellation_and_its_producers_first():
     ranked = rank_nodes(overflow_model(), {"x": np.linspace(-1, 1, 64, dtype=np.float32)[None]}, lambda path, feeds: run_model(path, feeds).outputs)
     assert ranked[0].node == "energy_sum" and "65504" in ranked[0].why
@@ -212,7 +269,8 @@ def test_a_kept_set_that_loses_most_of_the_saving_is_not_an_fp16_variant(tmp_pat
     report = json.loads(result.stdout)
     assert any(item["variant"] == "fp16" for item in report["refused"])
     search = next(s for s in report["steps"] if s["name"] == "fp16_keep_fp32")["records"][0]["search"]
-    assert "more than half of fp16's saving lost" in search["failed"]
+    # both Convs are needed: once both are proven, their weights are all of fp16's saving
+    assert search["failed"].startswith("stopped early (all kept but one, 2 trials): the 2 nodes proven needed keep at least 432 B") and "more than half of fp16's saving" in search["failed"]
     # the figure of what no cheap kept set fixes: the weights' own rounding
     assert search["diagnosis"] and all("weight rounding alone costs" in line and "on `y`" in line for line in search["diagnosis"])
     assert not (tmp_path / "strict.lock.json").exists()

@@ -160,18 +160,20 @@ def test_a_quantized_model_is_judged_against_its_float_twin_on_the_host_and_the_
 
 
 def test_a_quantized_model_without_a_float_twin_says_why_it_is_its_own_reference(tmp_path):
-    # static QDQ around a Relu: QuantizeLinear has no twin in pipeline/precision/dequantize.py
+    # com.microsoft's QLinearSoftmax has no twin in pipeline/precision/dequantize.py
     graph = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), helper.make_node("Relu", ["d"], ["y"])],
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("QLinearSoftmax", ["q", "s", "z", "s", "z"], ["p"], domain="com.microsoft", axis=-1, opset=13),
+         helper.make_node("DequantizeLinear", ["p", "s", "z"], ["y"])],
         "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
         [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     result = build(str(save_model(model, tmp_path / "qdq.onnx")), "--no-browser", "--out", str(tmp_path / "d"))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # nothing but a self-reference: no check passed
     assert "step fp32_reference" not in result.stdout  # not changed: the record says none
     report = json.loads((tmp_path / "d" / "qdq" / "report.json").read_text())
     step = next(s for s in report["steps"] if s["name"] == "fp32_reference")
-    assert step["records"][0]["what"].startswith("none: no float twin for DequantizeLinear, QuantizeLinear")
+    assert step["records"][0]["what"].startswith("none: no float twin for com.microsoft::QLinearSoftmax")
     kernels = next(c for c in report["checks"] if c["stage"] == "webgpu-kernels")
-    assert kernels["status"] == "skipped" and kernels["detail"] == "no fp32 reference to judge it by (no float twin for DequantizeLinear, QuantizeLinear)"
+    assert kernels["status"] == "skipped" and kernels["detail"] == "no fp32 reference to judge it by (no float twin for com.microsoft::QLinearSoftmax)"

@@ -56,38 +56,35 @@ def decision_paths(model: onnx.ModelProto) -> dict[str, str]:
     def is_float(name: str) -> bool:
         return types.get(name) in _FLOATS
 
-    def keep_float_ancestors(start: str, why: str) -> None:
+    def trace(start: str, why: str) -> None:
+        """Up from a value that decides: a float one is kept with everything above it; an integer
+        one is followed through the integer arithmetic that computes it to where a float became
+        an integer (a `Cast` to an integer type, or a `Ceil`/`Floor`/`Round`), which is kept with
+        its float ancestors. A float limit cast from an integer (`torch.arange(n, dtype=float)`:
+        Range(Cast(to=FLOAT)(Cast(to=INT64)(durations)))) is followed on through that integer."""
+        seen: set[str] = set()
         stack = [start]
         while stack:
-            node = producer.get(stack.pop())
-            if node is None or not node.name or node.name in found or node.op_type == "Constant":
+            name = stack.pop()
+            node = producer.get(name)
+            if node is None or name in seen or name in constants or node.op_type == "Constant":
                 continue
-            found[node.name] = why
-            # above a Cast from an integer the values are integers: nothing there rounds
-            stack += [name for name in [*node.input, *body_outputs(node)] if name and name not in constants and is_float(name)]
+            seen.add(name)
+            if node.op_type in ("Shape", "Size"):
+                continue  # a tensor's shape is exact whatever its precision
+            float_inputs = [i for i in node.input if i and i not in constants and is_float(i)]
+            if is_float(name) or (float_inputs and (node.op_type == "Cast" or node.op_type in _ROUNDING)):
+                if node.name:
+                    found.setdefault(node.name, why)
+                stack += [i for i in [*node.input, *body_outputs(node)] if i and i not in constants]
+            else:
+                # integers only: a float reaching here (a comparison's operand) was not rounded into this value
+                stack += [i for i in [*node.input, *body_outputs(node)] if i and not is_float(i)]
 
     for sink in nodes:
         for position in DECISION_INPUTS.get(sink.op_type, ()):
             if position >= len(sink.input) or not sink.input[position] or sink.input[position] in constants:
                 continue
-            why = f"decides a shape, length, count or index: input {position} of {sink.op_type} '{sink.name or sink.output[0]}'; kept without a trial"
-            if is_float(sink.input[position]):  # Resize/Upsample scales: a float that sizes the output
-                keep_float_ancestors(sink.input[position], why)
-                continue
-            seen: set[str] = set()
-            stack = [sink.input[position]]
-            while stack:  # up through the integer arithmetic to where a float became an integer
-                name = stack.pop()
-                node = producer.get(name)
-                if node is None or name in seen or name in constants:
-                    continue
-                seen.add(name)
-                float_inputs = [i for i in node.input if i and i not in constants and is_float(i)]
-                if node.op_type == "Shape" or node.op_type == "Size":
-                    continue  # a tensor's shape is exact whatever its precision
-                if float_inputs and (node.op_type == "Cast" or node.op_type in _ROUNDING):
-                    keep_float_ancestors(name, why)
-                    continue
-                # integers only: a float reaching here (a comparison's operand) was not rounded into this value
-                stack += [i for i in [*node.input, *body_outputs(node)] if i and not is_float(i)]
+            # Resize/Upsample scales, a float Range's bounds: floats that size the output
+            trace(sink.input[position], f"decides a shape, length, count or index: input {position} of {sink.op_type} '{sink.name or sink.output[0]}'; kept without a trial")
     return found

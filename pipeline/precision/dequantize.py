@@ -1,17 +1,25 @@
 """An fp32 reference for a quantized model: the model dequantized.
 
 A quantized source has no fp32 original in the package; judged against itself, a check can only
-say it runs. Its dynamically quantized ops (onnxruntime's `quantize_dynamic`) have float twins that
-compute what the integer op approximates, on the same (dequantized) weights:
-- `MatMulInteger` / `ConvInteger` → `MatMul` / `Conv`. An integer input made by
-  `DynamicQuantizeLinear(x)` is `(q - zp) ≈ x / scale`, so it becomes `x / scale`; a constant one
-  becomes `q - zp` as floats. The output, float where it was int32, then goes through the same
-  `Cast` and scale multiply the quantizer wrote, so the result is `x @ dequantized(W)`.
-- `com.microsoft::DynamicQuantizeLSTM` → `LSTM` with `(W - zp) * scale` (and R), transposed back
-  to the LSTM layout.
-`DynamicQuantizeLinear` nodes left without readers go. The difference between the quantized model
-and this reference is then the activation quantization's error, which is what the quantized
-variant's bounds judge. Any other quantized op leaves no reference: the caller says why.
+say it runs. Its quantized ops have float twins that compute what the integer op approximates, on
+the same (dequantized) weights, so the difference between the quantized model and this reference is
+the activations' quantization error, which the quantized variant's bounds judge:
+- dynamic quantization (`quantize_dynamic`): `MatMulInteger` / `ConvInteger` → `MatMul` / `Conv`.
+  An integer input made by `DynamicQuantizeLinear(x)` is `(q - zp) ≈ x / scale`, so it becomes
+  `x / scale`; a constant one becomes `q - zp` as floats. The output, float where it was int32, then
+  goes through the same `Cast` and scale multiply the quantizer wrote, so the result is
+  `x @ dequantized(W)`. `com.microsoft::DynamicQuantizeLSTM` → `LSTM` with `(W - zp) * scale` (and
+  R), transposed back to the LSTM layout. `DynamicQuantizeLinear` nodes left without readers go.
+- static quantization (`quantize_static`), QDQ format: `QuantizeLinear(x)` → `DequantizeLinear`
+  is `x` itself; a `DequantizeLinear` of a constant (per tensor, per axis, blocked; 8 or 4 bits, in
+  the default or the `com.microsoft` domain) is its float value.
+- QOperator format: each `QLinear*` op (quantized_weights.py reads their constants) becomes its
+  float op on the float twins of its inputs (`QLinearConv`'s int32 bias scaled by
+  `x_scale * w_scale`); ops the quantizer runs on 8-bit values as they are (Reshape, Flatten,
+  Transpose, MaxPool, ...) read the float twin instead.
+- `com.microsoft::MatMulNBits` (blockwise 4/8-bit weights) → `MatMul` (+ bias) on its weight.
+Any other quantized op, or an op reading a quantized tensor it cannot read in float, leaves no
+reference: the reason names it, and the caller says why.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from onnx import helper, numpy_helper
 
 from pipeline.graph.passes.util import NameMaker, constant_values, copy_model
 from pipeline.precision.detect import quantized_ops
+from pipeline.precision.quantized_weights import dequantize, matmul_nbits_weight
 
 _INTEGER_TWINS = {"MatMulInteger": "MatMul", "ConvInteger": "Conv"}
 
@@ -69,43 +78,205 @@ def _lstm(node: onnx.NodeProto, constants: dict[str, np.ndarray], fresh: NameMak
     return lstm
 
 
+
+# QOperator ops: the float op, where the (value, scale, zero point) triples of its inputs start,
+# the positions of its output's scale and zero point (dropped), and the axis a 1-D weight scale
+# runs along (None: per tensor only).
+_QLINEAR = {
+    "QLinearConv": ("Conv", (0, 3), 0),
+    "QLinearMatMul": ("MatMul", (0, 3), -1),
+    "QLinearAdd": ("Add", (0, 3), None),
+    "QLinearMul": ("Mul", (0, 3), None),
+    "QLinearSigmoid": ("Sigmoid", (0,), None),
+    "QLinearLeakyRelu": ("LeakyRelu", (0,), None),
+    "QLinearGlobalAveragePool": ("GlobalAveragePool", (0,), None),
+    "QLinearAveragePool": ("AveragePool", (0,), None),
+}
+# Ops onnxruntime's QOperator quantizer runs on 8-bit values as they are (same scale in and out):
+# on the float twin they compute the same thing. Their data is input 0.
+_PASS_THROUGH = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Split", "Slice", "Gather", "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile"}
+_STANDARD = ("", "ai.onnx")
+
+
+def _qualified(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in _STANDARD else f"{node.domain}::{node.op_type}"
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return f"{_qualified(node)} '{node.name or node.output[0]}'"
+
+
+class _Twin:
+    """One walk over the main graph in order: each quantized tensor's float twin (`floats`), each
+    DequantizeLinear output as the float it stands for (`alias`), the float nodes and weights."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.constants = constant_values(graph)
+        self.made_by = {output: node for node in graph.node for output in node.output}
+        self.fresh = NameMaker(graph)
+        self.floats: dict[str, str] = {}
+        self.alias: dict[str, str] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def constant(self, name: str) -> np.ndarray | None:
+        return self.constants.get(name) if name else None
+
+    def weight(self, base: str, values: np.ndarray) -> str:
+        name = self.fresh(f"{base}__float")
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(values, dtype=np.float32), name))
+        return name
+
+    def float_of(self, node: onnx.NodeProto, value: str, scale: str, zero: str, axis: int | None) -> str:
+        """The float twin of a quantized input (value, scale, zero point) of `node`."""
+        if value in self.floats:
+            return self.floats[value]
+        q, s, z = self.constant(value), self.constant(scale), self.constant(zero)
+        if q is None or s is None or (zero and z is None):
+            raise _NoTwin(f"{_label(node)} reads '{value}', which no QuantizeLinear, quantized op or constant made")
+        if s.size > 1 and axis is None:
+            raise _NoTwin(f"{_label(node)} reads '{value}' with a per-axis scale where pack expects one per tensor")
+        return self.weight(value, dequantize(q, s, z, axis if axis is not None else 1))
+
+    def visit(self, node: onnx.NodeProto) -> None:
+        node.input[:] = [self.alias.get(name, name) for name in node.input]
+        standard, microsoft = node.domain in _STANDARD, node.domain == "com.microsoft"
+        op = node.op_type
+        if op == "QuantizeLinear" and (standard or microsoft):
+            self.floats[node.output[0]] = node.input[0]
+        elif op == "DequantizeLinear" and (standard or microsoft):
+            self._dequantize_linear(node)
+        elif op in _QLINEAR and (standard or microsoft):
+            self._qlinear(node)
+        elif op == "QLinearConcat" and microsoft:
+            inputs = [self.float_of(node, *node.input[i : i + 3], None) for i in range(2, len(node.input), 3)]
+            self._emit(node, "Concat", inputs, {"axis": helper.get_node_attr_value(node, "axis")})
+        elif op == "MatMulNBits" and microsoft:
+            self._matmul_nbits(node)
+        elif op in _INTEGER_TWINS and standard:
+            self._integer(node)
+        elif op == "DynamicQuantizeLSTM" and microsoft:
+            lstm = _lstm(node, self.constants, self.fresh, self.initializers)
+            if lstm is None:
+                raise _NoTwin(f"DynamicQuantizeLSTM '{node.name or node.output[0]}' has weights, scales or zero points that are not constants")
+            self.nodes.append(lstm)
+        elif any(name in self.floats for name in node.input):
+            self._pass_through(node)
+        else:
+            self.nodes.append(node)
+
+    def _dequantize_linear(self, node: onnx.NodeProto) -> None:
+        value = node.input[0]
+        if value in self.floats:
+            self.alias[node.output[0]] = self.floats[value]
+            return
+        q, s = self.constant(value), self.constant(node.input[1])
+        zero = node.input[2] if len(node.input) > 2 else ""
+        z = self.constant(zero)
+        if q is None or s is None or (zero and z is None):
+            raise _NoTwin(f"{_label(node)} reads '{value}', which no QuantizeLinear or constant made")
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self.alias[node.output[0]] = self.weight(value, dequantize(q, s, z, attributes.get("axis", 1), attributes.get("block_size", 0)))
+
+    def _qlinear(self, node: onnx.NodeProto) -> None:
+        float_op, starts, axis = _QLINEAR[node.op_type]
+        inputs = [self.float_of(node, *node.input[i : i + 3], axis if i else None) for i in starts]
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attributes.pop("channels_last", 0):
+            raise _NoTwin(f"{_label(node)} is channels-last")
+        if node.op_type == "QLinearConv" and len(node.input) > 8 and node.input[8]:
+            bias, x_scale, w_scale = (self.constant(node.input[i]) for i in (8, 1, 4))
+            if bias is None or x_scale is None or w_scale is None:
+                raise _NoTwin(f"{_label(node)} has a bias or scales that are not constants")
+            inputs.append(self.weight(node.input[8], bias.astype(np.float32) * x_scale.astype(np.float32) * w_scale.astype(np.float32).reshape(-1)))
+        self._emit(node, float_op, inputs, attributes)
+
+    def _matmul_nbits(self, node: onnx.NodeProto) -> None:
+        names = list(node.input) + [""] * (6 - len(node.input))
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        blob, scales = self.constant(names[1]), self.constant(names[2])
+        zero = self.constant(names[3])
+        if blob is None or scales is None or (names[3] and zero is None):
+            raise _NoTwin(f"{_label(node)} has weights, scales or zero points that are not constants")
+        if names[4]:
+            raise _NoTwin(f"{_label(node)} reorders its blocks (g_idx)")
+        weight = matmul_nbits_weight(blob, scales, zero, attributes["K"], attributes["N"], attributes.get("bits", 4), attributes["block_size"])
+        if isinstance(weight, str):
+            raise _NoTwin(f"{_label(node)} has {weight}")
+        inputs = [names[0], self.weight(names[1], weight)]
+        if not names[5]:
+            self.nodes.append(helper.make_node("MatMul", inputs, list(node.output), name=node.name))
+            return
+        product = self.fresh(f"{node.output[0]}__product")
+        self.nodes += [helper.make_node("MatMul", inputs, [product], name=node.name), helper.make_node("Add", [product, names[5]], list(node.output), name=self.fresh(f"{node.name}__bias"))]
+
+    def _integer(self, node: onnx.NodeProto) -> None:
+        added: list[onnx.NodeProto] = []
+        zero_points = [node.input[i] if len(node.input) > i and node.input[i] else None for i in (2, 3)]
+        a = _float_input(node.input[0], zero_points[0], self.made_by, self.constants, self.fresh, added, self.initializers)
+        b = _float_input(node.input[1], zero_points[1], self.made_by, self.constants, self.fresh, added, self.initializers)
+        if a is None or b is None:
+            raise _NoTwin(f"{node.op_type} '{node.name or node.output[0]}' reads an integer input no DynamicQuantizeLinear or constant made")
+        float_node = helper.make_node(_INTEGER_TWINS[node.op_type], [a, b], list(node.output), name=node.name)
+        float_node.attribute.extend(node.attribute)
+        self.nodes += [*added, float_node]
+
+    def _pass_through(self, node: onnx.NodeProto) -> None:
+        quantized = [name for name in node.input if name in self.floats]
+        if node.op_type not in _PASS_THROUGH or node.domain not in _STANDARD or quantized != [node.input[0]]:
+            raise _NoTwin(f"no float twin for {_label(node)}: it reads the quantized tensor '{quantized[0]}'")
+        twin = onnx.NodeProto()
+        twin.CopyFrom(node)
+        twin.input[0] = self.floats[node.input[0]]
+        # MaxPool's second output (indices) is an index either way
+        carried = node.output[:1] if node.op_type == "MaxPool" else node.output
+        for i, name in enumerate(carried):
+            if name:
+                twin.output[i] = self.floats[name] = self.fresh(f"{name}__float")
+        self.nodes.append(twin)
+
+    def _emit(self, node: onnx.NodeProto, op: str, inputs: list[str], attributes: dict) -> None:
+        output = self.fresh(f"{node.output[0]}__float")
+        self.floats[node.output[0]] = output
+        self.nodes.append(helper.make_node(op, inputs, [output], name=node.name, **attributes))
+
+
+class _NoTwin(Exception):
+    pass
+
+
 def dequantized(model: onnx.ModelProto) -> onnx.ModelProto | str:
-    """The float twin of a dynamically quantized model, or why there is none."""
-    handled = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "com.microsoft::DynamicQuantizeLSTM"}
-    others = sorted(set(quantized_ops(model)) - handled)
+    """The float twin of a quantized model, or why there is none (naming the op)."""
+    handled = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+               "com.microsoft::QuantizeLinear", "com.microsoft::DequantizeLinear", "com.microsoft::QLinearConcat", "com.microsoft::MatMulNBits",
+               "com.microsoft::DynamicQuantizeLSTM", *(f"com.microsoft::{op}" for op in _QLINEAR if op not in ("QLinearConv", "QLinearMatMul"))}
+    found = quantized_ops(model)
+    others = sorted(set(found) - handled)
     if others:
         return f"no float twin for {', '.join(others)}"
+    main = {_qualified(node) for node in model.graph.node}
+    if set(found) - main or any(found[op] != sum(_qualified(n) == op for n in model.graph.node) for op in found):
+        return "quantized ops inside subgraphs (If, Loop, Scan bodies) have no float twin"
     twin = copy_model(model)
     graph = twin.graph
-    constants = constant_values(graph)
-    made_by = {output: node for node in graph.node for output in node.output}
-    fresh = NameMaker(graph)
-    nodes: list[onnx.NodeProto] = []
-    initializers: list[onnx.TensorProto] = []
-    for node in graph.node:
-        if node.op_type in _INTEGER_TWINS and node.domain in ("", "ai.onnx"):
-            added: list[onnx.NodeProto] = []
-            zero_points = [node.input[i] if len(node.input) > i and node.input[i] else None for i in (2, 3)]
-            a = _float_input(node.input[0], zero_points[0], made_by, constants, fresh, added, initializers)
-            b = _float_input(node.input[1], zero_points[1], made_by, constants, fresh, added, initializers)
-            if a is None or b is None:
-                return f"{node.op_type} '{node.name or node.output[0]}' reads an integer input no DynamicQuantizeLinear or constant made"
-            float_node = helper.make_node(_INTEGER_TWINS[node.op_type], [a, b], list(node.output), name=node.name)
-            float_node.attribute.extend(node.attribute)
-            nodes += [*added, float_node]
-        elif node.op_type == "DynamicQuantizeLSTM" and node.domain == "com.microsoft":
-            lstm = _lstm(node, constants, fresh, initializers)
-            if lstm is None:
-                return f"DynamicQuantizeLSTM '{node.name or node.output[0]}' has weights, scales or zero points that are not constants"
-            nodes.append(lstm)
-        else:
-            nodes.append(node)
+    walk = _Twin(graph)
+    try:
+        for node in graph.node:
+            walk.visit(node)
+    except _NoTwin as why:
+        return str(why)
+    nodes = walk.nodes
+    for output in graph.output:
+        if output.name in walk.floats:
+            return f"output '{output.name}' is a quantized tensor: its float twin has another type"
+        if output.name in walk.alias:
+            nodes.append(helper.make_node("Identity", [walk.alias[output.name]], [output.name], name=walk.fresh(f"{output.name}__twin")))
     # the integer ops' outputs are float now: a Cast to float of them changes nothing
     read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
     kept = [n for n in nodes if not (n.op_type == "DynamicQuantizeLinear" and not any(o in read for o in n.output))]
     del graph.node[:]
     graph.node.extend(kept)
-    graph.initializer.extend(initializers)
+    graph.initializer.extend(walk.initializers)
     del graph.value_info[:]  # int32 types of the integer ops' outputs are float now
     if not any(n.domain == "com.microsoft" for n in graph.node):
         del twin.opset_import[:]
@@ -115,4 +286,3 @@ def dequantized(model: onnx.ModelProto) -> onnx.ModelProto | str:
     del graph.initializer[:]
     graph.initializer.extend(live)
     return twin
-

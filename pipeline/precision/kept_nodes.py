@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+from onnx import TensorProto, numpy_helper
 
 from pipeline.cache import temporary_folder
 from pipeline.graph.model_io import model_bytes
@@ -31,6 +32,10 @@ DID_NOT_RUN = "did not run"  # an evaluator's detail for a model that produced n
 # A kept set that spends more than this share of fp16's saving (fp32 bytes - all-fp16 bytes) is no
 # fp16 variant worth shipping: the search fails instead (fp16 then fails its host check as before).
 MAX_KEPT_COST_SHARE = 0.5
+# Before a search, the heaviest candidates are tested one at a time with every other candidate kept
+# ("all kept but one"): a failure proves that node is in every passing set. At most this many such
+# trials, and only where these nodes' weights could together cost more than MAX_KEPT_COST_SHARE.
+ELIMINATION_PROBES = 8
 
 
 @dataclass
@@ -99,7 +104,7 @@ def _ancestors(model: onnx.ModelProto, output: str) -> set[str]:
     return {node.name for node in _upstream_nodes(model, output)}
 
 
-def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int]) -> SearchResult | None:
+def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: Callable, unfixable: dict, recipe: Recipe, tried: list[int], hopeless: Callable) -> SearchResult | None:
     """One search per failing output, over the ranked nodes that output depends on, each starting
     from the nodes earlier outputs needed: independent failures cost a few trials each instead of
     one search whose every trial must fix them all. All of them share the trial budget; an output
@@ -124,7 +129,16 @@ def _search_per_output(model: onnx.ModelProto, ranked: list[str], failures_of: C
         cone = _ancestors(model, output)
         pool = [name for name in ranked if name in cone and name not in fixed]
         left_trials = recipe.fp16_search_trials - tried[0]
-        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start)) if left_trials > 0 else None
+        proven: list[str] = []  # why the nodes proven needed so far make every result unacceptable
+
+        def stop(nodes: list[str]) -> str | None:
+            why = hopeless(fixed + nodes)
+            proven.extend([why] if why else [])
+            return why
+
+        found = search_keep_set(pool, trial, left_trials, recipe.fp16_search_seconds - (time.perf_counter() - start), stop) if left_trials > 0 else None
+        if proven:
+            return SearchResult(False, [], tried[0], time.perf_counter() - start, False, proven[0])
         if found is not None and found.passed and found.minimal:
             fixed += found.kept
         else:
@@ -213,6 +227,34 @@ def diagnose_unfixable(model: onnx.ModelProto, unfixable: dict[tuple[str, str], 
         fallback = "not weight or input rounding (fp16 kernels of ops the search does not rank)" if unfixable_run else "not weight or input rounding: fp16 kernels, which keeping nodes fixes"
         lines.append(f"{evaluator}: {output}: {why} {when}; " + ("; ".join(causes) if causes else fallback))
     return lines
+
+
+def kept_weight_floor(model: onnx.ModelProto, nodes: list[str]) -> int:
+    """The least a kept set costs over the all-fp16 ideal: half the bytes of each distinct fp32
+    initializer (as `_sizes` counts them: the main graph's) that its nodes read, at any graph level;
+    a kept node's weights stay fp32. It never falls when nodes are added."""
+    sizes = {t.name: (len(t.raw_data) or numpy_helper.to_array(t).nbytes) // 2 for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
+    names = set(nodes)
+    return sum({name: sizes[name] for node in nodes_in_order(model.graph) if node.name in names for name in node.input if name in sizes}.values())
+
+
+def _all_kept_but_one(model: onnx.ModelProto, pool: list[str], trial: Callable, hopeless: Callable) -> str | None:
+    """Why no acceptable kept set exists, proven before the search, or None. Keeping more nodes
+    never hurts (the search's own assumption), so a node whose absence from the whole pool already
+    fails is in every passing set. The heaviest ELIMINATION_PROBES candidates are tried that way,
+    heaviest first, while the nodes proven so far and those left to try could still cost more than
+    `hopeless` allows; it returns its reason once the proven ones do."""
+    heaviest = sorted((node for node in pool if kept_weight_floor(model, [node])), key=lambda node: -kept_weight_floor(model, [node]))[:ELIMINATION_PROBES]
+    proven: list[str] = []
+    for index, node in enumerate(heaviest):
+        if hopeless(proven + heaviest[index:]) is None:
+            return None  # even if every node left were needed, they could not prove it
+        if not trial([other for other in pool if other != node])[0]:
+            proven.append(node)
+            why = hopeless(proven)
+            if why:
+                return why.replace("stopped early:", f"stopped early (all kept but one, {index + 1} trials):", 1)
+    return None
 
 
 def _sizes(source: onnx.ModelProto, converted: onnx.ModelProto) -> dict:
@@ -347,9 +389,28 @@ def _search(named: onnx.ModelProto, converted: onnx.ModelProto, kept: dict[str, 
         if (unfixable or needed or shaped) and trial([])[0]:
             result = SearchResult(True, [], tried[0], time.perf_counter() - started, True, None if needed else "keeping nodes in fp32 fixes none of the failures")
         else:
-            result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried)
-            if result is None:
-                result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds)
+            sizes = _sizes(named, named)
+            cost_limit = MAX_KEPT_COST_SHARE * (sizes["fp32_bytes"] - sizes["all_fp16_ideal_bytes"])
+
+            def hopeless(nodes: list[str]) -> str | None:
+                # every result contains these nodes (and the ones kept before the search), each keeping the fp32 weights it reads
+                floor = kept_weight_floor(named, [*kept, *needed, *shaped, *nodes])
+                if floor > cost_limit:
+                    return (f"stopped early: the {len(nodes)} nodes proven needed keep at least {floor:,} B of weights in fp32, more than half of "
+                            f"fp16's saving ({int(2 * cost_limit):,} B): every kept set that passes contains them")
+                return None
+
+            before_probes = tried[0]
+            proof = _all_kept_but_one(named, pool, trial, hopeless)
+            # the probes do not spend the search's budget: a search that passes finds the same set with or without them
+            probes, tried[0] = tried[0] - before_probes, before_probes
+            if proof:
+                result = SearchResult(False, [], tried[0], time.perf_counter() - started, False, proof)
+            else:
+                result = _search_per_output(named, pool, failures_of, unfixable, recipe, tried, hopeless)
+                if result is None:
+                    result = search_keep_set(pool, trial, max(recipe.fp16_search_trials - tried[0], 1), recipe.fp16_search_seconds, hopeless)
+            tried[0] += probes
     if result.passed:
         result.kept = [*needed, *shaped, *result.kept]
     result.trials = tried[0]

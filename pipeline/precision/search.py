@@ -7,6 +7,9 @@ kept set alone passes. With m needed nodes among the first k ranked, that is abo
 trials instead of one per node. Assuming keeping more nodes never hurts, the result is minimal:
 dropping any one kept node fails (each was needed with a superset of the others). Bounded by trials
 and seconds; on running out, the best passing set found so far is returned, marked not minimal.
+Every result that passes contains the nodes proven needed so far, so a caller's `hopeless` test of
+them (e.g. they already keep more weights in fp32 than a variant may) ends a search that cannot give
+an acceptable set as soon as it is proven, instead of at the budget.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 Trial = Callable[[list[str]], tuple[bool, str]]  # keep these nodes in fp32 -> (passed, detail)
+Hopeless = Callable[[list[str]], "str | None"]  # nodes every passing result contains -> why none is acceptable
 
 
 @dataclass
@@ -36,9 +40,10 @@ class _Budget(Exception):
     pass
 
 
-def search_keep_set(ranked: list[str], trial: Trial, max_trials: int = 40, max_seconds: float = 120.0) -> SearchResult:
+def search_keep_set(ranked: list[str], trial: Trial, max_trials: int = 40, max_seconds: float = 120.0, hopeless: Hopeless | None = None) -> SearchResult:
     """The smallest set of `ranked` nodes whose fp32 keeps `trial` passing. The caller knows that
-    keeping nothing fails (that is why it searches)."""
+    keeping nothing fails (that is why it searches). `hopeless(needed)`: a reason when any set
+    containing the nodes proven needed is unacceptable; the search then fails with that reason."""
     start = time.perf_counter()
     log: list[dict] = []
     seen: dict[frozenset, bool] = {}
@@ -85,6 +90,9 @@ def search_keep_set(ranked: list[str], trial: Trial, max_trials: int = 40, max_s
                     low = middle
             best = fixed + pool[:high]
             fixed = fixed + [pool[high - 1]]
+            why = hopeless(fixed) if hopeless else None
+            if why:
+                return result(False, [], False, why)
             pool = pool[: high - 1]
             known_pass = len(pool)
             if not pool:

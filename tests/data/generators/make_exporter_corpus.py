@@ -1,5 +1,6 @@
 """Export every flagship architecture with both torch.onnx exporters at two input sizes
-(tests/data/exporter_corpus/<name>.<exporter>.<size>.onnx): the fp16 conversion corpus.
+(tests/data/exporter_corpus/<name>.<exporter>.<size>.onnx): the fp16 conversion corpus; beside
+them a VITS-architecture voice (`VITS` below) whose float durations decide its output length.
 
 The two exporters write the same module as different graphs: the TorchScript exporter
 (`dynamo=False`, opset 17) traces shapes into Shape/Gather/Cast chains, keeps `torch.arange` over a
@@ -81,6 +82,40 @@ def _lama_matmul() -> nn.Module:
     return module
 
 
+class VITS(nn.Module):
+    """A VITS-architecture voice at tiny dims: a text encoder (token embeddings, convolutions), a
+    duration predictor whose float durations go through `Ceil` and are summed into the output
+    length (`torch.arange` over it: a Range whose limit a float decided), the alignment built as VITS
+    builds it (positions compared with the cumulative durations, differenced into a 0/1 path that
+    expands the encoder's frames by MatMul), and a transposed-convolution decoder to samples."""
+
+    def __init__(self, vocabulary: int = 24, channels: int = 16, hop: int = 8):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, channels)
+        self.encoder = nn.Sequential(nn.Conv1d(channels, channels, 3, padding=1), nn.ReLU(), nn.Conv1d(channels, channels, 3, padding=1))
+        self.duration = nn.Sequential(nn.Conv1d(channels, channels, 3, padding=1), nn.ReLU(), nn.Conv1d(channels, 1, 1))
+        self.decoder = nn.Sequential(
+            nn.ConvTranspose1d(channels, channels // 2, 2 * hop, stride=hop, padding=hop // 2), nn.LeakyReLU(0.1),
+            nn.Conv1d(channels // 2, 1, 7, padding=3), nn.Tanh())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(tokens).transpose(1, 2)  # [1, C, T]
+        hidden = hidden + self.encoder(hidden)
+        # log durations around 1: each token lasts 1 to ~6 frames
+        durations = torch.ceil(torch.exp(self.duration(hidden).squeeze(1) + 0.7))  # [1, T] float
+        length = torch.clamp_min(durations.sum(), 1).long()
+        ends = torch.cumsum(durations, dim=-1)  # [1, T]
+        frames = torch.arange(length, dtype=durations.dtype)  # [F]
+        upto = (frames[None, None, :] < ends[:, :, None]).float()  # [1, T, F]
+        path = upto - F.pad(upto, (0, 0, 1, 0))[:, :-1]  # frame f belongs to token t
+        expanded = hidden @ path  # [1, C, F]
+        return self.decoder(expanded).squeeze(1)  # [1, F * hop]
+
+
+def vits_example() -> tuple:
+    return (torch.randint(0, 24, (1, 12), generator=torch.Generator().manual_seed(0)),)
+
+
 def _doubled(example: tuple) -> tuple:
     """The example with its last axis doubled (images: both spatial axes)."""
     grown = []
@@ -96,6 +131,7 @@ def _architectures() -> dict:
     models = dict(flagship.MODELS)
     factory, example, inputs, outputs, tolerance = models["lama"]
     models["lama"] = (_lama_matmul, example, inputs, outputs, tolerance)
+    models["vits"] = (VITS, vits_example, ["tokens"], ["audio"], 1e-4)
     return models
 
 
