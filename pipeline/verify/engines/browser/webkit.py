@@ -126,17 +126,8 @@ def _wait(driver, script: str, limit_s: float, what: str):
 
 
 # WebDriver classic has no console and no script run before a page's own: the runner page's
-# console is hooked right after load (before any run starts), into window.__packConsole.
-CONSOLE_HOOK = """
-window.__packConsole = [];
-for (const level of ['log', 'info', 'warn', 'error']) {
-  const original = console[level].bind(console);
-  console[level] = (...args) => {
-    if (window.__packConsole.length < 5000) window.__packConsole.push({type: level === 'warn' ? 'warning' : level, text: args.map(String).join(' ').slice(0, 2000)});
-    original(...args);
-  };
-}
-"""
+# console is hooked right after load, before any run starts.
+CONSOLE_HOOK = Path(__file__).parent / "page" / "console_hook.js"
 
 
 class WebKitSession:
@@ -192,7 +183,7 @@ class WebKitSession:
         if self._driver is None:
             self._start()
         self._guarded(lambda: self._driver.get(url), LAUNCH_S)
-        self._guarded(lambda: self._driver.execute_script(CONSOLE_HOOK + init), LAUNCH_S)
+        self._guarded(lambda: self._driver.execute_script(CONSOLE_HOOK.read_text(encoding="utf-8") + "\n" + init), LAUNCH_S)
         return url
 
     def evaluate(self, handle: str, source: str, arg, limit_s: float):
