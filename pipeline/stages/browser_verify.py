@@ -10,6 +10,7 @@ carry `engine`, the manifest records their runs per engine, and the loader reads
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -74,8 +75,10 @@ def browser_verify(staging: Path, contents: PackageContents, thresholds: Thresho
             continue
         progress.note(f"browser checks in {engine}")
         # placement and kernel times are Chromium's profile pass; another engine's runs are checked and timed
+        started = time.monotonic()
         found = verify_in_browser(staging, reference, thresholds, gpu=gpu, progress=progress, manifest=settled, engine=engine, profile=False)
         checks += found.checks
+        found.report["seconds"] = round(time.monotonic() - started, 1)  # what the engine adds to the build
         report = {**(report or {}), "engines": {**(report or {}).get("engines", {}), engine: found.report}}
         outputs.update({f"{label} @{engine}": kept for label, kept in found.outputs.items()})
     return BrowserOutcome(checks, report, ep_options, steps, policy_failed=policy_failed, outputs=outputs)
