@@ -55,9 +55,12 @@ def browser_lines(browser: dict) -> list[str]:
             lines.append(f"    CPU fallback: {', '.join(nodes[:12])}{more}")
         if run.get("slowest_kernels"):
             lines.append(f"    slowest kernels: {', '.join(run['slowest_kernels'][:5])}")
-    for engine, report in (browser.get("engines") or {}).items():
-        lines.extend(engine_lines(engine, report))
     return lines
+
+
+def engines_lines(browser: dict) -> list[str]:
+    """Each other engine's runs (`--engines`), after Chromium's and what its times say."""
+    return [line for engine, report in (browser.get("engines") or {}).items() for line in engine_lines(engine, report)]
 
 
 def engine_lines(engine: str, report: dict) -> list[str]:
@@ -291,6 +294,9 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
             manifest = {}
         for line in [*variant_lines(report, manifest), *chain_speed_lines(manifest)]:
             echo(line)
+    for line in engines_lines(report.get("browser") or {}):
+        echo(line)
+    if manifest:
         from pipeline.assets.chunks import chunk_lines
 
         for line in chunk_lines(manifest):
@@ -386,7 +392,7 @@ def summary_lines(result: BrowserResult, kernel_facts: dict | None = None, polic
         lines = [*device_lines(result.report, result.checks), *(["checks:", *other] if other else [])]
     else:
         browser = browser_lines(result.report)
-        lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
+        lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:], *engines_lines(result.report)]
     if kernel_facts:
         lines.extend(webgpu_kernel_lines(kernel_facts))
     if policy:
