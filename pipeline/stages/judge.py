@@ -62,7 +62,8 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
         contents = replace(contents, chains=chains_without_refused_eps(judged))
         judged = contents.manifest(verification=found, **final)
     passed, verdict = package_verdict(judged)
-    for engine in recipe.verify_engines:  # [verify] engines: the package rule holds in each
+    # [verify] engines: the package rule holds in each (under --no-browser no engine ran: the summary says NOT browser-verified)
+    for engine in recipe.verify_engines if found["browser"] else ():
         verdict += required_engine_problems(judged, engine)
     passed = passed and not verdict
     if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
