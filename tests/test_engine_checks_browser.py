@@ -104,3 +104,19 @@ def test_pack_verify_reruns_the_checks_in_the_engines_given(built, monkeypatch, 
 def test_pack_verify_refuses_an_unknown_engine(tmp_path):
     result = CliRunner().invoke(app, ["verify", str(tmp_path), "--engines", "chromium,safari"])
     assert result.exit_code == 2 and "--engines 'chromium,safari': use a comma-separated list of chromium, firefox, webkit" in result.output
+
+
+def test_a_required_engine_that_is_not_installed_fails_the_build_naming_it(tmp_path, monkeypatch):
+    """The recipe requires Firefox, which is absent: the package is written, not verifiable in
+    Firefox (its install line), and the build exits 1 with the engine in its headline."""
+    monkeypatch.setenv("PACK_FIREFOX", str(tmp_path / "no-firefox"))
+    onnx.save(tiny_model(), str(tmp_path / "tiny.onnx"))
+    (tmp_path / "tiny.toml").write_text(RECIPE.replace('["chromium", "firefox", "webkit"]', '["firefox"]').replace('variants = ["fp32"]', 'variants = ["fp32"]\n[execution_providers]\ndesktop = ["wasm"]\nandroid = ["wasm"]'))
+    result = CliRunner().invoke(app, ["build", str(tmp_path / "tiny.toml"), "--json", "--no-reuse", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"] == ["engine firefox is required ([verify] engines) but not verifiable: Firefox is not installed "
+                                 f"($PACK_FIREFOX ({tmp_path / 'no-firefox'}) is not a file); install it: apt-get install firefox-esr"]
+    manifest = json.loads((tmp_path / "d" / "tiny" / "manifest.json").read_text())
+    assert manifest["verification"]["passed"] is False
+    assert {r["status"] for r in manifest["verification"]["runs"] if r.get("engine") == "firefox"} == {"not-verifiable"}
