@@ -64,7 +64,8 @@ const ops = {
   },
 };
 
-say({ ready: true });
+// Firefox runs in a process group of its own (puppeteer detaches it): Python ends that group too when a page hangs
+say({ ready: true, browserPid: browser.process() ? browser.process().pid : null });
 const input = readline.createInterface({ input: process.stdin });
 for await (const line of input) {
   if (!line.trim()) continue;

@@ -13,9 +13,11 @@ machine without Firefox gets a `not-verifiable` check naming the install line, n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
+import signal
 import shutil
 import subprocess
 import time
@@ -101,40 +103,52 @@ class FirefoxSession:
         self.process: subprocess.Popen | None = None
         self.version = "?"
         self._next = 0
+        self._buffer = b""
+        self.browser_pid: int | None = None  # Firefox's own process group (puppeteer detaches it from node's)
 
     def _start(self) -> None:
         script = Path(str(resources.files("pipeline").joinpath("firefox_session.mjs")))
         tools = puppeteer_dir()
         self.process = subprocess.Popen(["node", str(script), str(tools), firefox_executable() or "firefox-esr", "1" if self.webgpu else "0"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-        if not self._read(START_S).get("ready"):
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._buffer = b""
+        ready = self._read(START_S)
+        if not ready.get("ready"):
             raise PackError("Firefox did not start (firefox_session.mjs gave no ready line)")
+        self.browser_pid = ready.get("browserPid")
         self.version = self._call({"op": "version"}, CALL_LIMIT_S).get("value", "?")
 
     def _read(self, limit_s: float) -> dict:
+        """The next JSON line the script prints within `limit_s` (its stdout read raw, so a line
+        already read stays in this session's buffer rather than a reader's select cannot see)."""
         from pipeline.verify.engines.browser.driven import PageHung
 
         assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + limit_s
         while True:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, left))
-            if not ready:
+            line, newline, rest = self._buffer.partition(b"\n")
+            if newline:
+                self._buffer = rest
+                if line.startswith(b"{"):
+                    return json.loads(line)
+                continue
+            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self.process.stdout.fileno(), 1 << 16) if ready else None
+            if chunk is None:
                 self.stop(kill=True)
                 raise PageHung(f"Firefox gave no answer within {limit_s:.0f} s")
-            line = self.process.stdout.readline()
-            if not line:
+            if not chunk:
+                status = self.process.poll() if self.process else "?"
                 self.stop(kill=True)
-                raise PageHung(f"Firefox ended (exit status {self.process.poll() if self.process else '?'})")
-            if line.startswith("{"):
-                return json.loads(line)
+                raise PageHung(f"Firefox ended (exit status {status})")
+            self._buffer += chunk
 
     def _call(self, command: dict, limit_s: float) -> dict:
         if self.process is None:
             self._start()
         assert self.process is not None and self.process.stdin is not None
         self._next += 1
-        self.process.stdin.write(json.dumps({**command, "id": self._next}) + "\n")
+        self.process.stdin.write((json.dumps({**command, "id": self._next}) + "\n").encode())
         self.process.stdin.flush()
         answer = self._read(limit_s)
         if answer.get("error"):
@@ -168,8 +182,13 @@ class FirefoxSession:
                 process.stdin.close()  # the script closes the browser at the end of its input
             process.wait(timeout=15)
         except (subprocess.TimeoutExpired, OSError):
-            os.killpg(process.pid, 9)  # its own process group: node and Firefox, nothing else
+            # the two process groups this session started: Firefox's, then node's
+            for group in (self.browser_pid, process.pid):
+                if group:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(group, signal.SIGKILL)
             process.wait()
+        self.browser_pid = None
 
 
 CALL_LIMIT_S = 60
