@@ -29,7 +29,7 @@ class BuildFlags:
     require_all: bool = False
     browser_budget_s: int = DEFAULT_BUDGET_S
     remote_chromium: Optional[str] = None
-    engines: str = "chromium"  # --engines: the default load's engines, comma-separated
+    engines: str = "chromium"  # --engines: the engines of the browser checks and the default load, comma-separated
 
     def to_data(self) -> dict:
         return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
