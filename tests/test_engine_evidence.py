@@ -4,6 +4,7 @@ checks, a required engine's verdict, recipe `[verify] engines` validation, and t
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -116,3 +117,23 @@ def test_summary_rows_name_their_engine():
     assert line.startswith("  FAIL browser in firefox webgpu/fp16")
     assert engine_lines("webkit", {"unavailable": "WebKit is not installed; install it: apt-get install webkit2gtk-driver xvfb", "seconds": 0.0}) == [
         "browser in webkit: not verifiable (0 s): WebKit is not installed; install it: apt-get install webkit2gtk-driver xvfb"]
+
+
+def test_the_loader_reads_the_runs_per_engine_as_python_does():
+    """policy.js engineRuns is the twin of pipeline.manifest.engine_runs: the same runs kept, per engine."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    policy = (Path(__file__).parent.parent / "web_template" / "loader" / "policy.js").as_uri()
+    runs = [*BUILT["verification"]["runs"], run("webgpu", "webgpu", "fp32", "failed", detail="chromium: wrong"),
+            run("webgpu", "webgpu", "fp32", "passed", engine="webkit")]
+    script = (f"import {{ engineRuns }} from {json.dumps(policy)};\n"
+              f"const runs = {json.dumps(runs)};\n"
+              "console.log(JSON.stringify(['chromium', 'firefox', 'webkit', null].map((e) => engineRuns(runs, e))));")
+    done = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60, check=True)
+    expected = [engine_runs(runs, engine) for engine in ("chromium", "firefox", "webkit", "chromium")]
+    assert json.loads(done.stdout) == expected
+    assert len({json.dumps(e) for e in expected}) == 3  # the three readings differ on these runs
