@@ -124,6 +124,7 @@ class Verification(TypedDict):
     runs: list[Run]
     adapters: NotRequired[list[AdapterRuns]]  # per adapter class, when verified on several browsers
     require: NotRequired[list[str]]  # [verify] require: variants and EPs
+    requireEngines: NotRequired[list[str]]  # [verify] engines: the package rule must hold read in each
     refusedEps: NotRequired[list[RefusedEp]]  # EPs no variant is usable on (they left the chains they could)
 
 
@@ -596,15 +597,26 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
     """The package rule (build's exit code, `pack publish`): neither a refused variant nor a refused
     EP fails a package. Passes when every platform chain keeps a usable variant on at least one of
     its EPs (the loader falls back past a refused EP), and no variant or EP in
-    `verification.require` is refused. Returns (passed, the problems that fail it); an `in_engine`
-    view judges with that engine's runs."""
+    `verification.require` is refused; and it holds read in each engine of
+    `verification.requireEngines` (recipe `[verify] engines`; `required_engine_problems`), where
+    a browser check ran at all. Returns (passed, the problems that fail it); an `in_engine` view
+    judges with that engine's runs."""
+    problems = _rule_problems(manifest)
+    if manifest["verification"].get("browser"):  # under --no-browser no engine ran: the package says it was never browser-verified
+        for engine in manifest["verification"].get("requireEngines", []):
+            problems += required_engine_problems(manifest, engine)
+    return not problems, problems
+
+
+def _rule_problems(manifest: Manifest) -> list[str]:
+    """The package rule's problems on `manifest`'s runs (an `in_engine` view: that engine's)."""
     runs = _runs(manifest)
     unverifiable = [run for run in runs if run["status"] == "not-verifiable"]
     if not any(run["status"] == "passed" for run in runs):
         failed = failed_runs(manifest)
         # the headline names the check that decided it, failed before not verifiable
         first = f": {describe_run((failed or unverifiable)[0])}" if failed or unverifiable else ""
-        return False, [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
+        return [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
     problems = []
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
@@ -621,7 +633,7 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
             if _matches(run["variant"], required):
                 problems.append(f"variant {required} is required ([verify] require) but refused: {describe_run(run)}")
                 break
-    return not problems, problems
+    return problems
 
 
 def required_engine_problems(manifest: Manifest, engine: str) -> list[str]:
@@ -634,7 +646,7 @@ def required_engine_problems(manifest: Manifest, engine: str) -> list[str]:
     if engine != BUILD_ENGINE and not any(run["status"] in ("passed", "failed") for run in own):
         why = next((run["detail"] for run in own if run.get("detail")), "no browser check ran in it")
         return [f"{label} but not verifiable: {why}"]
-    return [f"{label}: {problem}" for problem in package_verdict(in_engine(manifest, engine))[1]]
+    return [f"{label}: {problem}" for problem in _rule_problems(in_engine(manifest, engine))]
 
 
 def failed_runs(manifest: Manifest) -> list[Run]:

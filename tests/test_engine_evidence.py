@@ -137,3 +137,16 @@ def test_the_loader_reads_the_runs_per_engine_as_python_does():
     expected = [engine_runs(runs, engine) for engine in ("chromium", "firefox", "webkit", "chromium")]
     assert json.loads(done.stdout) == expected
     assert len({json.dumps(e) for e in expected}) == 3  # the three readings differ on these runs
+
+
+def test_the_package_rule_holds_in_each_required_engine_the_manifest_records():
+    """`verification.requireEngines` (recipe `[verify] engines`) is part of the package rule that
+    `pack build` and `pack publish` apply; under --no-browser (no browser check ran) it is not judged."""
+    wasm_failed = manifest_with([*BUILT["verification"]["runs"][:6], run("webgpu", "wasm", "fp32", "failed", engine="webkit", detail="y: wrong"),
+                                 run("wasm", "wasm", "fp32", "failed", engine="webkit", detail="y: wrong")])
+    assert package_verdict(wasm_failed) == (True, [])
+    wasm_failed["verification"]["requireEngines"] = ["chromium", "webkit"]
+    passed, problems = package_verdict(wasm_failed)
+    assert not passed and [p.split(":")[0] for p in problems] == ["engine webkit is required ([verify] engines)"]
+    wasm_failed["verification"]["browser"] = False
+    assert package_verdict(wasm_failed) == (True, [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipeline.manifest import Manifest, Verification, adapter_runs, chains_without_refused_eps, describe_run, in_engine, measurements_from, package_verdict, refused, refused_eps, required_engine_problems, run_sort_key, runs_from_checks
+from pipeline.manifest import Manifest, Verification, adapter_runs, chains_without_refused_eps, describe_run, in_engine, measurements_from, package_verdict, refused, refused_eps, run_sort_key, runs_from_checks
 from pipeline.report.record import Refusal
 from pipeline.stage_table import Artefacts, Stage
 from pipeline.stages.contents import package_contents, recipe_with_kinds
@@ -49,6 +49,8 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
     found = verification(checks)
     if recipe.verify_require:
         found["require"] = list(recipe.verify_require)
+    if recipe.verify_engines:
+        found["requireEngines"] = list(recipe.verify_engines)
     measurements = measurements_from(browser.report)
     select, why = default_select(recipe.loader_select, [m["steadyMs"] for m in measurements])
     contents = replace(contents, loader={**contents.loader, "select": select})
@@ -61,11 +63,7 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
         found["refusedEps"] = eps_refused
         contents = replace(contents, chains=chains_without_refused_eps(judged))
         judged = contents.manifest(verification=found, **final)
-    passed, verdict = package_verdict(judged)
-    # [verify] engines: the package rule holds in each (under --no-browser no engine ran: the summary says NOT browser-verified)
-    for engine in recipe.verify_engines if found["browser"] else ():
-        verdict += required_engine_problems(judged, engine)
-    passed = passed and not verdict
+    passed, verdict = package_verdict(judged)  # [verify] engines too: verification.requireEngines
     if browser.policy_failed:  # --browser endpoints ended in error beyond what the policy allows
         passed = False
         verdict.append("remote browsers: endpoints ended in error beyond the exit policy (docs/remote.md)")
