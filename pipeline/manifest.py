@@ -22,6 +22,10 @@ from pipeline.errors import PackError
 SCHEMA_VERSION = 2
 BROWSER_EPS = ("webgpu", "wasm")
 WILDCARD = "*"
+# The browser engines pack verifies in (`--engines`, recipe `[verify] engines`). Chromium is the
+# build's own engine: its browser runs carry no `engine` key, as in every manifest before engines.
+ENGINES = ("chromium", "firefox", "webkit")
+BUILD_ENGINE = "chromium"
 
 Status = Literal["passed", "failed", "not-verifiable", "skipped"]
 
@@ -99,6 +103,7 @@ class Run(TypedDict):
     variant: str
     status: Status
     detail: NotRequired[str]  # the first failed check with figure and bound; absent when passed
+    engine: NotRequired[str]  # a browser run in another engine than the build's own (Chromium): firefox | webkit
 
 
 class AdapterRuns(TypedDict):
@@ -119,6 +124,7 @@ class Verification(TypedDict):
     runs: list[Run]
     adapters: NotRequired[list[AdapterRuns]]  # per adapter class, when verified on several browsers
     require: NotRequired[list[str]]  # [verify] require: variants and EPs
+    requireEngines: NotRequired[list[str]]  # [verify] engines: the package rule must hold read in each
     refusedEps: NotRequired[list[RefusedEp]]  # EPs no variant is usable on (they left the chains they could)
 
 
@@ -474,8 +480,42 @@ def write_manifest(package_dir: Path, manifest: Manifest) -> Path:
 # --- verification runs and the refusal rule ---------------------------------------------------
 
 
-def run_sort_key(run: Run) -> tuple[str, str, str, str]:
-    return (run["stage"], run["bundle"], run["ep"], run["variant"])
+def run_sort_key(run: Run) -> tuple[str, str, str, str, str]:
+    return (run["stage"], run.get("engine", ""), run["bundle"], run["ep"], run["variant"])
+
+
+def engine_runs(runs: list[Run], engine: str = BUILD_ENGINE) -> list[Run]:
+    """The runs that speak for `engine` (the refusal rule per engine; `engineRuns` in the loader's
+    policy.js): every run of no engine but a browser run of the build's engine (Chromium) that
+    `engine` has a verdict of its own on (passed or failed) for the same (bundle, EP, variant);
+    and `engine`'s own runs, except a not-verifiable or skipped one where Chromium has a run. An
+    engine without evidence thus keeps what Chromium found; one that failed a pair refuses it
+    there only, and one that passed a pair Chromium failed may use it."""
+    triple = lambda run: (run["bundle"], run["ep"], run["variant"])  # noqa: E731
+    own = [run for run in runs if run.get("engine") == engine and engine != BUILD_ENGINE]
+    decided = {triple(run) for run in own if run["status"] in ("passed", "failed")}
+    build = {triple(run) for run in runs if run["stage"] == "browser" and run.get("engine", BUILD_ENGINE) == BUILD_ENGINE}
+    kept: list[Run] = []
+    for run in runs:
+        mine = run.get("engine", BUILD_ENGINE)
+        if mine == BUILD_ENGINE:
+            if not (run["stage"] == "browser" and triple(run) in decided):
+                kept.append(run)
+        elif mine == engine and (triple(run) in decided or triple(run) not in build):
+            kept.append(run)
+    return kept
+
+
+def in_engine(manifest: Manifest, engine: str) -> Manifest:
+    """`manifest` as `engine` reads it: an in-memory view (never written) whose refusal rule and
+    package rule use `engine_runs(…, engine)`; `engine` is one of ENGINES."""
+    return {**manifest, "verification": {**manifest["verification"], "engine": engine}}  # type: ignore[typeddict-unknown-key]
+
+
+def _runs(manifest: Manifest) -> list[Run]:
+    """The runs the rules read: the build engine's unless `manifest` is an `in_engine` view."""
+    verification = manifest["verification"]
+    return engine_runs(list(verification["runs"]), verification.get("engine", BUILD_ENGINE))  # type: ignore[arg-type]
 
 
 def _matches(recorded: str, wanted: str) -> bool:
@@ -486,8 +526,9 @@ def refused(manifest: Manifest, bundle: str, ep: str, variant: str, adapter: dic
     """The refusal rule: the first run recorded `failed` that matches (bundle, ep, variant),
     a `*` in the run matching anything; with `adapter` (vendor, architecture, description) also
     a failed run of `verification.adapters` for the same adapter class. None when the triple may
-    be used. (The loader's policy module implements the same rule in JS.)"""
-    runs = list(manifest["verification"]["runs"])
+    be used. Per engine: the runs of `_runs` (an `in_engine` view reads that engine's).
+    (The loader's policy module implements the same rule in JS.)"""
+    runs = _runs(manifest)
     if adapter is not None:
         for entry in manifest["verification"].get("adapters") or []:
             if same_adapter_class(entry["adapter"], adapter):
@@ -510,7 +551,7 @@ def same_adapter_class(a: dict, b: dict) -> bool:
 
 def usable_variants(manifest: Manifest, bundle: str, ep: str) -> list[str]:
     """The variants of `ep` in `bundle` that no run refuses and some run passed."""
-    runs = manifest["verification"]["runs"]
+    runs = _runs(manifest)
     return [
         v for v in manifest["variantFor"].get(ep, [])
         if refused(manifest, bundle, ep, v) is None
@@ -520,7 +561,7 @@ def usable_variants(manifest: Manifest, bundle: str, ep: str) -> list[str]:
 
 def _why_refused(manifest: Manifest, bundle: str, ep: str) -> str:
     """What stopped `ep` in `bundle`: its failed runs, else the first run that could not verify (a degenerate sample)."""
-    here = [r for r in manifest["verification"]["runs"] if _matches(r["bundle"], bundle) and _matches(r["ep"], ep)]
+    here = [r for r in _runs(manifest) if _matches(r["bundle"], bundle) and _matches(r["ep"], ep)]
     return "; ".join(describe_run(r) for r in here if r["status"] == "failed") or next((describe_run(r) for r in here if r["status"] == "not-verifiable"), "")
 
 
@@ -556,14 +597,26 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
     """The package rule (build's exit code, `pack publish`): neither a refused variant nor a refused
     EP fails a package. Passes when every platform chain keeps a usable variant on at least one of
     its EPs (the loader falls back past a refused EP), and no variant or EP in
-    `verification.require` is refused. Returns (passed, the problems that fail it)."""
-    runs = manifest["verification"]["runs"]
+    `verification.require` is refused; and it holds read in each engine of
+    `verification.requireEngines` (recipe `[verify] engines`; `required_engine_problems`), where
+    a browser check ran at all. Returns (passed, the problems that fail it); an `in_engine` view
+    judges with that engine's runs."""
+    problems = _rule_problems(manifest)
+    if manifest["verification"].get("browser"):  # under --no-browser no engine ran: the package says it was never browser-verified
+        for engine in manifest["verification"].get("requireEngines", []):
+            problems += required_engine_problems(manifest, engine)
+    return not problems, problems
+
+
+def _rule_problems(manifest: Manifest) -> list[str]:
+    """The package rule's problems on `manifest`'s runs (an `in_engine` view: that engine's)."""
+    runs = _runs(manifest)
     unverifiable = [run for run in runs if run["status"] == "not-verifiable"]
     if not any(run["status"] == "passed" for run in runs):
         failed = failed_runs(manifest)
         # the headline names the check that decided it, failed before not verifiable
         first = f": {describe_run((failed or unverifiable)[0])}" if failed or unverifiable else ""
-        return False, [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
+        return [f"no check passed (every one failed, was skipped or was not verifiable){first}"]
     problems = []
     for platform, chain in manifest["executionProviders"].items():
         bundle = chain_bundle(chain)
@@ -580,18 +633,32 @@ def package_verdict(manifest: Manifest) -> tuple[bool, list[str]]:
             if _matches(run["variant"], required):
                 problems.append(f"variant {required} is required ([verify] require) but refused: {describe_run(run)}")
                 break
-    return not problems, problems
+    return problems
+
+
+def required_engine_problems(manifest: Manifest, engine: str) -> list[str]:
+    """Why the package fails a recipe that requires `engine` (`[verify] engines`): the package rule
+    read in that engine (`in_engine`: its own runs where it gave a verdict), headed by the engine;
+    where it gave none (not installed, nothing it could run), not verifiable with its runs' reason
+    (the install line). [] when it holds."""
+    label = f"engine {engine} is required ([verify] engines)"
+    own = [run for run in manifest["verification"]["runs"] if run.get("engine") == engine]
+    if engine != BUILD_ENGINE and not any(run["status"] in ("passed", "failed") for run in own):
+        why = next((run["detail"] for run in own if run.get("detail")), "no browser check ran in it")
+        return [f"{label} but not verifiable: {why}"]
+    return [f"{label}: {problem}" for problem in _rule_problems(in_engine(manifest, engine))]
 
 
 def failed_runs(manifest: Manifest) -> list[Run]:
-    return [run for run in manifest["verification"]["runs"] if run["status"] == "failed"]
+    return [run for run in _runs(manifest) if run["status"] == "failed"]
 
 
 def describe_run(run: Run) -> str:
-    """`host fp16 (any bundle, any EP): y: rel_l2 0.05 > 0.01`."""
+    """`host fp16 (any bundle, any EP): y: rel_l2 0.05 > 0.01`; `browser in firefox fp16 (…)` for another engine's run."""
     bundle = "any bundle" if run["bundle"] == WILDCARD else f"{run['bundle']} bundle"
     ep = "any EP" if run["ep"] == WILDCARD else run["ep"]
-    text = f"{run['stage']} {run['variant']} ({bundle}, {ep}): {run['status']}"
+    stage = run["stage"] + (f" in {run['engine']}" if run.get("engine") else "")
+    text = f"{stage} {run['variant']} ({bundle}, {ep}): {run['status']}"
     return text + (f": {run['detail']}" if run.get("detail") else "")
 
 
@@ -599,30 +666,34 @@ def runs_from_checks(checks: list[dict], stage: str, bundle_of: dict[tuple[str, 
     """One run per (bundle, EP, variant) of `stage`'s checks (report.json entries).
 
     Host checks judge the variant itself, so they are recorded for every bundle and EP (`*`):
-    a variant that fails on the host is refused everywhere. A run fails when any of its checks
+    a variant that fails on the host is refused everywhere. A browser check of another engine than
+    the build's (its `engine`: firefox, webkit) makes a run of its own, recorded with its engine. A run fails when any of its checks
     failed, is not-verifiable or skipped when one is (and none failed), and its detail is the
     first such check's output, figure and bound."""
     devices = {check.get("device") for check in checks if check["stage"] == stage and check.get("device")}
     if len(devices) > 1:
         return _merged_device_runs([runs_from_checks([c for c in checks if c.get("device") == d], stage, bundle_of) for d in sorted(devices)])
-    grouped: dict[tuple[str, str, str], list[dict]] = {}
+    grouped: dict[tuple[str, str, str, str], list[dict]] = {}
     for check in checks:
         if check["stage"] != stage or check["status"] == "error":  # an endpoint's error is no verdict
             continue
+        engine = check.get("engine", BUILD_ENGINE) if stage == "browser" else BUILD_ENGINE
         if stage == "host":
-            key = (WILDCARD, WILDCARD, check["variant"])
+            key = (engine, WILDCARD, WILDCARD, check["variant"])
         else:
             bundle = check.get("bundle") or (bundle_of or {}).get((check["ep"], check["variant"]), WILDCARD)
-            key = (bundle, check["ep"], check["variant"])
+            key = (engine, bundle, check["ep"], check["variant"])
         grouped.setdefault(key, []).append(check)
     runs: list[Run] = []
-    for (bundle, ep, variant), group in grouped.items():
+    for (engine, bundle, ep, variant), group in grouped.items():
         status: Status = "passed"
         for candidate in ("failed", "not-verifiable", "skipped"):
             if any(c["status"] == candidate for c in group):
                 status = candidate  # type: ignore[assignment]
                 break
         run: Run = {"stage": stage, "bundle": bundle, "ep": ep, "variant": variant, "status": status}  # type: ignore[typeddict-item]
+        if engine != BUILD_ENGINE:
+            run["engine"] = engine
         if status != "passed":
             first = next(c for c in group if c["status"] == status)
             detail = first.get("detail") or status

@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.dtypes import TYPES
 from pipeline.errors import PackError
+from pipeline.manifest import ENGINES
 from pipeline.runtime import DEFAULT_VERSION as DEFAULT_RUNTIME
 from pipeline.runtime import is_exact_version, local_runtime
 
@@ -140,6 +141,7 @@ class Recipe:
     repairs: list[str] = field(default_factory=list)
     seed: int = 0
     verify_require: list[str] = field(default_factory=list)  # [verify] require: variants and EPs whose refusal fails the build
+    verify_engines: list[str] = field(default_factory=list)  # [verify] engines: browser engines whose checks must pass (pipeline.manifest.ENGINES)
     runtime_version: str = DEFAULT_RUNTIME
     runtime_path: Path | None = None  # a local onnxruntime-web build ([runtime] path), instead of npm
     chains: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CHAINS.items()})
@@ -403,7 +405,7 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         r.fail("repairs.passes", "a list of repair names", passes)
     recipe.repairs = passes
 
-    verify = r.table(data.get("verify", {}), "verify", ("seed", "require"))
+    verify = r.table(data.get("verify", {}), "verify", ("seed", "require", "engines"))
     seed = r.typed(verify, "verify", "seed", int, "an integer")
     recipe.seed = 0 if seed is None else seed
 
@@ -431,6 +433,10 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
     if not isinstance(require, list) or any(v not in requirable for v in require):
         r.fail("verify.require", f"a list of the recipe's variants and EPs ({', '.join(requirable)})", require)
     recipe.verify_require = list(require)
+    engines = verify.get("engines", [])
+    if not isinstance(engines, list) or not all(isinstance(e, str) and e in ENGINES for e in engines) or len(set(engines)) != len(engines):
+        r.fail("verify.engines", f"a list of browser engines, each once ({', '.join(ENGINES)})", engines)
+    recipe.verify_engines = list(engines)
 
     loader = r.table(data.get("loader", {}), "loader", ("watchdog_ms", "prewarm", "wasm_variant", "select"))
     watchdog = r.typed(loader, "loader", "watchdog_ms", int, "milliseconds as an integer")

@@ -47,7 +47,7 @@ def build(
     remote_chromium: RemoteChromiumOption = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="PACK_JOBS", show_envvar=True, min=1, help="Several targets: how many build at once, each in its own process (they share the cache).")] = 1,
     cache_url: CacheUrlOption = None,
-    engines: Annotated[str, typer.Option("--engines", help="Browser engines that load the package as an app does (the default load), comma-separated: chromium, firefox (Debian's firefox-esr), webkit (WebKitGTK's MiniBrowser under Xvfb); an engine not installed is not-verifiable with the install line.")] = "chromium",
+    engines: Annotated[str, typer.Option("--engines", help="Browser engines that run the checks per (EP, variant) and load the package as an app does (the default load), comma-separated: chromium, firefox (Debian's firefox-esr), webkit (WebKitGTK's MiniBrowser under Xvfb); each engine's runs go into the manifest, read per engine by the loader; an engine not installed is not-verifiable with the install line.")] = "chromium",
 ) -> None:
     """Build a verified, compressed browser package from a recipe or a model.
 

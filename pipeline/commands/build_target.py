@@ -29,7 +29,7 @@ class BuildFlags:
     require_all: bool = False
     browser_budget_s: int = DEFAULT_BUDGET_S
     remote_chromium: Optional[str] = None
-    engines: str = "chromium"  # --engines: the default load's engines, comma-separated
+    engines: str = "chromium"  # --engines: the engines of the browser checks and the default load, comma-separated
     cache_url: Optional[str] = None  # --cache-url: each target's process opens its own session on the store
 
     def to_data(self) -> dict:

@@ -31,7 +31,8 @@ def check_line(check: dict) -> str:
     figures = format_metrics(check.get("metrics", {}), check.get("threshold", {}))
     detail = check.get("detail") if check["status"] != "passed" or check.get("decision") else None
     tail = "  ".join(part for part in (figures, detail, format_shown(check.get("decided") or {})) if part)
-    return f"  {MARKS.get(check['status'], check['status'])} {check['stage']:<7} {run:<28}{output}  {tail}".rstrip()
+    stage = check["stage"] + (f" in {check['engine']}" if check["stage"] == "browser" and check.get("engine") else "")
+    return f"  {MARKS.get(check['status'], check['status'])} {stage:<7} {run:<28}{output}  {tail}".rstrip()
 
 
 def browser_lines(browser: dict) -> list[str]:
@@ -54,6 +55,25 @@ def browser_lines(browser: dict) -> list[str]:
             lines.append(f"    CPU fallback: {', '.join(nodes[:12])}{more}")
         if run.get("slowest_kernels"):
             lines.append(f"    slowest kernels: {', '.join(run['slowest_kernels'][:5])}")
+    return lines
+
+
+def engines_lines(browser: dict) -> list[str]:
+    """Each other engine's runs (`--engines`), after Chromium's and what its times say."""
+    return [line for engine, report in (browser.get("engines") or {}).items() for line in engine_lines(engine, report)]
+
+
+def engine_lines(engine: str, report: dict) -> list[str]:
+    """Another engine's per-(EP, variant) runs (`--engines`): its browser, its adapter, per run status and times."""
+    seconds = f" ({report['seconds']:.0f} s)" if report.get("seconds") is not None else ""
+    if report.get("unavailable"):
+        return [f"browser in {engine}: not verifiable{seconds}: {report['unavailable']}"]
+    adapter = report.get("adapter") or {}
+    gpu = f"{adapter.get('vendor') or '?'} {adapter.get('architecture') or adapter.get('description') or ''}".strip() if adapter.get("available") else f"none ({adapter.get('reason')})"
+    lines = [f"browser in {engine}: {report.get('version')}{seconds}; WebGPU adapter: {gpu}"]
+    for label, run in (report.get("eps") or {}).items():
+        times = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ')} {run[key]:.0f} ms" for key in ("session_create_ms", "first_run_ms", "steady_run_ms") if key in run)
+        lines.append(f"  {label}: {run.get('status')}; {times or 'no timings'}")
     return lines
 
 
@@ -274,6 +294,9 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
             manifest = {}
         for line in [*variant_lines(report, manifest), *chain_speed_lines(manifest)]:
             echo(line)
+    for line in engines_lines(report.get("browser") or {}):
+        echo(line)
+    if manifest:
         from pipeline.assets.chunks import chunk_lines
 
         for line in chunk_lines(manifest):
@@ -369,7 +392,7 @@ def summary_lines(result: BrowserResult, kernel_facts: dict | None = None, polic
         lines = [*device_lines(result.report, result.checks), *(["checks:", *other] if other else [])]
     else:
         browser = browser_lines(result.report)
-        lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:]]
+        lines = [browser[0], "checks:", *(check_line(check) for check in result.checks), "runs:", *browser[1:], *engines_lines(result.report)]
     if kernel_facts:
         lines.extend(webgpu_kernel_lines(kernel_facts))
     if policy:

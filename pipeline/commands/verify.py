@@ -35,6 +35,7 @@ def verify(
     browser_budget_s: BudgetOption = DEFAULT_BUDGET_S,
     remote_chromium: RemoteChromiumOption = None,
     cache_url: CacheUrlOption = None,
+    engines: Annotated[str, typer.Option("--engines", help="Browser engines that rerun the checks, comma-separated: chromium (always runs: the build's engine), firefox (Debian's firefox-esr), webkit (WebKitGTK's MiniBrowser under Xvfb); an engine not installed is not-verifiable with the install line.")] = "chromium",
 ) -> None:
     """Verify a built package in headless Chromium on WebGPU and WASM, and on onnxruntime's WebGPU kernels on lavapipe where installed (exit 1 when a check fails)."""
     with cli_errors():
@@ -42,9 +43,11 @@ def verify(
         from pipeline.assets.chunks import runnable_model
         from pipeline.cache import reading_through
         from pipeline.commands.summary import verify_lines
+        from pipeline.verify.engines.browser.default_load import parse_engines
         from pipeline.verify.engines.browser.run_plan import load_manifest
         from pipeline.verify.package import verify_package
 
+        chosen_engines = parse_engines(engines)
         grid = grid_settings(browsers, cdps, require_all=require_all, budget_s=browser_budget_s, remote_chromium=remote_chromium)
         if grid is not None and runtime:
             raise PackError("--runtime with --browser/--cdp: compare runtimes on one browser at a time; drop one of them")
@@ -58,9 +61,9 @@ def verify(
             if len(set(labels)) != len(labels):
                 raise PackError(f"--runtime: the same runtime twice ({', '.join(labels)}); give different ones")
             verification = verify_package(package, manifest, runnable_model, runtimes=runtimes, grid=grid, gpu=gpu, bundle=bundle,
-                                          watchdog_ms=watchdog_ms, progress=progress)
+                                          watchdog_ms=watchdog_ms, progress=progress, engines=chosen_engines)
         lines = verify_lines(verification)
-        by = "pack verify" + (f" --bundle {bundle}" if bundle else "") + "".join(f" --runtime {label}" for label in labels)
+        by = "pack verify" + (f" --engines {','.join(chosen_engines)}" if chosen_engines != ("chromium",) else "") + (f" --bundle {bundle}" if bundle else "") + "".join(f" --runtime {label}" for label in labels)
         _write_report(package, by, verification, progress)
     if json_output:
         print_json(verification.document(manifest.get("name")))

@@ -32,6 +32,7 @@ class Refusal(TypedDict):
     ep: str
     variant: str
     by: str  # the run that refuses it (pipeline.manifest.describe_run)
+    engine: NotRequired[str]  # refused in this engine only (its own failed run), not in Chromium
 
 
 class LoaderChoice(TypedDict):

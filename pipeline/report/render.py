@@ -162,7 +162,18 @@ def _browser_line(browser: dict | None) -> str | None:
         gpu = f"WebGPU adapter {name} ({f16})"
     else:
         gpu = f"no WebGPU adapter ({adapter.get('reason', 'unavailable')})"
-    return f"Chromium {browser.get('chromium')}{' --gpu' if browser.get('gpu') else ''}; {gpu}"
+    engines = "".join(f"; {_engine_text(engine, facts)}" for engine, facts in (browser.get("engines") or {}).items())
+    return f"Chromium {browser.get('chromium')}{' --gpu' if browser.get('gpu') else ''}; {gpu}{engines}"
+
+
+def _engine_text(engine: str, facts: dict) -> str:
+    """"firefox/140.12.0 (no WebGPU adapter: …), 31 s" for another engine's browser checks."""
+    seconds = f", {facts['seconds']:.0f} s" if facts.get("seconds") is not None else ""
+    if facts.get("unavailable"):
+        return f"{engine}: not verifiable ({facts['unavailable']}){seconds}"
+    adapter = facts.get("adapter") or {}
+    gpu = "WebGPU adapter " + (" ".join(str(adapter.get(k)) for k in ("vendor", "architecture") if adapter.get(k)) or "unnamed") if adapter.get("available") else f"no WebGPU adapter: {adapter.get('reason', 'unavailable')}"
+    return f"{facts.get('version') or engine} ({gpu}){seconds}"
 
 
 def _check_rows(checks: list[dict]) -> list[dict]:
@@ -183,6 +194,7 @@ def _check_rows(checks: list[dict]) -> list[dict]:
             "stage": check["stage"],
             "run": run,
             "runtime": check.get("runtime"),
+            "engine": check.get("engine") if check.get("engine") != "chromium" else None,  # rows per engine; Chromium's unnamed
             "output": check.get("output") or "",
             "decision": check.get("decision"),
             # what fp32 and the variant decided (labels, decoded text, boxes), beside the figures

@@ -31,7 +31,7 @@ class BuildOptions:
     lock: Path | None = None  # --lock; default: beside the recipe (pipeline/lockfile.py)
     reuse: bool = True  # link a stored passed build with the same inputs (pipeline/reuse.py)
     grid: Any = None  # verify.browser.grid.GridSettings: --browser/--cdp endpoints; None: the local browser
-    engines: tuple[str, ...] = ("chromium",)  # --engines: where the default load runs (verify/engines/browser/default_load.py)
+    engines: tuple[str, ...] = ("chromium",)  # --engines: where the browser checks (harness.py) and the default load (default_load.py) run
 
 
 @dataclass(frozen=True)

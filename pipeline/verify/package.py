@@ -77,9 +77,13 @@ class PackageVerification:
 
 
 def verify_package(package: Path, manifest: dict, model_file: ModelFile, *, runtimes: list[Runtime] | None = None, grid: GridSettings | None = None,
-                   gpu: bool = False, bundle: str | None = None, watchdog_ms: int | None = None, progress: Progress | None = None) -> PackageVerification:
+                   gpu: bool = False, bundle: str | None = None, watchdog_ms: int | None = None, progress: Progress | None = None,
+                   engines: tuple[str, ...] = ("chromium",)) -> PackageVerification:
     """The browser checks of `package` (on each of `runtimes` when given, else on the shipped one,
-    on `grid`'s browsers when given) and its webgpu-kernels checks, against a host reference."""
+    on `grid`'s browsers when given) and its webgpu-kernels checks, against a host reference.
+    `engines` other than Chromium (which always runs: the build's engine) rerun the browser checks
+    in Firefox or WebKit besides it (harness.py `engine`); each engine's failures are judged against
+    the build's runs as that engine reads them (pipeline.manifest.in_engine)."""
     from pipeline.verify.engines.browser.chromium import launch_browser
     from pipeline.verify.engines.browser.grid import exit_policy, verify_on_grid
     from pipeline.verify.engines.browser.harness import verify_in_browser
@@ -102,6 +106,16 @@ def verify_package(package: Path, manifest: dict, model_file: ModelFile, *, runt
                 progress.note(f"onnxruntime-web {chosen.label}")
                 results[chosen.label] = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle,
                                                           watchdog_ms=watchdog_ms, browser=browser, runtime=chosen)
+    others = [engine for engine in engines if engine != "chromium"]
+    if others and runtimes:
+        raise PackError("--engines with --runtime: compare runtimes in Chromium, engines on the shipped runtime; drop one of them")
+    for engine in others:
+        progress.note(f"browser checks in {engine}")
+        found = verify_in_browser(package, references, thresholds, gpu=gpu, progress=progress, bundle=bundle, watchdog_ms=watchdog_ms, engine=engine, profile=False)
+        assert result is not None  # no --runtime: one result
+        result.checks.extend(found.checks)
+        result.report = {**result.report, "engines": {**result.report.get("engines", {}), engine: found.report}}
+        result.outputs.update({f"{label} @{engine}": kept for label, kept in found.outputs.items()})
     # onnxruntime's own WebGPU kernels do not depend on the onnxruntime-web build: run once.
     kernel_checks, kernel_facts = package_kernel_checks(package, manifest, feeds, references, progress, model_file)
     # a failure where the build already refused the triple fails nothing: the loader never runs it

@@ -5,7 +5,7 @@ import { settleAfterLoad } from './cache.js';
 import { planVariant, variantModel } from './chunks.js';
 import { PackLoadError, PackRefusedError, isAbort, makeEmitter, messageOf, throwIfAborted } from './errors.js';
 import { Files, ProgressTracker, fetchManifest, openCache, packageBase } from './files.js';
-import { bundleFor, candidatesFor, chainFor, detectPlatform, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
+import { bundleFor, candidatesFor, chainFor, detectEngine, detectPlatform, forEngine, isRefused, normalizeChain, planAttempts, priorsFor, wasmBundlePriors } from './policy.js';
 import { Runner, lock, releaseQuietly, serial } from './runner.js';
 import { adapterInfo, loadRuntime, probeWebGpu, shippedBundleAt, threadFacts, threadPlan, warnSingleThread } from './runtime.js';
 import {
@@ -35,16 +35,19 @@ export async function load(options = {}) {
   const onSelect = makeEmitter(options.onSelect);
   const base = packageBase(options.baseUrl);
   const baseUrl = base.url;
-  const manifest = await fetchManifest(baseUrl, signal, { how: base.how, emit });
-
   const nav = globalThis.navigator || {};
-  const platform = detectPlatform({ userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 });
+  const device = { userAgent: nav.userAgent || '', platform: nav.platform || '', maxTouchPoints: nav.maxTouchPoints || 0 };
+  const platform = detectPlatform(device);
+  // The build's runs as this engine reads them: a pair this engine failed at build time is refused here only.
+  const engine = detectEngine(device);
+  const manifest = forEngine(await fetchManifest(baseUrl, signal, { how: base.how, emit }), engine);
+
   const chain = normalizeChain(options.executionProviders || chainFor(manifest, platform));
   // Threads need both cross-origin isolation and SharedArrayBuffer (WebKit has the first without the second).
   const { isolated, shared } = threadFacts(globalThis);
   const cores = nav.hardwareConcurrency;
   const { threads, why: threadsWhy } = threadPlan({ numThreads: options.numThreads, isolated, shared, platform, cores }, emit);
-  emit({ type: 'platform', platform, chain: [...chain], threads, threadsWhy, crossOriginIsolated: isolated, sharedArrayBuffer: shared });
+  emit({ type: 'platform', platform, engine, chain: [...chain], threads, threadsWhy, crossOriginIsolated: isolated, sharedArrayBuffer: shared });
   warnSingleThread({ threads, isolated, platform, cores, chain });
 
   const fallbacks = [];
@@ -190,7 +193,7 @@ export async function load(options = {}) {
   const ort = await runtime.ort();
   await firstModel.bytes;
 
-  const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy, selection: null });
+  const runner = new Runner({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, engine, chain, threads, threadsWhy, selection: null });
   await runner.openNext({ prewarm: runner.prewarm, signal, firstModel });
   if (mode === 'measured' && selection.fromCache) {
     const done = { type: 'select', phase: 'done', choice: selection.choice, fromCache: true, candidates: selection.candidates };

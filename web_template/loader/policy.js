@@ -26,6 +26,25 @@ export function detectPlatform({ userAgent = '', platform = '', maxTouchPoints =
   return 'desktop';
 }
 
+/** The engine whose build-time runs speak where a manifest records no other (pipeline/manifest.py BUILD_ENGINE). */
+export const BUILD_ENGINE = 'chromium';
+
+/**
+ * The browser engine, for the build's per-engine evidence: 'webkit' for every iOS and iPadOS
+ * browser (Apple requires WebKit there: Safari, CriOS, FxiOS alike; iPadOS desktop mode too, as
+ * detectPlatform tells it), else 'firefox' where the user agent names Firefox/ (Gecko), else
+ * 'chromium' where it names Chrome/ or Chromium/ (Chrome, Edge, Opera, Brave, Samsung Internet),
+ * else 'webkit' where it names AppleWebKit/ (Safari, Epiphany, WebKitGTK); null when none: such a
+ * browser reads the build engine's runs, as every browser did before engines.
+ */
+export function detectEngine({ userAgent = '', platform = '', maxTouchPoints = 0 } = {}) {
+  if (detectPlatform({ userAgent, platform, maxTouchPoints }) === 'apple-mobile') return 'webkit';
+  if (/\bFirefox\//.test(userAgent)) return 'firefox';
+  if (/\b(Chrome|Chromium|HeadlessChrome)\//.test(userAgent)) return 'chromium';
+  if (/\bAppleWebKit\//.test(userAgent)) return 'webkit';
+  return null;
+}
+
 /** The EP chain for a platform: manifest.executionProviders, else the built-in default. */
 export function chainFor(manifest, platform) {
   const chains = (manifest && manifest.executionProviders) || {};
@@ -59,9 +78,40 @@ export function bundleFor(manifest, chain) {
 
 const matches = (pattern, value) => pattern === '*' || pattern === value;
 
+const tripleOf = (run) => `${run.bundle}|${run.ep}|${run.variant}`;
+
+/**
+ * The runs that speak for `engine` (pipeline/manifest.py engine_runs): every run of no engine but
+ * a browser run of the build's engine (Chromium, recorded without `engine`) where `engine` has a
+ * verdict of its own (passed or failed) on the same (bundle, ep, variant); and `engine`'s own runs,
+ * except a not-verifiable or skipped one where Chromium has a run. An engine without evidence keeps
+ * what Chromium found; one that failed a pair refuses it there only.
+ */
+export function engineRuns(runs, engine = BUILD_ENGINE) {
+  const wanted = engine || BUILD_ENGINE;
+  const own = wanted === BUILD_ENGINE ? [] : runs.filter((run) => run.engine === wanted);
+  const decided = new Set(own.filter((run) => run.status === 'passed' || run.status === 'failed').map(tripleOf));
+  const build = new Set(runs.filter((run) => (run.stage || 'browser') === 'browser' && (run.engine || BUILD_ENGINE) === BUILD_ENGINE).map(tripleOf));
+  return runs.filter((run) => {
+    const mine = run.engine || BUILD_ENGINE;
+    if (mine === BUILD_ENGINE) return !((run.stage || 'browser') === 'browser' && decided.has(tripleOf(run)));
+    return mine === wanted && (decided.has(tripleOf(run)) || !build.has(tripleOf(run)));
+  });
+}
+
+/**
+ * `manifest` as `engine` reads it (detectEngine): the refusal rule and the verification statuses
+ * then use engineRuns(…, engine). A copy; null keeps the build engine's reading.
+ */
+export function forEngine(manifest, engine) {
+  if (!manifest || !manifest.verification) return manifest;
+  return { ...manifest, verification: { ...manifest.verification, engine: engine || BUILD_ENGINE } };
+}
+
 function runsOf(manifest) {
   const runs = manifest && manifest.verification && manifest.verification.runs;
-  return Array.isArray(runs) ? runs.filter((run) => run && typeof run === 'object') : [];
+  const recorded = Array.isArray(runs) ? runs.filter((run) => run && typeof run === 'object') : [];
+  return engineRuns(recorded, manifest && manifest.verification ? manifest.verification.engine : null);
 }
 
 /**
@@ -91,8 +141,12 @@ export function isRefused(manifest, bundle, ep, variant, adapter = null) {
   return refusingRun(manifest, bundle, ep, variant, adapter) !== null;
 }
 
-/** "failed its browser check at build time: rel_l2 0.47 > 0.03" for a refusing run. */
+/**
+ * "failed its browser check at build time: rel_l2 0.47 > 0.03" for a refusing run; another
+ * engine's run names it: "firefox failed webgpu/fp16 at build: …".
+ */
 export function refusalReason(run) {
+  if (run.engine) return `${run.engine} failed ${run.ep}/${run.variant} at build${run.detail ? `: ${run.detail}` : ''}`;
   const stage = run.stage || 'browser';
   const where = run.adapter ? ` on ${[run.adapter.vendor, run.adapter.architecture || run.adapter.description].filter(Boolean).join(' ')} adapters` : '';
   return `failed its ${stage} check at build time${where}${run.detail ? `: ${run.detail}` : ''}`;

@@ -65,8 +65,8 @@ export function runSession(session, tensors, watchdogMs, what) {
 }
 
 export class Runner {
-  constructor({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy = null, selection }) {
-    Object.assign(this, { ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, chain, threads, threadsWhy, selection });
+  constructor({ ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, engine = null, chain, threads, threadsWhy = null, selection }) {
+    Object.assign(this, { ort, manifest, files, attempts, fallbacks, skipped, options, emit, bundle, platform, engine, chain, threads, threadsWhy, selection });
     this.next = 0;
     this.current = null; // { ep, variant, session }
     this.ranOnce = false; // the app's first run is reported as a progress phase
@@ -235,6 +235,7 @@ export class Runner {
       variant,
       bundle: this.bundle,
       platform: this.platform,
+      engine: this.engine,
       chain: [...this.chain],
       threads: this.threads,
       threadsWhy: this.threadsWhy,

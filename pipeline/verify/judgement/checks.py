@@ -183,12 +183,14 @@ def contradicted_kernel_errors(kernel_checks: list[Check], browser_checks: list[
 def refused_by_build(checks: list[Check], manifest: dict) -> list[Check]:
     """`checks` of a built package (`pack verify`), each failure on a (bundle, EP, variant) that the
     build's runs refuse (pipeline.manifest.refused) marked `refused`, naming the build's run: the
-    loader never runs that triple, so it fails nothing. A failure on anything else stays failed."""
-    from pipeline.manifest import WILDCARD, describe_run, refused
+    loader never runs that triple, so it fails nothing. A failure on anything else stays failed.
+    Another engine's check (`engine`) is judged by the build's runs as that engine reads them."""
+    from pipeline.manifest import WILDCARD, describe_run, in_engine, refused
 
     marked = []
     for entry in checks:
-        run = refused(manifest, entry.get("bundle") or WILDCARD, entry["ep"], entry["variant"]) if entry["status"] == "failed" else None
+        read = in_engine(manifest, entry["engine"]) if entry.get("engine") and entry["stage"] == "browser" else manifest
+        run = refused(read, entry.get("bundle") or WILDCARD, entry["ep"], entry["variant"]) if entry["status"] == "failed" else None
         if run is not None:
             entry = {**entry, "status": "refused", "detail": f"refused by the build ({describe_run(run)}), so the loader never runs it; here: {entry.get('detail') or 'failed'}"}  # type: ignore[assignment]
         marked.append(entry)

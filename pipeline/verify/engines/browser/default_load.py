@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PackError
+from pipeline.manifest import ENGINES  # noqa: F401 - the engines' one list; parse_engines checks against it
 from pipeline.verify.judgement.checks import Check, check, output_checks, rounded_metrics
 
 STAGE = "default-load"
@@ -30,7 +31,6 @@ STAGE = "default-load"
 EVALUATE = "(base) => window.__packDefaultLoad(base)"
 
 
-ENGINES = ("chromium", "firefox", "webkit")
 DRIVEN = ("firefox", "webkit")  # driven from outside Playwright, each by its module beside this one
 
 

@@ -3,22 +3,30 @@ headless, driven over WebDriver BiDi by npm `puppeteer-core` (pinned; no geckodr
 download: puppeteer-core fetches none). Playwright cannot drive it here (its BiDi path fails on
 `emulation.setMediaFeaturesOverride`).
 
-For now Firefox runs the build's default load (default_load.py): the same page
-(page/default_load.js) served the same way, asked through `pipeline/firefox_driver.mjs` under Node.
+Firefox runs the build's default load (default_load.py): the same page (page/default_load.js)
+served the same way, asked through `pipeline/firefox_driver.mjs` under Node; and the per-(EP,
+variant) checks (harness.py through driven.py): runner pages in one browser, `session()`, asked
+through `pipeline/firefox_session.mjs`.
 puppeteer-core is installed with npm into the pack cache on first use, like onnxruntime-web. A
 machine without Firefox gets a `not-verifiable` check naming the install line, never a silent skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import shutil
 import subprocess
+import time
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
 from pipeline.errors import PackError
+from pipeline.verify.engines.browser.chromium import ConsoleLine
 
 # puppeteer-core 25 needs node >= 22.12 (Debian 12 has node 20); 24.x drives Firefox over BiDi.
 PUPPETEER_CORE = "24.43.1"
@@ -78,3 +86,120 @@ def run_page(url: str, base: str, timeout_ms: int, webgpu: bool = True) -> dict:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "message": f"Firefox driver exited {done.returncode}: {tail[:300]}", "fallbacks": []}
     return json.loads(lines[-1])
+
+
+START_S = 60  # puppeteer-core's launch: 5-7 s here
+
+
+class FirefoxSession:
+    """One headless Firefox for the runner pages of a verification (driven.py's session): commands
+    to firefox_session.mjs, one JSON line each way. A command past its limit kills the browser
+    (its page never yielded); the next page starts a fresh one."""
+
+    name = "firefox"
+
+    def __init__(self, webgpu: bool = True):
+        self.webgpu = webgpu
+        self.process: subprocess.Popen | None = None
+        self.version = "?"
+        self._next = 0
+        self._buffer = b""
+        self.browser_pid: int | None = None  # Firefox's own process group (puppeteer detaches it from node's)
+
+    def _start(self) -> None:
+        script = Path(str(resources.files("pipeline").joinpath("firefox_session.mjs")))
+        tools = puppeteer_dir()
+        self.process = subprocess.Popen(["node", str(script), str(tools), firefox_executable() or "firefox-esr", "1" if self.webgpu else "0"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._buffer = b""
+        ready = self._read(START_S)
+        if not ready.get("ready"):
+            raise PackError("Firefox did not start (firefox_session.mjs gave no ready line)")
+        self.browser_pid = ready.get("browserPid")
+        self.version = self._call({"op": "version"}, CALL_LIMIT_S).get("value", "?")
+
+    def _read(self, limit_s: float) -> dict:
+        """The next JSON line the script prints within `limit_s` (its stdout read raw, so a line
+        already read stays in this session's buffer rather than a reader's select cannot see)."""
+        from pipeline.verify.engines.browser.driven import PageHung
+
+        assert self.process is not None and self.process.stdout is not None
+        deadline = time.monotonic() + limit_s
+        while True:
+            line, newline, rest = self._buffer.partition(b"\n")
+            if newline:
+                self._buffer = rest
+                if line.startswith(b"{"):
+                    return json.loads(line)
+                continue
+            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self.process.stdout.fileno(), 1 << 16) if ready else None
+            if chunk is None:
+                self.stop(kill=True)
+                raise PageHung(f"Firefox gave no answer within {limit_s:.0f} s")
+            if not chunk:
+                status = self.process.poll() if self.process else "?"
+                self.stop(kill=True)
+                raise PageHung(f"Firefox ended (exit status {status})")
+            self._buffer += chunk
+
+    def _call(self, command: dict, limit_s: float) -> dict:
+        if self.process is None:
+            self._start()
+        assert self.process is not None and self.process.stdin is not None
+        self._next += 1
+        self.process.stdin.write((json.dumps({**command, "id": self._next}) + "\n").encode())
+        self.process.stdin.flush()
+        answer = self._read(limit_s)
+        if answer.get("error"):
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def open(self, url: str, init: str) -> str:
+        return self._call({"op": "open", "url": url, "init": init}, START_S)["page"]
+
+    def evaluate(self, handle: str, source: str, arg, limit_s: float):
+        return self._call({"op": "evaluate", "page": handle, "source": source, "arg": arg}, limit_s).get("value")
+
+    def console(self, handle: str) -> list[ConsoleLine]:
+        if self.process is None:
+            return []
+        lines = self._call({"op": "console", "page": handle}, CALL_LIMIT_S).get("lines") or []
+        return [ConsoleLine("warning" if line["type"] == "warn" else line["type"], line["text"]) for line in lines]
+
+    def close(self, handle: str) -> None:
+        if self.process is not None:
+            self._call({"op": "close", "page": handle}, CALL_LIMIT_S)
+
+    def stop(self, kill: bool = False) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        try:
+            if kill:
+                raise OSError("a hung page: no clean close")
+            if process.stdin is not None:
+                process.stdin.close()  # the script closes the browser at the end of its input
+            process.wait(timeout=15)
+        except (subprocess.TimeoutExpired, OSError):
+            # the two process groups this session started: Firefox's, then node's
+            for group in (self.browser_pid, process.pid):
+                if group:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(group, signal.SIGKILL)
+            process.wait()
+        self.browser_pid = None
+
+
+CALL_LIMIT_S = 60
+
+
+@contextmanager
+def session(webgpu: bool = True):
+    """A FirefoxSession, stopped at the end of the block; PackError when Firefox cannot start."""
+    firefox = FirefoxSession(webgpu)
+    try:
+        firefox._start()
+        yield firefox
+    finally:
+        firefox.stop()

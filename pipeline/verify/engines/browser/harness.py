@@ -24,9 +24,10 @@ from pipeline.progress import Progress
 from pipeline.runtime import Runtime, resolve_runtime
 from pipeline.verify.engines.browser import logs
 from pipeline.verify.engines.browser.devices import device_facts
+from pipeline.verify.engines.browser.driven import driver_for
 from pipeline.verify.engines.browser.run_plan import PlannedRun, load_manifest, plan_runs
 from pipeline.verify.engines.browser.pages import BrowserRunner, RunnerPage, decode_tensor
-from pipeline.verify.judgement.checks import Check, any_failed, check, decision_check, judged, numeric_bounds, rounded_metrics
+from pipeline.verify.judgement.checks import Check, any_failed, check, decision_check, judged, numeric_bounds, rounded_metrics, tagged
 
 DEFAULT_WATCHDOG_MS = 60_000
 STEADY_RUNS = 3
@@ -69,6 +70,7 @@ def verify_in_browser(
     deadline: float | None = None,
     result: BrowserResult | None = None,
     manifest: Manifest | None = None,
+    engine: str = "chromium",
 ) -> BrowserResult:
     """Verify `package_dir` in headless Chromium against fp32 `references` (output name -> array).
 
@@ -88,6 +90,8 @@ def verify_in_browser(
     already (a reconnect resumes where the lost connection stopped).
     `manifest`: the package's manifest in memory, served as its manifest.json in place of the
     file (`pack build` checks its staging folder before it writes the manifest); None: the file.
+    `engine` firefox or webkit: the same runs and judgement in that engine (driven.py); its checks
+    carry `engine`, and an engine not installed makes each run `not-verifiable` with its install line.
     """
     progress = progress or Progress.quiet()
     package_dir = Path(package_dir)
@@ -104,15 +108,22 @@ def verify_in_browser(
         raise PackError(f"--bundle {bundle}: unknown; choose one of {', '.join(sorted(runtime.bundles))}")
 
     result = result if result is not None else BrowserResult()
+    if engine != "chromium":
+        why = driver_for(engine).unavailable()
+        if why:
+            result.checks.extend(check("browser", planned.ep, planned.variant, "not-verifiable", detail=why, bundle=planned.bundle,
+                                       engine=engine, install=driver_for(engine).INSTALL) for planned in runs)
+            result.report = {"engine": engine, "unavailable": why, "runs": []}
+            return result
     done = {(r["bundle"], r["ep"], r["variant"]) for r in (result.report or {}).get("runs", [])}
     launch_start = time.monotonic()
     with ExitStack() as stack:
         runner = stack.enter_context(BrowserRunner(
-            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser, manifest=served))
+            package_dir, runtimes={OTHER_RUNTIME: runtime} if runtime is not None else {}, gpu=gpu, browser=browser, manifest=served, engine=engine))
         adapter, navigator = runner.probe_device()
         result.report = {
-            "chromium": runner.browser.version,
-            "device": device_facts(runner.browser.version, runner.browser.browser_type.name, adapter, navigator),
+            **({"chromium": runner.browser_version} if engine == "chromium" else {"engine": engine, "version": runner.browser_version}),
+            "device": device_facts(runner.browser_version, runner.browser_name, adapter, navigator),
             "gpu": gpu,
             "adapter": adapter,
             "launch_ms": round(1000 * (time.monotonic() - launch_start)),
@@ -140,6 +151,8 @@ def verify_in_browser(
                     run_report["bundle"] = f"{bundle} (override of {planned.bundle})"
                     for entry in checks:
                         entry["bundle"] = run_report["bundle"]
+                if engine != "chromium":
+                    checks = tagged(checks, engine=engine)
                 result.checks.extend(checks)
                 result.report["runs"].append(run_report)
                 result.report["eps"][run_label(run_report)] = run_summary(run_report)

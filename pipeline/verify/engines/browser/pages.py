@@ -24,6 +24,7 @@ from pipeline.dtypes import NUMPY_DTYPES, name_of_numpy
 from pipeline.errors import PackError
 from pipeline.runtime import Runtime
 from pipeline.verify.engines.browser.chromium import PAGE_DIR, gpu_errors, launch_browser, new_watched_page, probe_adapter, probe_device
+from pipeline.verify.engines.browser.driven import DrivenPage, engine_session, open_driven_page
 from pipeline.package_server import running_server
 
 MOUNT_PREFIX = "/__pack__/"
@@ -49,12 +50,15 @@ class BrowserRunner:
 
     `runtimes`: key -> Runtime whose dist/ is mounted at /__pack__/runtime/<key>/. `browser` reuses
     an open Playwright browser; otherwise one is launched (`gpu`: hardware Vulkan flags) and closed.
+    `engine` firefox or webkit: the pages open in that engine instead (driven.py), the same page.
     `manifest` (bytes) is served as the package's manifest.json instead of the file in `root`
     (server.py). Use as a context manager.
     """
 
     def __init__(self, root: Path, *, runtimes: dict[str, Runtime] | None = None, gpu: bool = False, browser=None,
-                 models: Path | None = None, manifest: bytes | None = None):
+                 models: Path | None = None, manifest: bytes | None = None, engine: str = "chromium"):
+        self.engine = engine
+        self.session = None  # a driven engine's session (driven.py)
         self.root = Path(root)
         self.manifest = manifest
         self.runtimes = dict(runtimes or {})
@@ -72,7 +76,9 @@ class BrowserRunner:
             mounts[MODEL_PREFIX] = self.models
         try:
             self.server = self._stack.enter_context(running_server(self.root, mounts, manifest=self.manifest))
-            if self.browser is None:
+            if self.engine != "chromium":
+                self.session = self._stack.enter_context(engine_session(self.engine))
+            elif self.browser is None:
                 self.browser = self._stack.enter_context(launch_browser(gpu=self.gpu))
         except BaseException:
             self._stack.close()
@@ -81,6 +87,14 @@ class BrowserRunner:
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
+
+    @property
+    def browser_version(self) -> str:
+        return self.session.version if self.session is not None else self.browser.version
+
+    @property
+    def browser_name(self) -> str:
+        return self.session.name if self.session is not None else self.browser.browser_type.name
 
     def url(self, path: str) -> str:
         """The absolute URL of `path` ("/__pack__/..." or a package file) on this server."""
@@ -96,8 +110,10 @@ class BrowserRunner:
             urls["glue"] = self.url(base + chosen.glue.name)
         return urls
 
-    def open_page(self) -> "RunnerPage":
+    def open_page(self) -> "RunnerPage | DrivenPage":
         """A fresh context and page with runner.js loaded (and the GPU hooks installed)."""
+        if self.session is not None:
+            return open_driven_page(self.session, self.url(PAGE_PREFIX + "runner.html"))
         page, watch = new_watched_page(self.browser)
         runner_page = RunnerPage(page, watch)
         try:
@@ -120,6 +136,8 @@ class BrowserRunner:
         """(adapter facts, browser/OS facts) of one fresh page."""
         runner_page = self.open_page()
         try:
+            if isinstance(runner_page, DrivenPage):
+                return runner_page.probe_adapter(), runner_page.probe_device()
             return runner_page.probe_adapter(), probe_device(runner_page.page)
         finally:
             runner_page.close()

@@ -4,7 +4,8 @@ PyPI selenium's WebKitGTK driver, under a virtual display (xvfb.py): MiniBrowser
 mode. Playwright cannot drive it here (it passes MiniBrowser an option MiniBrowser does not know).
 
 Like firefox.py it runs the build's default load (default_load.py): the same page
-(page/default_load.js), served the same way. WebDriver classic gives no console, so the page
+(page/default_load.js), served the same way; and the per-(EP, variant) checks (harness.py through
+driven.py) on runner pages of one MiniBrowser, `session()`. WebDriver classic gives no console, so the page
 reports its warnings and facts itself; and the driver polls for the answer instead of awaiting one
 long call. WebKit is the engine of every iOS browser; WebKitGTK has no SharedArrayBuffer on an
 isolated page (one wasm thread) and no WebGPU here. A machine without it gets a `not-verifiable`
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import PackError
+from pipeline.verify.engines.browser.chromium import ConsoleLine
 
 INSTALL = "apt-get install webkit2gtk-driver xvfb"
 MINIBROWSER_ENV = "PACK_MINIBROWSER"  # a MiniBrowser other than the one beside Debian's libwebkit2gtk
@@ -121,3 +123,100 @@ def _wait(driver, script: str, limit_s: float, what: str):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} within {limit_s:.0f} s")
         time.sleep(POLL_S)
+
+
+# WebDriver classic has no console and no script run before a page's own: the runner page's
+# console is hooked right after load, before any run starts.
+CONSOLE_HOOK = Path(__file__).parent / "page" / "console_hook.js"
+
+
+class WebKitSession:
+    """One MiniBrowser under Xvfb for the runner pages of a verification (driven.py's session).
+    A page is the one window navigated afresh; a call past its limit takes the display down (and
+    MiniBrowser with it: selenium's calls wait without limit), and the next page starts anew."""
+
+    name = "webkit"
+
+    def __init__(self):
+        self.version = "?"
+        self._stack: contextlib.ExitStack | None = None
+        self._driver = None
+        self._xvfb = None
+
+    def _start(self) -> None:
+        from selenium.webdriver.webkitgtk.options import Options
+        from selenium.webdriver.webkitgtk.service import Service
+        from selenium.webdriver.webkitgtk.webdriver import WebDriver
+
+        from pipeline.verify.engines.browser.xvfb import virtual_display
+
+        self._stack = contextlib.ExitStack()
+        display, self._xvfb = self._stack.enter_context(virtual_display())
+        options = Options()
+        options.binary_location = minibrowser() or "MiniBrowser"
+        options.add_argument("--automation")
+        service = Service(executable_path=shutil.which("WebKitWebDriver"), env={**os.environ, "DISPLAY": display})
+        self._stack.callback(service.stop)
+        self._driver = self._guarded(lambda: WebDriver(options=options, service=service), LAUNCH_S)
+        self._stack.callback(self._driver.quit)
+        self.version = f"webkitgtk/{self._driver.capabilities.get('browserVersion', '?')}"
+
+    def _guarded(self, call, limit_s: float):
+        """`call()` within `limit_s`, else the display goes (the session with it) and PageHung."""
+        from pipeline.verify.engines.browser.driven import PageHung
+
+        fired = threading.Event()
+        xvfb = self._xvfb
+        guard = threading.Timer(limit_s, lambda: (fired.set(), xvfb.kill()))
+        guard.start()
+        try:
+            return call()
+        except Exception:
+            if fired.is_set():
+                self.stop()
+                raise PageHung(f"WebKit gave no answer within {limit_s:.0f} s") from None
+            raise
+        finally:
+            guard.cancel()
+
+    def open(self, url: str, init: str) -> str:
+        if self._driver is None:
+            self._start()
+        self._guarded(lambda: self._driver.get(url), LAUNCH_S)
+        self._guarded(lambda: self._driver.execute_script(CONSOLE_HOOK.read_text(encoding="utf-8") + "\n" + init), LAUNCH_S)
+        return url
+
+    def evaluate(self, handle: str, source: str, arg, limit_s: float):
+        if self._driver is None:
+            raise RuntimeError("WebKit's session ended")
+        return self._guarded(lambda: self._driver.execute_script(f"return ({source})(arguments[0]);", arg), limit_s)
+
+    def console(self, handle: str) -> list[ConsoleLine]:
+        if self._driver is None:
+            return []
+        try:
+            lines = self._guarded(lambda: self._driver.execute_script("return (window.__packConsole || []).splice(0);"), LAUNCH_S) or []
+        except Exception:  # noqa: BLE001 - a page that crashed has nothing more to say
+            return []
+        return [ConsoleLine(line["type"], line["text"]) for line in lines]
+
+    def close(self, handle: str) -> None:
+        if self._driver is not None:
+            self._guarded(lambda: self._driver.get("about:blank"), LAUNCH_S)
+
+    def stop(self) -> None:
+        stack, self._stack, self._driver = self._stack, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):  # what is left of a session that failed must not hide why
+                stack.close()
+
+
+@contextlib.contextmanager
+def session():
+    """A WebKitSession, stopped at the end of the block."""
+    webkit = WebKitSession()
+    try:
+        webkit._start()
+        yield webkit
+    finally:
+        webkit.stop()

@@ -4,7 +4,13 @@
 async ({attempts, delayMs}) => {
   if (!navigator.gpu) return {available: false, attempts: 0, reason: 'navigator.gpu is undefined'};
   for (let attempt = 1; attempt <= attempts; attempt++) {
-    const adapter = await navigator.gpu.requestAdapter();
+    let adapter = null;
+    try {
+      adapter = await navigator.gpu.requestAdapter();
+    } catch (error) {
+      // Firefox ESR exposes navigator.gpu with dom.webgpu.enabled yet refuses: "WebGPU is not yet available in Release or late Beta builds"
+      return {available: false, attempts: attempt, reason: `requestAdapter() threw: ${String((error && error.message) || error)}`};
+    }
     if (adapter) {
       const info = adapter.info || {};
       return {
