@@ -113,6 +113,10 @@ class RefusedEp(TypedDict):
     evidence: str  # the failed runs
 
 
+# evidence: each pair whose default load failed, in which engine, and the error ("from" is a keyword: the functional form)
+NarrowedChain = TypedDict("NarrowedChain", {"platform": str, "from": list[str], "to": list[str], "evidence": str})
+
+
 class Verification(TypedDict):
     browser: bool
     passed: bool  # package_verdict: every chain keeps a verified variant per EP
@@ -120,6 +124,7 @@ class Verification(TypedDict):
     adapters: NotRequired[list[AdapterRuns]]  # per adapter class, when verified on several browsers
     require: NotRequired[list[str]]  # [verify] require: variants and EPs
     refusedEps: NotRequired[list[RefusedEp]]  # EPs no variant is usable on (they left the chains they could)
+    narrowedChains: NotRequired[list[NarrowedChain]]  # chains a failed default load narrowed (verify/engines/browser/default_load.py)
 
 
 class Measurement(TypedDict):

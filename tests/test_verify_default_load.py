@@ -240,7 +240,7 @@ def test_a_webkit_page_that_never_yields_ends_as_a_failed_load_within_its_limit(
     try:
         url = f"http://127.0.0.1:{server.server_port}/index.html"
         started = time.monotonic()
-        answer = webkit.run_page(url, url, 2000)
+        answer = webkit.run_visits(url, url, [{"name": "first"}], 2000)["first"]
     finally:
         server.shutdown()
     assert answer == {"ok": False, "message": "WebKit did not answer within 5 s (its page never yielded)", "fallbacks": []}
