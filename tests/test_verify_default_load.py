@@ -297,7 +297,7 @@ def test_each_platform_chain_loads_in_each_engine_with_the_peak_memory_of_its_co
     the engine's content process for the first load and for the reload from Cache Storage."""
     from pipeline.verify.engines.browser import firefox, webkit
 
-    report, lines, _ = three_engines
+    report, lines, package = three_engines
     engines = ["chromium"] + [name for name, driver in (("firefox", firefox), ("webkit", webkit)) if not driver.unavailable()]
     for engine in engines:
         for platform, chain in (("desktop", ["webgpu", "wasm"]), ("apple-mobile", ["wasm"]), ("android", ["webgpu", "wasm"])):
@@ -305,6 +305,9 @@ def test_each_platform_chain_loads_in_each_engine_with_the_peak_memory_of_its_co
             assert (row["status"], row["chain"], row["output"]) == ("passed", chain, "y"), (engine, platform, row)
             if platform == "apple-mobile":  # the loader's Apple rule: one wasm thread
                 assert row["threads"] == 1 and row["ep"] == "wasm", row
+            # the first load fetched the model it landed on; the reload read every package file from Cache Storage
+            model = json.loads((package / "manifest.json").read_text())["variants"][row["variant"]]["model"]
+            assert any(name.startswith(model) for name in row["fetched"]["first"]) and row["fetched"]["reload"] == [], (engine, platform, row["fetched"])
             for phase in ("first", "reload"):
                 figure = row["memory"][phase]
                 # a browser content process holding onnxruntime-web's wasm heap: tens to hundreds of MB, never 0 or tens of GB

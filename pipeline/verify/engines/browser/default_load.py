@@ -167,6 +167,12 @@ def judge_default_load(manifest: dict, reference: dict[str, np.ndarray], result:
     memory = {phase: answer.get("memory") for phase, answer in (("first", result), ("reload", reload or {})) if answer.get("memory")}
     if memory:
         facts["memory"] = memory
+    # the package files each visit fetched over the network: the reload's evidence that it came from Cache Storage
+    listed = {path for name, entry in (manifest.get("files") or {}).items()
+              for path in (name, *(coded.get("path") for coded in (entry.get("encodings") or {}).values()))}
+    fetched = {phase: [name for name in answer["fetched"] if name in listed] for phase, answer in (("first", result), ("reload", reload or {})) if "fetched" in answer}
+    if fetched:
+        facts["fetched"] = fetched
     checks = _judged(manifest, reference, result, facts, chain)
     if reload is not None and not any(c["status"] in ("failed", "not-verifiable") for c in checks):
         again = _judged(manifest, reference, reload, {**facts, "phase": "reload"}, chain)

@@ -65,6 +65,14 @@ const toBase64 = (view) => {
   return btoa(binary);
 };
 
+// The package files this page fetched over the network (Resource Timing: Cache Storage reads are
+// not fetches), relative to the package: a reload from Cache Storage fetches none of the hashed ones.
+const fetchedFiles = (base) =>
+  performance
+    .getEntriesByType('resource')
+    .filter((entry) => entry.initiatorType === 'fetch' && entry.name.startsWith(base))
+    .map((entry) => entry.name.slice(base.length).split('?')[0]);
+
 const plain = (value) => JSON.parse(JSON.stringify(value ?? null));
 
 async function defaultLoad(base, { platform = null, cold = false } = {}) {
@@ -84,7 +92,7 @@ async function defaultLoad(base, { platform = null, cold = false } = {}) {
       const wide = tensor.type === 'float16' && !(tensor.data instanceof Uint16Array);
       encoded[name] = { type: wide ? 'float32' : tensor.type, dims: Array.from(tensor.dims), bytes: toBase64(wide ? Float32Array.from(tensor.data) : tensor.data) };
     }
-    return { ok: true, info, outputs: encoded, loadMs, totalMs: performance.now() - started, page: pageFacts(), warnings: [...warnings] };
+    return { ok: true, info, outputs: encoded, loadMs, totalMs: performance.now() - started, page: pageFacts(), warnings: [...warnings], fetched: fetchedFiles(base) };
   } catch (error) {
     return { ok: false, name: error && error.name, message: String((error && error.message) || error), fallbacks: plain(error && error.fallbacks) || [],
              totalMs: performance.now() - started, page: pageFacts(), warnings: [...warnings] };
