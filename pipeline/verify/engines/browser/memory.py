@@ -3,10 +3,10 @@ accounting: `VmRSS` in `/proc/<pid>/status`, sampled every SAMPLE_S while a phas
 load and run, then the reload from Cache Storage). The content processes are the descendants of
 the driven browser that hold pages: Chromium's renderers, Firefox's content (tab) processes,
 WebKit's web processes. The figure of a phase is the largest of them at its highest sample (the
-page, its wasm heap and its workers live in one of them), among the processes that appeared during
-the phase where there are any (WebKit gives a new page a new process and keeps the earlier pages
-open), else among all; which process it was is kept beside it, so a reload served by the same
-process as the first load can be told apart.
+page, its wasm heap and its workers live in one of them); which process it was is kept beside it,
+so a reload served by the same process as the first load can be told apart. (Taking only the
+processes that appear during a phase would not do: Chromium navigates a new page into a spare
+renderer started before it.)
 
 Linux only (`/proc`); elsewhere, or where no content process is found, a phase has no figure
 and says why. Sampling misses a peak shorter than SAMPLE_S.
@@ -89,7 +89,6 @@ class PeakSampler:
         self.root, self.engine, self.interval = root, engine, interval
         self.phase: str | None = None
         self.found: dict[str, dict] = {}
-        self._seen: set[int] = set()  # content processes sampled so far
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"memory-{engine}", daemon=True)
@@ -107,7 +106,7 @@ class PeakSampler:
     def start_phase(self, name: str) -> None:
         with self._lock:
             self.phase = name
-            self.found[name] = {"peak_kib": 0, "pid": None, "samples": 0, "processes": set(), "before": set(self._seen)}
+            self.found[name] = {"peak_kib": 0, "pid": None, "samples": 0, "processes": set()}
 
     def end_phase(self) -> None:
         with self._lock:
@@ -123,9 +122,8 @@ class PeakSampler:
             sizes = [(size, pid) for pid in pids if (size := rss_kib(pid)) is not None]
             with self._lock:
                 record = self.found.get(self.phase) if self.phase else None
-                self._seen.update(pid for _, pid in sizes)
                 if record is not None and sizes:
-                    size, pid = max([entry for entry in sizes if entry[1] not in record["before"]] or sizes)
+                    size, pid = max(sizes)
                     record["samples"] += 1
                     record["processes"].update(p for _, p in sizes)
                     if size > record["peak_kib"]:
