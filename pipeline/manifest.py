@@ -118,6 +118,10 @@ class RefusedEp(TypedDict):
     evidence: str  # the failed runs
 
 
+# evidence: each pair whose default load failed, in which engine, and the error ("from" is a keyword: the functional form)
+NarrowedChain = TypedDict("NarrowedChain", {"platform": str, "from": list[str], "to": list[str], "evidence": str})
+
+
 class Verification(TypedDict):
     browser: bool
     passed: bool  # package_verdict: every chain keeps a verified variant per EP
@@ -126,6 +130,7 @@ class Verification(TypedDict):
     require: NotRequired[list[str]]  # [verify] require: variants and EPs
     requireEngines: NotRequired[list[str]]  # [verify] engines: the package rule must hold read in each
     refusedEps: NotRequired[list[RefusedEp]]  # EPs no variant is usable on (they left the chains they could)
+    narrowedChains: NotRequired[list[NarrowedChain]]  # chains a failed default load narrowed (verify/engines/browser/default_load.py)
 
 
 class Measurement(TypedDict):

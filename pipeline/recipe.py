@@ -52,6 +52,8 @@ MIN_CHUNK_MIB, MAX_CHUNK_MIB = 0.0625, 512
 # hosts; read as 10^6 bytes, 20 MiB (20.97 MB) would be over it, 19 MiB (19.92 MB) is not.
 DEFAULT_MAX_FILE_MIB = 19.0
 PLATFORMS = ("desktop", "apple-mobile", "android")
+# The apple-mobile default load's peak memory (MB) above which the build warns: iOS kills tabs around 1.5 GB.
+DEFAULT_APPLE_MOBILE_MEMORY_MB = 1024
 DEFAULT_CHAINS = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"], "android": ["webgpu", "wasm"]}
 THRESHOLD_KEYS = ("max_abs", "max_abs_of_range", "rel_l2", "psnr_db", "snr_db", "p999_abs_of_range", "seg_snr_db", "block_mae_of_range", "one_level_share",
                   # the decision checks' bounds (pipeline/verify/judgement/decisions.py)
@@ -142,6 +144,7 @@ class Recipe:
     seed: int = 0
     verify_require: list[str] = field(default_factory=list)  # [verify] require: variants and EPs whose refusal fails the build
     verify_engines: list[str] = field(default_factory=list)  # [verify] engines: browser engines whose checks must pass (pipeline.manifest.ENGINES)
+    verify_apple_mobile_memory_mb: float = DEFAULT_APPLE_MOBILE_MEMORY_MB  # [verify] apple_mobile_memory_mb: the build warns above it
     runtime_version: str = DEFAULT_RUNTIME
     runtime_path: Path | None = None  # a local onnxruntime-web build ([runtime] path), instead of npm
     chains: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_CHAINS.items()})
@@ -405,9 +408,14 @@ def parse_recipe(data: dict, file: Path) -> Recipe:
         r.fail("repairs.passes", "a list of repair names", passes)
     recipe.repairs = passes
 
-    verify = r.table(data.get("verify", {}), "verify", ("seed", "require", "engines"))
+    verify = r.table(data.get("verify", {}), "verify", ("seed", "require", "engines", "apple_mobile_memory_mb"))
     seed = r.typed(verify, "verify", "seed", int, "an integer")
     recipe.seed = 0 if seed is None else seed
+    budget = r.typed(verify, "verify", "apple_mobile_memory_mb", (int, float), "a number of MB")
+    if budget is not None:
+        if not budget > 0:
+            r.fail("verify.apple_mobile_memory_mb", "a positive number of MB (the apple-mobile default load's peak memory budget)", budget)
+        recipe.verify_apple_mobile_memory_mb = float(budget)
 
     runtime = r.table(data.get("runtime", {}), "runtime", ("version", "path"))
     version = r.typed(runtime, "runtime", "version", str, "an onnxruntime-web version like '1.30.0'")

@@ -15,7 +15,10 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.verify.engines.browser import default_load
-from pipeline.verify.engines.browser.default_load import default_load_lines, default_load_problems, default_load_stage, judge_default_load
+from pipeline.verify.engines.browser.default_load import (
+    default_load_lines, default_load_problems, default_load_stage, failing_pairs, judge_default_load, memory_budget_lines, memory_text, narrowed_chain,
+    narrowed_lines,
+)
 
 MANIFEST = {
     "executionProviders": {"desktop": ["webgpu", "wasm"]},
@@ -136,6 +139,80 @@ def test_an_unknown_engine_is_bad_input(tmp_path):
     assert result.exit_code == 2 and "--engines 'chromium,safari': use a comma-separated list of chromium, firefox, webkit" in result.output
 
 
+def _row(status: str, ep: str, variant: str, **facts) -> dict:
+    return {"stage": "default-load", "ep": ep, "variant": variant, "status": status, **facts}
+
+
+def test_the_narrowing_rule_drops_the_eps_of_the_pairs_that_failed():
+    wrong_outputs = _row("failed", "webgpu", "fp16", output="y", detail="rel_l2 0.4 > 0.03", engine="firefox")
+    threw = _row("failed", "webgpu", "*", fallbacks=[{"ep": "webgpu", "variant": None, "phase": "select", "error": "no adapter"},
+                                                    {"ep": "webgpu", "variant": "fp32", "phase": "create", "error": "shader"},
+                                                    {"ep": "wasm", "variant": "fp32", "phase": "run", "error": "OOM"}])
+    assert failing_pairs([wrong_outputs, _row("passed", "wasm", "fp32", output="y")]) == [
+        {"engine": "firefox", "ep": "webgpu", "variant": "fp16", "error": "y: rel_l2 0.4 > 0.03"}]
+    # a provider passed over before it was tried (no adapter) is no failed pair; one that failed creating or running is
+    assert [(p["ep"], p["variant"], p["error"]) for p in failing_pairs([threw])] == [("webgpu", "fp32", "create: shader"), ("wasm", "fp32", "run: OOM")]
+    both = ["webgpu", "wasm"]
+    assert narrowed_chain(both, failing_pairs([wrong_outputs]), ["webgpu", "wasm"]) == ["wasm"]
+    assert narrowed_chain(both, failing_pairs([threw]), ["webgpu", "wasm"]) is None  # nothing left
+    assert narrowed_chain(both, failing_pairs([wrong_outputs]), ["webgpu"]) is None  # [wasm] needs the wasm bundle
+    assert narrowed_chain(["wasm"], failing_pairs([wrong_outputs]), ["webgpu", "wasm"]) is None  # drops nothing
+
+
+def test_a_narrowed_chain_is_evidence_not_a_failure_and_the_summary_says_so():
+    narrowed = _row("failed", "webgpu", "fp16", output="y", detail="d", narrowedTo=["wasm"], platform="desktop")
+    kept = _row("passed", "wasm", "fp32", output="y", platform="desktop", chain=["wasm"], metrics={}, threshold={})
+    assert default_load_problems([narrowed, kept]) == []
+    assert [line.split(":")[0] for line in default_load_lines([narrowed, kept])] == ["default load"]  # the row of the chain as shipped
+    manifest = {"verification": {"narrowedChains": [{"platform": "desktop", "from": ["webgpu", "wasm"], "to": ["wasm"], "evidence": "default load in firefox failed on webgpu/fp16: y: d"}]}}
+    assert narrowed_lines(manifest) == ["NARROWED CHAIN: desktop webgpu > wasm -> wasm (default load in firefox failed on webgpu/fp16: y: d)"]
+
+
+def test_the_apple_mobile_memory_budget_warns_and_names_the_key():
+    memory = {"first": {"peakMb": 1300.5, "pid": 7, "samples": 40, "processes": 1}, "reload": {"peakMb": 900.0, "pid": 7, "samples": 30, "processes": 1}}
+    rows = [_row("passed", "wasm", "fp32", output="y", platform="apple-mobile", engine="webkit", memory=memory),
+            _row("passed", "wasm", "fp32", output="y", platform="desktop", engine="webkit", memory=memory)]
+    [line] = memory_budget_lines(rows, 1024)
+    assert line.startswith("the apple-mobile default load in webkit peaked at 1300.5 MB (peak 1300.5 MB first load, 900.0 MB reload), over [verify] apple_mobile_memory_mb 1024")
+    assert memory_budget_lines(rows, 2048) == []
+    assert memory_text({"first": {"why": "no /proc here"}}) == ""
+
+
+def test_recipe_key_apple_mobile_memory_mb_is_checked(tmp_path):
+    from pipeline.errors import PackError
+    from pipeline.recipe import load_recipe_file
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "r"\n[source]\nuri = "m.onnx"\n')
+    assert load_recipe_file(recipe).verify_apple_mobile_memory_mb == 1024
+    recipe.write_text('name = "r"\n[source]\nuri = "m.onnx"\n[verify]\napple_mobile_memory_mb = 1500\n')
+    assert load_recipe_file(recipe).verify_apple_mobile_memory_mb == 1500
+    for bad in ("0", "-5", '"1GB"', "true"):
+        recipe.write_text(f'name = "r"\n[source]\nuri = "m.onnx"\n[verify]\napple_mobile_memory_mb = {bad}\n')
+        with pytest.raises(PackError, match=r"r.toml: key 'verify.apple_mobile_memory_mb': expected a positive number of MB|r.toml: key 'verify.apple_mobile_memory_mb': expected a number of MB"):
+            load_recipe_file(recipe)
+
+
+def test_memory_is_read_from_the_processes_own_accounting():
+    import os
+    import time
+
+    from pipeline.verify.engines.browser import memory
+
+    if not memory.PROC.is_dir():
+        pytest.skip("no /proc")
+    assert memory.rss_kib(os.getpid()) > 1000  # this Python holds more than 1 MB
+    assert os.getpid() in memory.descendants(os.getppid())
+    assert memory.is_content("chromium", ["/usr/lib/chromium/chromium --type=renderer --lang=en-US"])
+    assert memory.is_content("firefox", ["firefox-esr", "-contentproc", "-isForBrowser", "tab"]) and not memory.is_content("firefox", ["firefox-esr", "-contentproc", "socket"])
+    assert memory.is_content("webkit", ["/usr/lib/x86_64-linux-gnu/webkit2gtk-4.1/WebKitWebProcess", "7"])
+    with memory.PeakSampler(os.getppid(), "nothing") as sampler:  # no content process of that engine: a phase says why
+        sampler.start_phase("first")
+        time.sleep(0.2)
+        sampler.end_phase()
+    assert sampler.peaks() == {"first": {"why": "no nothing content process was found"}}
+
+
 @pytest.fixture(scope="module")
 def three_engines(tmp_path_factory):
     """One `pack build --engines chromium,firefox,webkit` of the tiny scalar-selector model: (its
@@ -155,11 +232,11 @@ def three_engines(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         print_summary(report, folder / "d" / "sr_model")
-    return report, printed.getvalue().splitlines()
+    return report, printed.getvalue().splitlines(), folder / "d" / "sr_model"
 
 
-def _engine_checks(report: dict, engine: str) -> list[dict]:
-    return [c for c in report["checks"] if c["stage"] == "default-load" and c.get("engine") == engine]
+def _engine_checks(report: dict, engine: str, platform: str = "desktop") -> list[dict]:
+    return [c for c in report["checks"] if c["stage"] == "default-load" and c.get("engine") == engine and c.get("platform") == platform]
 
 
 @pytest.mark.browser
@@ -169,7 +246,7 @@ def test_firefox_loads_the_package_with_its_defaults(three_engines):
     it); where it is absent the check says not-verifiable with the install line."""
     from pipeline.verify.engines.browser.firefox import unavailable
 
-    report, _ = three_engines
+    report, _, _ = three_engines
     firefox = _engine_checks(report, "firefox")
     if unavailable():
         assert [(c["status"], c["install"]) for c in firefox] == [("not-verifiable", "apt-get install firefox-esr")]
@@ -189,7 +266,7 @@ def test_webkit_loads_the_package_with_its_defaults_on_wasm_with_one_thread(thre
     installs them); where they are absent the check says not-verifiable with the install line."""
     from pipeline.verify.engines.browser.webkit import unavailable
 
-    report, lines = three_engines
+    report, lines, _ = three_engines
     webkit = _engine_checks(report, "webkit")
     if unavailable():
         assert [(c["status"], c["install"]) for c in webkit] == [("not-verifiable", "apt-get install webkit2gtk-driver xvfb")]
@@ -207,8 +284,104 @@ def test_webkit_loads_the_package_with_its_defaults_on_wasm_with_one_thread(thre
     assert only["threads"] == 1 and "no SharedArrayBuffer although the page is cross-origin isolated" in only["threadsWhy"]
     [line] = [text for text in lines if text.startswith("default load in webkit:")]
     assert line.startswith("default load in webkit: ok   wasm/fp32 (desktop chain webgpu > wasm, pre-warm on, select measured; 1 thread: this browser has no SharedArrayBuffer"), line
-    # the three engines, one line each
-    assert [text.split(":")[0] for text in lines if text.startswith("default load")] == ["default load", "default load in firefox", "default load in webkit"]
+    # the three engines, one line each per platform chain
+    assert [text.split(":")[0] for text in lines if text.startswith("default load")] == [
+        f"default load{engine}{platform}" for platform in ("", " (apple-mobile)", " (android)") for engine in ("", " in firefox", " in webkit")]
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_each_platform_chain_loads_in_each_engine_with_the_peak_memory_of_its_content_process(three_engines):
+    """One row per (engine, platform): the page presents itself as an iPhone or an Android phone to
+    the loader, which takes that platform's chain and thread rule; each row has the peak memory of
+    the engine's content process for the first load and for the reload from Cache Storage."""
+    from pipeline.verify.engines.browser import firefox, webkit
+
+    report, lines, package = three_engines
+    engines = ["chromium"] + [name for name, driver in (("firefox", firefox), ("webkit", webkit)) if not driver.unavailable()]
+    for engine in engines:
+        for platform, chain in (("desktop", ["webgpu", "wasm"]), ("apple-mobile", ["wasm"]), ("android", ["webgpu", "wasm"])):
+            [row] = _engine_checks(report, engine, platform)
+            assert (row["status"], row["chain"], row["output"]) == ("passed", chain, "y"), (engine, platform, row)
+            if platform == "apple-mobile":  # the loader's Apple rule: one wasm thread
+                assert row["threads"] == 1 and row["ep"] == "wasm", row
+            # the first load fetched the model it landed on; the reload read every package file from Cache Storage
+            model = json.loads((package / "manifest.json").read_text())["variants"][row["variant"]]["model"]
+            assert any(name.startswith(model) for name in row["fetched"]["first"]) and row["fetched"]["reload"] == [], (engine, platform, row["fetched"])
+            for phase in ("first", "reload"):
+                figure = row["memory"][phase]
+                # a browser content process holding onnxruntime-web's wasm heap: tens to hundreds of MB, never 0 or tens of GB
+                assert 20 < figure["peakMb"] < 8192 and figure["pid"] > 0 and figure["samples"] >= 1, (engine, platform, figure)
+            [line] = [text for text in lines if text.startswith("default load" + ("" if engine == "chromium" else f" in {engine}") + ("" if platform == "desktop" else f" ({platform})") + ":")]
+            assert f"peak {row['memory']['first']['peakMb']} MB first load, {row['memory']['reload']['peakMb']} MB reload" in line, line
+
+
+def _with_a_wrong_variant(package, wasm_too: bool = False) -> tuple[dict, dict]:
+    """The package's manifest with a variant "bad" (gain 1.5 where the model has 0.75: every output
+    twice the reference) first for webgpu (and for wasm with `wasm_too`), chain selection and no
+    priors: the loader's default path lands on webgpu/bad where there is an adapter. Returns
+    (manifest, reference)."""
+    import hashlib
+
+    from onnx import numpy_helper
+    from test_loader_defaults_browser import reference, sample, sr_model
+
+    model = sr_model()
+    [gain] = [t for t in model.graph.initializer if t.name == "gain"]
+    gain.CopyFrom(numpy_helper.from_array(np.array(1.5, np.float32), "gain"))
+    data = model.SerializeToString()
+    (package / "model.bad.onnx").write_bytes(data)
+    manifest = json.loads((package / "manifest.json").read_text())
+    digest = hashlib.sha256(data).digest()
+    manifest["files"]["model.bad.onnx"] = {"sha256": digest.hex(), "integrity": "sha256-" + base64.b64encode(digest).decode(), "size": len(data),
+                                           "mediaType": "application/octet-stream", "encodings": {}, "cache": "immutable"}
+    manifest["variants"]["bad"] = {"precision": "fp32", "model": "model.bad.onnx", "requires": []}
+    manifest["variantFor"]["webgpu"] = ["bad"]
+    if wasm_too:
+        manifest["variantFor"]["wasm"] = ["bad"]
+    for ep in ("webgpu", "wasm"):
+        manifest["thresholds"][ep]["bad"] = manifest["thresholds"][ep]["fp32"]
+    manifest["loader"]["select"] = "chain"
+    manifest["measurements"] = []
+    manifest["executionProviders"] = {"desktop": ["webgpu", "wasm"], "apple-mobile": ["wasm"]}
+    return manifest, {"y": reference(sample())}
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_chain_whose_default_load_fails_is_narrowed_where_a_narrower_chain_passes(three_engines, tmp_path):
+    """A pair wrong by construction (webgpu/bad: twice the reference) that the desktop chain lands
+    on in Chromium (SwiftShader has an adapter): the chain is narrowed to wasm, which passes, with
+    the evidence; the package passes. With wasm wrong too no narrower chain passes: it fails."""
+    import shutil
+
+    from pipeline.manifest import validate
+
+    _, _, built_package = three_engines
+    package = tmp_path / "p"
+    shutil.copytree(built_package, package)
+    manifest, reference = _with_a_wrong_variant(package)
+    out = default_load_stage(package, manifest, [], {"passed": True, "verdict": []}, reference, enabled=True, gpu=False)
+    rows = out["checks"]
+    [evidence] = [c for c in rows if "narrowedTo" in c]
+    assert (evidence["platform"], evidence["ep"], evidence["variant"], evidence["status"], evidence["narrowedTo"]) == ("desktop", "webgpu", "bad", "failed", ["wasm"])
+    desktop = [c for c in rows if c["platform"] == "desktop" and "narrowedTo" not in c]
+    assert [(c["ep"], c["variant"], c["status"], c["chain"]) for c in desktop] == [("wasm", "fp32", "passed", ["wasm"])]
+    assert out["verdict"]["passed"] is True and out["manifest"]["verification"]["passed"] is True
+    assert out["manifest"]["executionProviders"] == {"desktop": ["wasm"], "apple-mobile": ["wasm"]}
+    [narrowing] = out["manifest"]["verification"]["narrowedChains"]
+    assert (narrowing["platform"], narrowing["from"], narrowing["to"]) == ("desktop", ["webgpu", "wasm"], ["wasm"])
+    assert narrowing["evidence"].startswith("default load failed on webgpu/bad: y: max_abs_of_range ")
+    validate(out["manifest"], "manifest.json")  # the schema knows narrowedChains
+    assert [line.split(":")[0] for line in default_load_lines(rows)] == ["default load", "default load (apple-mobile)"]
+    # wasm wrong too: nothing narrower passes; the package fails on both loads and the chain stays
+    manifest, reference = _with_a_wrong_variant(package, wasm_too=True)
+    manifest["executionProviders"] = {"desktop": ["webgpu", "wasm"]}
+    out = default_load_stage(package, manifest, [], {"passed": True, "verdict": []}, reference, enabled=True, gpu=False)
+    assert out["verdict"]["passed"] is False and out["manifest"]["executionProviders"]["desktop"] == ["webgpu", "wasm"]
+    assert "narrowedChains" not in out["manifest"]["verification"]
+    problems = [line for line in out["verdict"]["verdict"] if line.startswith("default load (")]
+    assert [line.split(":")[0] for line in problems] == ["default load (webgpu/bad y)", "default load (wasm/bad y)"], problems
 
 
 def test_each_virtual_display_takes_a_free_number_and_ends_with_its_block():
@@ -240,7 +413,7 @@ def test_a_webkit_page_that_never_yields_ends_as_a_failed_load_within_its_limit(
     try:
         url = f"http://127.0.0.1:{server.server_port}/index.html"
         started = time.monotonic()
-        answer = webkit.run_page(url, url, 2000)
+        answer = webkit.run_visits(url, url, [{"name": "first"}], 2000)["first"]
     finally:
         server.shutdown()
     assert answer == {"ok": False, "message": "WebKit did not answer within 5 s (its page never yielded)", "fallbacks": []}

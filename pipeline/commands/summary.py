@@ -326,6 +326,10 @@ def print_summary(report: dict, package_dir: Path, lock: Path | None = None) -> 
         now = ", ".join(f"{platform} {' > '.join(chains[platform])}" if entry["ep"] not in chains.get(platform, [entry["ep"]]) else f"{platform} none left"
                         for platform in entry["platforms"])
         echo(f"REFUSED EP: {entry['ep']} (no variant passed on it: {entry['evidence']}); chains now: {now}")
+    from pipeline.verify.engines.browser.default_load import narrowed_lines
+
+    for line in narrowed_lines(manifest):
+        echo(line)
     echo(f"{'PASSED' if report['passed'] else 'FAILED'}: {check_counts(report)}")
 
 

@@ -124,6 +124,8 @@ def render_html(manifest: dict, report: dict, inputs: dict, reference: dict, dat
         "browser": _browser_line(browser),
         "refused": report.get("refused") or [],
         "checks": _check_rows(checks),
+        "default_loads": _default_loads(checks),
+        "narrowed": (manifest.get("verification") or {}).get("narrowedChains") or [],
         "outputs": _output_sections(manifest, report, inputs, reference, data),
         "repairs": _repairs(report.get("steps") or []),
         "kept": (manifest.get("fp16") or {}).get("keptFp32") or [],
@@ -204,6 +206,26 @@ def _check_rows(checks: list[dict]) -> list[dict]:
             "detail": check.get("detail") if check["status"] != "passed" or check.get("decision") else None,
         })
     return sorted(rows, key=lambda row: row["order"])
+
+
+def _default_loads(checks: list[dict]) -> list[dict]:
+    """One row per (engine, platform) default load: its status, where it landed, threads and the
+    content process's peak memory for the first load and the reload ('' where not measured)."""
+    rows: dict[tuple[str, str, bool], dict] = {}
+    for check in checks:
+        if check["stage"] != "default-load":
+            continue
+        key = (check.get("engine", "chromium"), check.get("platform", "desktop"), "narrowedTo" in check)
+        memory = check.get("memory") or {}
+        row = rows.setdefault(key, {
+            "engine": key[0], "platform": key[1], "chain": " > ".join(check.get("chain") or []), "status": "passed",
+            "landed": f"{check['ep']}/{check['variant']}" if check["variant"] != "*" else "", "threads": check.get("threads") or "",
+            "first_mb": (memory.get("first") or {}).get("peakMb", ""), "reload_mb": (memory.get("reload") or {}).get("peakMb", ""),
+            "narrowed_to": " > ".join(check["narrowedTo"]) if "narrowedTo" in check else "",
+        })
+        if STATUS_ORDER.get(check["status"], 9) < STATUS_ORDER.get(row["status"], 9):
+            row["status"] = check["status"]
+    return list(rows.values())
 
 
 def _within(key: str, value, bound) -> bool:

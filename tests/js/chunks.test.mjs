@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { afterEach, test } from 'node:test';
 
-import { chunkPlan, deinterleave, interleave, mapLimit, planVariant, variantModel } from '../../web_template/loader/chunks.js';
+import { CHUNK_CONCURRENCY, chunkPlan, deinterleave, interleave, mapLimit, planVariant, variantModel } from '../../web_template/loader/chunks.js';
 import { PackIntegrityError, PackLoadError } from '../../web_template/loader/errors.js';
 import { CACHE_KEY_PREFIX, Files, ProgressTracker } from '../../web_template/loader/files.js';
 
@@ -212,6 +212,52 @@ test('each chunk is cached on its own: a load after a failed one fetches only wh
   const model = await variantModel(store(manifest, cache).files, manifest, 'fp32', null);
   assert.deepEqual(again, ['p2.bin']);
   assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
+});
+
+test('from Cache Storage a chunked variant holds at most CHUNK_CONCURRENCY chunks at once beside its weights, and keeps none', async () => {
+  // Ten chunks, every one cached: each is read, checked and copied into the one weights buffer
+  // before the next read starts in its slot, so the weights never sit beside all of their chunks.
+  const count = 10;
+  const weights = Uint8Array.from({ length: count * 8 }, (_, i) => (i * 29) & 255);
+  const served = { 'g.onnx': new Uint8Array([1, 2, 3]) };
+  const chunks = [];
+  for (let i = 0; i < count; i++) {
+    served[`p${i}.bin`] = weights.slice(i * 8, i * 8 + 8);
+    chunks.push({ file: `p${i}.bin`, offset: i * 8, size: 8, sha256: digest(served[`p${i}.bin`]), coding: { planes: 1 } });
+  }
+  const manifest = {
+    files: Object.fromEntries(Object.entries(served).map(([path, bytes]) => [path, { sha256: digest(bytes), size: bytes.length }])),
+    variants: { fp32: { precision: 'fp32', model: 'g.onnx', requires: [], externalData: { path: 'w.weights', size: weights.length, sha256: digest(weights), chunks } } },
+  };
+  const bySha = Object.fromEntries(Object.entries(served).map(([path, bytes]) => [CACHE_KEY_PREFIX + manifest.files[path].sha256, { path, bytes }]));
+  const cache = {
+    match: async (key) => {
+      await new Promise((resolve) => setTimeout(resolve, 2)); // reads overlap, as Cache Storage's do
+      return new Response(bySha[key].bytes);
+    },
+    put: async () => assert.fail('nothing is downloaded, so nothing is cached again'),
+    delete: async () => assert.fail('no cached chunk is corrupt'),
+  };
+  globalThis.fetch = async (url) => assert.fail(`fetched ${url}: every file is in Cache Storage`);
+  const { files, events } = store(manifest, cache);
+  // A chunk's bytes live from its read until the task that read it has copied them into place;
+  // that task then reads the next: at any moment at most the chunks being read are held.
+  let reading = 0;
+  let peak = 0;
+  const get = files.get.bind(files);
+  files.get = (path, signal) => {
+    if (path === 'g.onnx') return get(path, signal);
+    reading++;
+    peak = Math.max(peak, reading);
+    const bytes = get(path, signal);
+    bytes.finally(() => reading--);
+    return bytes;
+  };
+  const model = await variantModel(files, manifest, 'fp32', null);
+  assert.deepEqual(Array.from(model.externalData[0].data), Array.from(weights));
+  assert.equal(events.filter((e) => e.type === 'cache-hit').length, count + 1);
+  assert.ok(peak <= CHUNK_CONCURRENCY && CHUNK_CONCURRENCY < count, `at most ${CHUNK_CONCURRENCY} of ${count} chunks at once, saw ${peak}`);
+  assert.equal(files.pending.size, 0); // Files keeps no chunk's bytes after it is placed
 });
 
 // --- fp16w in chunks: fp16 values at the end of the external data, widened into place ---------

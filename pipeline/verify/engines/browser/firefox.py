@@ -3,10 +3,11 @@ headless, driven over WebDriver BiDi by npm `puppeteer-core` (pinned; no geckodr
 download: puppeteer-core fetches none). Playwright cannot drive it here (its BiDi path fails on
 `emulation.setMediaFeaturesOverride`).
 
-Firefox runs the build's default load (default_load.py): the same page (page/default_load.js)
-served the same way, asked through `pipeline/firefox_driver.mjs` under Node; and the per-(EP,
-variant) checks (harness.py through driven.py): runner pages in one browser, `session()`, asked
-through `pipeline/firefox_session.mjs`.
+Firefox runs the build's default loads (default_load.py): the same page (page/default_load.js)
+served the same way, one tab per visit (each platform chain, its first load and its reload from
+Cache Storage), asked through `pipeline/firefox_driver.mjs` under Node; and the per-(EP, variant)
+checks (harness.py through driven.py): runner pages in one browser, `session()`, asked through
+`pipeline/firefox_session.mjs`.
 puppeteer-core is installed with npm into the pack cache on first use, like onnxruntime-web. A
 machine without Firefox gets a `not-verifiable` check naming the install line, never a silent skip.
 """
@@ -17,9 +18,10 @@ import contextlib
 import json
 import os
 import select
-import signal
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from importlib import resources
@@ -68,24 +70,56 @@ def puppeteer_dir() -> Path:
     return folder
 
 
-def run_page(url: str, base: str, timeout_ms: int, webgpu: bool = True) -> dict:
-    """The answer of page/default_load.js at `url` in headless Firefox (DEFAULT_LOAD's shape, with
-    the page's facts, plus `browser` and BiDi's console `warnings`); {ok: false, message} when Firefox failed."""
+def run_visits(url: str, base: str, visits: list[dict], timeout_ms: int, webgpu: bool = True) -> dict[str, dict]:
+    """The answers of page/default_load.js at `url` in one headless Firefox, one tab per visit
+    ({name, platform, cold}, in order), by name: DEFAULT_LOAD's shape with the page's facts, plus
+    `browser`, BiDi's console `warnings` and `memory` (the content processes' peak during the visit:
+    memory.py). A visit Firefox did not answer gets {ok: false, message}."""
+    from pipeline.verify.engines.browser.memory import PeakSampler
+
     driver = Path(str(resources.files("pipeline").joinpath("firefox_driver.mjs")))
     try:
         tools = puppeteer_dir()
     except PackError as error:
-        return {"ok": False, "message": str(error), "fallbacks": [], "notRunnable": True}
-    command = ["node", str(driver), str(tools), firefox_executable() or "firefox-esr", url, base, str(timeout_ms), "1" if webgpu else "0"]
+        return {visit["name"]: {"ok": False, "message": str(error), "fallbacks": [], "notRunnable": True} for visit in visits}
+    command = ["node", str(driver), str(tools), firefox_executable() or "firefox-esr", url, base, str(timeout_ms), "1" if webgpu else "0", json.dumps(visits)]
+    limit_s = timeout_ms * len(visits) / 1000 + 90
+    answers: dict[str, dict] = {}
+    failure = None
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    guard = threading.Timer(limit_s, _end, (process,))  # past the limit the driver goes, and its browser with it
+    guard.start()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_ms / 1000 + 90)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "message": f"Firefox did not answer within {timeout_ms / 1000 + 90:.0f} s", "fallbacks": []}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "message": f"Firefox driver exited {done.returncode}: {tail[:300]}", "fallbacks": []}
-    return json.loads(lines[-1])
+        with PeakSampler(process.pid, "firefox") as sampler:
+            for line in process.stdout:  # one JSON line per event, as the driver says them
+                if not line.startswith("{"):
+                    continue
+                said = json.loads(line)
+                if "phase" in said:
+                    sampler.start_phase(said["phase"])
+                elif "visit" in said:
+                    sampler.end_phase()
+                    answers[said["visit"]] = said["answer"]
+                else:
+                    failure = said
+            stderr = process.stderr.read()
+            process.wait()
+            peaks = sampler.peaks()
+    finally:
+        guard.cancel()
+        if process.poll() is None:
+            _end(process)
+            process.wait()
+    if failure is None and len(answers) < len(visits):
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        failure = {"ok": False, "message": f"Firefox driver exited {process.returncode}: {tail[:300]}" if process.returncode != -9 else f"Firefox did not answer within {limit_s:.0f} s", "fallbacks": []}
+    return {visit["name"]: {**answers[visit["name"]], "memory": peaks.get(visit["name"])} if visit["name"] in answers else dict(failure) for visit in visits}
+
+
+def _end(process: subprocess.Popen) -> None:
+    """SIGKILL to the driver's process group (node and the Firefox it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 START_S = 60  # puppeteer-core's launch: 5-7 s here

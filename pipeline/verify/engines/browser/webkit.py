@@ -3,9 +3,10 @@ MiniBrowser, driven by `WebKitWebDriver` (W3C WebDriver classic; apt `webkit2gtk
 PyPI selenium's WebKitGTK driver, under a virtual display (xvfb.py): MiniBrowser has no headless
 mode. Playwright cannot drive it here (it passes MiniBrowser an option MiniBrowser does not know).
 
-Like firefox.py it runs the build's default load (default_load.py): the same page
-(page/default_load.js), served the same way; and the per-(EP, variant) checks (harness.py through
-driven.py) on runner pages of one MiniBrowser, `session()`. WebDriver classic gives no console, so the page
+Like firefox.py it runs the build's default loads (default_load.py): the same page
+(page/default_load.js), served the same way, one page per visit in one session; and the per-(EP,
+variant) checks (harness.py through driven.py) on runner pages of one MiniBrowser, `session()`.
+WebDriver classic gives no console, so the page
 reports its warnings and facts itself; and the driver polls for the answer instead of awaiting one
 long call. WebKit is the engine of every iOS browser; WebKitGTK has no SharedArrayBuffer on an
 isolated page (one wasm thread) and no WebGPU here. A machine without it gets a `not-verifiable`
@@ -61,12 +62,14 @@ def unavailable() -> str | None:
     return None
 
 
-def run_page(url: str, base: str, timeout_ms: int) -> dict:
-    """The answer of page/default_load.js at `url` in MiniBrowser (DEFAULT_LOAD's shape, with the
-    page's facts and warnings, plus `browser`); {ok: false, message} when WebKit failed."""
+def run_visits(url: str, base: str, visits: list[dict], timeout_ms: int) -> dict[str, dict]:
+    """The answers of page/default_load.js at `url` in one MiniBrowser, one page load per visit
+    ({name, platform, cold}, in order), by name: DEFAULT_LOAD's shape with the page's facts and
+    warnings, plus `browser` and `memory` (the web processes' peak during the visit: memory.py);
+    {ok: false, message} for a visit WebKit did not answer."""
     from pipeline.verify.engines.browser.xvfb import virtual_display
 
-    limit_s = timeout_ms / 1000
+    limit_s = timeout_ms / 1000 * len(visits)
     fired = threading.Event()
     try:
         with virtual_display() as (display, xvfb):
@@ -75,36 +78,52 @@ def run_page(url: str, base: str, timeout_ms: int) -> dict:
             guard = threading.Timer(limit_s + LAUNCH_S, lambda: (fired.set(), xvfb.kill()))
             guard.start()
             try:
-                answer = _ask(url, base, display, limit_s)
+                answers = _ask(url, base, display, timeout_ms / 1000, visits)
             finally:
                 guard.cancel()
     except PackError as error:
-        return {"ok": False, "message": f"WebKit: {error}", "fallbacks": []}
+        answers = {visit["name"]: {"ok": False, "message": f"WebKit: {error}", "fallbacks": []} for visit in visits}
     if fired.is_set():
-        return {"ok": False, "message": f"WebKit did not answer within {limit_s + LAUNCH_S:.0f} s (its page never yielded)", "fallbacks": []}
-    return answer
+        late = {"ok": False, "message": f"WebKit did not answer within {limit_s + LAUNCH_S:.0f} s (its page never yielded)", "fallbacks": []}
+        answers = {name: answer if answer.get("ok") else late for name, answer in answers.items()}
+    return answers
 
 
-def _ask(url: str, base: str, display: str, limit_s: float) -> dict:
+def _ask(url: str, base: str, display: str, limit_s: float, visits: list[dict]) -> dict[str, dict]:
     from selenium.webdriver.webkitgtk.options import Options
     from selenium.webdriver.webkitgtk.service import Service
     from selenium.webdriver.webkitgtk.webdriver import WebDriver
+
+    from pipeline.verify.engines.browser.memory import PeakSampler
 
     options = Options()
     options.binary_location = minibrowser() or "MiniBrowser"
     options.add_argument("--automation")  # MiniBrowser given as a binary waits for the driver only with it
     service = Service(executable_path=shutil.which("WebKitWebDriver"), env={**os.environ, "DISPLAY": display})
     driver = None
+    answers: dict[str, dict] = {}
     try:
         driver = WebDriver(options=options, service=service)
-        driver.get(url)
-        _wait(driver, "return typeof window.__packStartDefaultLoad === 'function'", 30, "the page did not load its script")
-        driver.execute_script("window.__packStartDefaultLoad(arguments[0])", base)
-        answer = _wait(driver, "return window.__packDefaultLoadAnswer", limit_s, "load() and the sample run did not finish")
-        return {**answer, "browser": f"webkitgtk/{driver.capabilities.get('browserVersion', '?')}"}
-    except Exception as error:  # the session, the page or the display failed: the load did not happen
+        browser = f"webkitgtk/{driver.capabilities.get('browserVersion', '?')}"
+        with PeakSampler(service.process.pid, "webkit") as sampler:
+            for index, visit in enumerate(visits):
+                sampler.start_phase(visit["name"])
+                if index:
+                    # a new page, as the other engines' visits are; the pages before stay open: in WebKitGTK
+                    # under WebKitWebDriver what a page cached is gone once it navigates away or closes
+                    driver.switch_to.new_window("tab")
+                driver.get(url)
+                _wait(driver, "return typeof window.__packStartDefaultLoad === 'function'", 30, "the page did not load its script")
+                driver.execute_script("window.__packStartDefaultLoad(arguments[0], arguments[1])", base,
+                                      {"platform": visit.get("platform"), "cold": bool(visit.get("cold"))})
+                answer = _wait(driver, "return window.__packDefaultLoadAnswer", limit_s, "load() and the sample run did not finish")
+                sampler.end_phase()
+                answers[visit["name"]] = {**answer, "browser": browser, "memory": sampler.peaks().get(visit["name"])}
+        return answers
+    except Exception as error:  # the session, the page or the display failed: the loads left did not happen
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return {"ok": False, "message": f"WebKit: {first[:300]}", "fallbacks": []}
+        failed = {"ok": False, "message": f"WebKit: {first[:300]}", "fallbacks": []}
+        return {visit["name"]: answers.get(visit["name"], failed) for visit in visits}
     finally:
         with contextlib.suppress(Exception):  # what is left of a session that failed must not hide why
             if driver is not None:
