@@ -106,6 +106,7 @@ class BuildSettings:
     runtime: str  # onnxruntime-web's version (a local build: with its shipped files' sha256)
     browser: str | None  # the Chromium that verifies, by its version (None: --no-browser)
     mesa: str | None  # the Mesa whose lavapipe runs the WebGPU kernels, by its version
+    engines: dict[str, str | None]  # the other engines that verify (firefox, webkit), by version or library bytes (None: not installed)
     environment: dict[str, str]  # the PACK_* settings some stage declares as changing its result
 
 
@@ -122,7 +123,9 @@ def result_settings(table: tuple[Stage, ...] = STAGES) -> tuple[str, ...]:
 
 
 def build_settings(recipe: Recipe, options: BuildOptions, locks: BuildLocks) -> BuildSettings:
+    from pipeline.stages.browser_verify import build_engines
     from pipeline.verify.engines.browser.chromium import chromium_path
+    from pipeline.verify.engines.browser.driven import engine_identity
     from pipeline.verify.engines.webgpu_kernels import mesa_version
 
     recipe_data = as_data(recipe)
@@ -144,8 +147,10 @@ def build_settings(recipe: Recipe, options: BuildOptions, locks: BuildLocks) -> 
         "engines": list(options.engines),
     }
     environment = {name: os.environ[name] for name in result_settings() if name in os.environ}
+    driven = [name for name in build_engines(options.engines, recipe.verify_engines) if name != "chromium"] if options.browser else []
     return BuildSettings(recipe_data, options_data, locks.fp16.get(recipe.name, "fp16"), runtime,
-                         browser_version(chromium_path()) if options.browser else None, mesa_version(), environment)
+                         browser_version(chromium_path()) if options.browser else None, mesa_version(),
+                         {name: engine_identity(name) for name in driven}, environment)
 
 
 # --- the runner ---------------------------------------------------------------------------------

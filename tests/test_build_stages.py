@@ -23,7 +23,7 @@ PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 def _settings(**recipe_changes) -> BuildSettings:
     recipe = {field.name: None for field in dataclasses.fields(Recipe)}
     recipe.update({"name": "m", "variants": ["fp16", "fp32"], "outputs": {}, "inputs": {}}, **recipe_changes)
-    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False, "engines": ["chromium"]}, None, "1.30.0", "Chromium 150", "25.2.0", {})
+    return BuildSettings(recipe, {"inputs_npz": None, "input_shapes": [], "browser": True, "gpu": False, "engines": ["chromium"]}, None, "1.30.0", "Chromium 150", "25.2.0", {}, {})
 
 
 def _fetched(sha256: str = "a" * 64, uri: str = "https://example.com/m.onnx") -> dict:
@@ -83,7 +83,14 @@ def test_a_different_chromium_path_of_the_same_version_keeps_every_key(tmp_path,
         settings = build_settings(recipe, options, build_locks(recipe, options))
         assert settings.browser == "Chromium 150.0.7871.100 built on Debian" and settings.mesa == "25.2.0"
         versions[name] = _keys(settings)
-    assert versions["a"] == versions["b"]
+        firefox = tmp_path / name / "firefox"  # the other engines are keyed by version too, not by path
+        firefox.write_text("#!/bin/sh\necho 'Mozilla Firefox 140.12.0esr'\n")
+        firefox.chmod(0o755)
+        monkeypatch.setenv("PACK_FIREFOX", str(firefox))
+        with_firefox = build_settings(recipe, BuildOptions(target="m.onnx", engines=("chromium", "firefox")), build_locks(recipe, options))
+        assert with_firefox.engines == {"firefox": "Mozilla Firefox 140.12.0esr"}
+        versions[name + "-firefox"] = _keys(with_firefox)
+    assert versions["a"] == versions["b"] and versions["a-firefox"] == versions["b-firefox"]
 
 
 @pytest.mark.parametrize("key, first_changed", [("repairs", "repair"), ("seed", "samples"), ("variants", "convert"), ("chunk_mib", "models"),
@@ -102,6 +109,8 @@ def test_the_browser_the_lock_entry_and_the_source_bytes_are_keyed():
     assert other_browser["convert"] == base["convert"] and other_browser["write"] != base["write"]
     locked = _keys(dataclasses.replace(_settings(), fp16_lock={"model_sha256": "c" * 64, "kept": []}))
     assert [name for name in base if locked[name] != base[name]][0] == "convert"
+    other_firefox = _keys(dataclasses.replace(_settings(), engines={"firefox": "Mozilla Firefox 141.0"}))
+    assert [name for name in base if other_firefox[name] != base[name]][0] == "browser_verify"
     other_source = _keys(_settings(), sha256="b" * 64)
     assert all(other_source[name] != base[name] for name in base)
 

@@ -98,7 +98,7 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
 
 
 STAGE = Stage(
-    "browser_verify", run, settings=("browser", "options.browser", "options.gpu", "options.engines", "recipe.verify_engines"),
+    "browser_verify", run, settings=("browser", "engines", "options.browser", "options.gpu", "options.engines", "recipe.verify_engines"),
     reads=("recipe", "outputs", "contents", "kernels", "files", "thresholds", "reference"), makes=("browser",),
     code=("pipeline.verify.engines.browser", "pipeline.web_template"),  # the page's code and the loader it serves
     libraries=("playwright", "selenium"),

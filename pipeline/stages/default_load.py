@@ -25,7 +25,7 @@ def run(artefacts: Artefacts, context: StageContext) -> dict:
 
 
 STAGE = Stage(
-    "default_load", run, settings=("browser", "options.browser", "options.gpu", "options.engines", "recipe.verify_engines", "recipe.verify_apple_mobile_memory_mb"),
+    "default_load", run, settings=("browser", "engines", "options.browser", "options.gpu", "options.engines", "recipe.verify_engines", "recipe.verify_apple_mobile_memory_mb"),
     reads=("recipe", "manifest", "checks", "verdict", "reference"), makes=("loaded",),
     code=("pipeline.verify.engines.browser", "pipeline.web_template"),  # the page's code and the loader it loads
     libraries=("playwright", "selenium"),

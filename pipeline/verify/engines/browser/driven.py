@@ -33,6 +33,12 @@ def driver_for(engine: str) -> ModuleType:
     return {"firefox": firefox, "webkit": webkit}[engine]
 
 
+def engine_identity(engine: str) -> str | None:
+    """What decides a driven engine's results (its version, or its library's bytes), for the
+    build's keys; None when it is not installed."""
+    return driver_for(engine).identity()
+
+
 @contextmanager
 def engine_session(engine: str):
     """An open session of `engine` (one browser for every page of a verification)."""

@@ -44,6 +44,17 @@ def firefox_executable() -> str | None:
     return shutil.which("firefox-esr") or shutil.which("firefox")
 
 
+def identity() -> str | None:
+    """What decides this Firefox's results, for the build's keys: its version line (None: none here)."""
+    executable = firefox_executable()
+    if executable is None:
+        return None
+    try:
+        return subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def unavailable() -> str | None:
     """Why Firefox cannot run here, with the line that fixes it; None when it can."""
     if firefox_executable() is None:

@@ -44,6 +44,20 @@ def minibrowser() -> str | None:
     return found[0] if found else None
 
 
+def identity() -> str | None:
+    """What decides this WebKit's results, for the build's keys: the WebKitGTK library MiniBrowser
+    runs, by name and sha256 (its version needs a display to ask; the digest is remembered per file
+    state); None when there is no MiniBrowser."""
+    from pipeline.cache import file_sha256, remembered_digest
+
+    binary = minibrowser()
+    if binary is None:
+        return None
+    libraries = sorted(Path(binary).resolve().parent.parent.glob("libwebkit2gtk-4.*.so.0"))
+    target = libraries[0].resolve() if libraries else Path(binary).resolve()
+    return f"{target.name} {remembered_digest(target, 'sha256', file_sha256)}"
+
+
 def unavailable() -> str | None:
     """Why WebKit cannot run here, with the line that fixes it; None when it can."""
     from pipeline.verify.engines.browser.xvfb import xvfb_executable
