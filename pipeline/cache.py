@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import tempfile
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from pipeline.cache_location import CACHE_ENV, cache_root
-from pipeline.errors import PackError, error_path, is_environment_error, warn
+from pipeline.errors import PackError, error_path, is_environment_error, stops_held, warn
 
 if TYPE_CHECKING:
     from pipeline.shared_cache import StoreSession
@@ -58,17 +57,15 @@ def staging_folder(parent: Path, prefix: str) -> Iterator[Path]:
     (a finished package renamed into place) stays."""
     path: Path | None = None
     remove_orphans(parent, prefix)
-    # Made with Ctrl-C/SIGTERM held and the path bound before they are let through, so a stop
-    # cannot fall between making the folder and owning its clean-up.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        try:
-            path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
-            os.chmod(path, folder_mode())
-        except OSError as error:
-            raise PackError(f"{parent}: cannot create a folder there ({error.strerror or error}); give a writable output folder") from None
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        # Made with Ctrl-C/SIGTERM held and the path bound before they are let through, so a stop
+        # cannot fall between making the folder and owning its clean-up.
+        with stops_held():
+            try:
+                path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+                os.chmod(path, folder_mode())
+            except OSError as error:
+                raise PackError(f"{parent}: cannot create a folder there ({error.strerror or error}); give a writable output folder") from None
         yield path
     except BaseException as error:
         if path is not None:
@@ -117,8 +114,7 @@ def swap_into_place(staging: Path, destination: Path) -> None:
     """Swap the finished package into place: old one aside, new one in, old one removed. Whatever
     stands at the package path (an earlier package, a stray file or link) is replaced. Ctrl-C and
     SIGTERM wait until the swap is done, so a stop never leaves the old package aside."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
+    with stops_held():
         old = None
         if destination.is_symlink() or destination.exists():
             old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
@@ -129,8 +125,6 @@ def swap_into_place(staging: Path, destination: Path) -> None:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def cache_dir(*parts: str) -> Path:

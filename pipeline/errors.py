@@ -128,6 +128,29 @@ def raise_terminated(signum: int, frame) -> None:  # noqa: ARG001 - signal handl
     raise Terminated()
 
 
+@contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done, then are raised as they would have been.
+    A signal mask cannot hold them in a process with threads: the kernel hands the signal to a
+    thread that does not block it, and Python raises it in the main thread all the same. Python
+    runs its handlers in the main thread only, so handlers that note the signal do hold it; in
+    another thread there is nothing to hold (stops are never raised there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: came.append(signum)) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if came:
+            signal.raise_signal(came[0])  # to the handler it would have met: raised here, after the block
+
+
 # The warnings about a build's inputs, noted while a build runs (recorded_warnings): a stored
 # package that a later build reuses says them again, as building it would.
 _recorded: list[list[str]] = []

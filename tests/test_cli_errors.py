@@ -211,6 +211,59 @@ def test_staging_folders_and_atomic_writes_follow_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "c.bin").stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_just_after_the_staging_folder_is_made_still_removes_it(tmp_path, monkeypatch, stop):
+    """The stop lands between mkdtemp making the folder and the path being bound, with a second
+    thread alive (a signal mask on the main thread alone let the kernel hand it to that thread and
+    Python raised it all the same: a catalog build left `.consumed.build-…` behind)."""
+    import tempfile
+    import threading
+
+    from pipeline.cache import staging_folder, swap_into_place
+    from pipeline.errors import Terminated, raise_terminated
+
+    made = tempfile.mkdtemp
+
+    def made_then_stopped(*args, **kwargs):
+        path = made(*args, **kwargs)
+        os.kill(os.getpid(), stop)
+        time.sleep(0.05)  # the signal's handler has run before this returns
+        return path
+
+    busy = threading.Event()
+    other = threading.Thread(target=busy.wait, daemon=True)
+    other.start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        monkeypatch.setattr(tempfile, "mkdtemp", made_then_stopped)
+        with pytest.raises(Terminated if stop == signal.SIGTERM else KeyboardInterrupt):
+            with staging_folder(tmp_path, ".m.build-"):
+                pytest.fail("the stop is raised before the block runs")
+        assert list(tmp_path.iterdir()) == []
+        monkeypatch.undo()
+        # a stop during the swap waits for it: the new package in place, the old one gone
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "new").mkdir()
+        (tmp_path / "new" / "f").write_text("new")
+        renamed = Path.rename
+
+        def rename_then_stopped(self, target):
+            done = renamed(self, target)
+            os.kill(os.getpid(), stop)
+            time.sleep(0.05)
+            return done
+
+        monkeypatch.setattr(Path, "rename", rename_then_stopped)
+        with pytest.raises(KeyboardInterrupt):
+            swap_into_place(tmp_path / "new", tmp_path / "pkg")
+        monkeypatch.undo()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"] and (tmp_path / "pkg" / "f").read_text() == "new"
+    finally:
+        busy.set()
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
 def _slow_model(path: Path) -> Path:
     """A conv model with ~3 MB of fresh random weights: uncached brotli (q11) and host runs keep
     the build in its staging folder for seconds, long enough to be stopped there."""

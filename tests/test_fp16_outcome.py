@@ -224,12 +224,13 @@ def test_one_search_per_failing_output_over_the_nodes_it_depends_on():
         return failures_of
 
     ranked = ["b2", "a1", "a0", "b0", "a2", "b1", "a3", "b3"]
+    never_hopeless = lambda nodes: None  # noqa: E731  (the early stop has its own tests)
     tried = [0]
-    result = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=40), tried)
+    result = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=40), tried, never_hopeless)
     assert result.passed and result.minimal and sorted(result.kept) == ["a1", "b0", "b2"]
     assert all(not (set(nodes) & {"b0", "b1", "b2", "b3"}) for nodes in seen[1:4])  # a3's search stays in its cone
     tried = [0]
-    tight = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=5), tried)
+    tight = _search_per_output(model, ranked, counting(tried), {}, Recipe(name="m", fp16_search_trials=5), tried, never_hopeless)
     assert tight.passed and not tight.minimal and "budget" in tight.stopped and {"a1", "b0", "b2"} <= set(tight.kept)
 
 
