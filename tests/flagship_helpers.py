@@ -88,6 +88,14 @@ def assert_builds_on_host_and_browser(recipe_name: str, tmp_path: Path) -> None:
     assert set(browser.values()) <= {"passed", "not-verifiable"}
     if recipe_name in REPORT_READ:
         read_report(tmp_path / "dist" / recipe_name, REPORT_READ[recipe_name])
+    if recipe_name in OTHER_ENGINES_LOAD:
+        from engine_helpers import assert_default_load_right_in_firefox_and_webkit
+
+        assert_default_load_right_in_firefox_and_webkit(tmp_path / "dist" / recipe_name)
+
+
+# An image model's default load in Firefox and WebKit too (gtcrn's is in test_browser_gtcrn.py).
+OTHER_ENGINES_LOAD = {"migan"}
 
 
 # The build's report.html, read in Chromium on a real image model and a real audio model (no extra

@@ -63,6 +63,19 @@ def test_every_module_reaches_only_its_own_stage_earlier_stages_and_shared_modul
     assert offending == {}
 
 
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: modules that reach themselves, each circle once (a package naming
+    itself in `from package import submodule` is no circle)."""
+    graph = {name: targets - {name} for name, targets in graph.items()}
+    return sorted({tuple(sorted(name for name in _reachable(start, graph) if start in _reachable(name, graph))) for start in graph if start in _reachable(start, graph)})
+
+
+def test_no_module_reaches_itself_through_its_imports() -> None:
+    # late imports count: a circle hidden in a function still makes two modules one concern
+    assert _circles({name: _imports(path) for name, path in MODULES.items()}) == []
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [("a", "b", "c")]  # the check itself
+
+
 def test_the_layout_check_sees_a_late_import_through_a_shared_module(tmp_path) -> None:
     # The check itself: a shared module importing verify/ inside a function is an arrow up the pipeline.
     graph = {"pipeline.recipe": {"pipeline.verify.judgement.metrics"}, "pipeline.verify.judgement.metrics": set(), "pipeline.graph.x": {"pipeline.recipe"}}

@@ -75,6 +75,14 @@ def test_pack_verify_reruns_the_checks_on_the_built_package(built) -> None:
     assert document["browser"]["eps"]["webgpu/fp32"]["steady_run_ms"] > 0
 
 
+def test_the_default_load_is_right_in_firefox_and_webkit(built) -> None:
+    """GTCRN's recurrent states and spectrum, loaded as an app in those engines loads them."""
+    from engine_helpers import assert_default_load_right_in_firefox_and_webkit
+
+    package, _ = built
+    assert_default_load_right_in_firefox_and_webkit(package)
+
+
 def test_report_draws_the_spectrum_frame_and_shows_the_last_verification(built) -> None:
     """report.html after the build and the `pack verify` above: enh [1, 257, 1, 2] is complex
     spectrum bins, drawn as a spectrum, never played; the caches are tensors (error histograms)."""

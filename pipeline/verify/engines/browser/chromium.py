@@ -106,6 +106,11 @@ class ConsoleLine:
     text: str  # ANSI colours removed
 
 
+class PageHung(Exception):
+    """A page did not answer within its limit (its main thread never yielded, or the engine died);
+    raised by every engine's driver (driven.py's sessions)."""
+
+
 @dataclass
 class PageWatch:
     """Console lines and uncaught errors of one page, gathered as they arrive."""

@@ -15,15 +15,11 @@ import time
 from contextlib import contextmanager
 from types import ModuleType
 
-from pipeline.verify.engines.browser.chromium import ADAPTER_PROBE, DEVICE_PROBE, GPU_HOOKS, PageWatch, _probe_source
+from pipeline.verify.engines.browser.chromium import ADAPTER_PROBE, DEVICE_PROBE, GPU_HOOKS, PageHung, PageWatch, _probe_source
 
 DRIVEN_ENGINES = ("firefox", "webkit")
 POLL_S = 0.25
 CALL_S = 60  # a short question (a probe, a start, a poll) on a page whose main thread yields
-
-
-class PageHung(Exception):
-    """A page did not answer within its limit (its main thread never yielded, or the engine died)."""
 
 
 def driver_for(engine: str) -> ModuleType:

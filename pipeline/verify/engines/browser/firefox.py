@@ -166,7 +166,7 @@ class FirefoxSession:
     def _read(self, limit_s: float) -> dict:
         """The next JSON line the script prints within `limit_s` (its stdout read raw, so a line
         already read stays in this session's buffer rather than a reader's select cannot see)."""
-        from pipeline.verify.engines.browser.driven import PageHung
+        from pipeline.verify.engines.browser.chromium import PageHung
 
         assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + limit_s

@@ -196,7 +196,7 @@ class WebKitSession:
 
     def _guarded(self, call, limit_s: float):
         """`call()` within `limit_s`, else the display goes (the session with it) and PageHung."""
-        from pipeline.verify.engines.browser.driven import PageHung
+        from pipeline.verify.engines.browser.chromium import PageHung
 
         fired = threading.Event()
         xvfb = self._xvfb
