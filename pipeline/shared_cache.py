@@ -33,7 +33,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from pipeline.errors import PackError, warn
@@ -453,3 +453,62 @@ def listed_blobs(store: SharedStore, name: str) -> set[str]:
         return {f"{BLOBS}/{sha256}" for sha256 in files.values() if _HEX64.fullmatch(str(sha256))}
     except (ValueError, KeyError, TypeError, AttributeError):
         return set()
+
+
+@dataclass
+class StorePrune:
+    """What a prune of the store removed (or, dry, would): entries first, then blobs."""
+
+    entries: list[StoredObject]
+    blobs: list[StoredObject]  # blobs no remaining listing lists
+    total_bytes: int  # the store before the prune
+
+
+def prune_store(store: SharedStore, choose: Callable[[list[StoredObject], int, Callable[[str], int]], list[str]], recent: float, dry_run: bool) -> StorePrune:
+    """Entries (file objects and folder entries' listings) as `choose(entries, bytes, freed_with)`
+    picks them (names), then the blobs that no remaining listing lists. `bytes` counts the store
+    without the blobs already unlisted; `freed_with(name)` is what removing that listing frees in
+    blobs besides itself (call it once per chosen entry). Listings go first, so no listing is ever
+    left naming a blob the prune removed; a blob written at or after `recent` stays (its writer may
+    not have put its listing yet). A store that fails is one PackError naming it."""
+    try:
+        objects = list(store.objects())
+        blobs = {stored.name: stored for stored in objects if stored.name.split("/", 1)[0] == BLOBS}
+        entries = [stored for stored in objects if stored.name not in blobs]
+        listed = {stored.name: listed_blobs(store, stored.name) for stored in entries if stored.name.endswith(FOLDER_SUFFIX)}
+        holders: dict[str, int] = {}
+        for names in listed.values():
+            for name in names:
+                holders[name] = holders.get(name, 0) + 1
+        unlisted = sum(blob.size for name, blob in blobs.items() if not holders.get(name) and blob.modified < recent)
+
+        def freed_with(entry: str) -> int:
+            freed = 0
+            for name in listed.get(entry, ()):
+                holders[name] -= 1
+                if holders[name] == 0 and name in blobs and blobs[name].modified < recent:
+                    freed += blobs[name].size
+            return freed
+
+        total = sum(stored.size for stored in objects)
+        gone = set(choose(entries, total - unlisted, freed_with))
+        chosen = [stored for stored in entries if stored.name in gone]
+        kept_listed = {name for listing, names in listed.items() if listing not in gone for name in names}
+        free = [blob for name, blob in sorted(blobs.items()) if name not in kept_listed and blob.modified < recent]
+        if not dry_run:
+            for stored in chosen:
+                store.remove(stored.name)
+            if free:
+                # a listing another machine put while this ran may list a blob that looked free
+                newer = {name for stored in store.objects() if stored.name.endswith(FOLDER_SUFFIX) and stored.name not in gone and stored.name not in listed
+                         for name in listed_blobs(store, stored.name)}
+                free = [blob for blob in free if blob.name not in newer]
+                for blob in free:
+                    store.remove(blob.name)
+    except PackError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any store failure: one line naming the store
+        from pipeline.s3 import describe_error
+
+        raise PackError(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; run the prune again (it removes only what is still there)") from None
+    return StorePrune(chosen, free, total)

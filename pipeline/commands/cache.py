@@ -112,8 +112,12 @@ def _local_items(root: Path) -> list[Item]:
     return [Item(entry.path.relative_to(root).as_posix(), entry.area, entry.size, entry.used, entry.owned) for entry in cache_entries(root)]
 
 
+def _shared_item(stored) -> Item:
+    return Item(stored.name, stored.name.split("/", 1)[0], stored.size, stored.modified)
+
+
 def _shared_items(store) -> list[Item]:
-    return [Item(stored.name, stored.name.split("/", 1)[0], stored.size, stored.modified) for stored in store.objects()]
+    return [_shared_item(stored) for stored in store.objects()]
 
 
 def _summary(items: Iterable[Item], shared_areas: frozenset[str]) -> dict:
@@ -241,54 +245,20 @@ def _prune_local(now: float, age_s: float | None, limit: int | None, dry_run: bo
 
 
 def _prune_shared(store, now: float, age_s: float | None, limit: int | None, dry_run: bool) -> Pruned:
-    """Entries (file objects and folder entries' listings) by age and size, then the blobs that no
-    remaining listing lists. Listings go first, so no listing is ever left naming a blob the prune
-    removed; a blob in its grace period stays (its writer may not have put its listing yet)."""
-    from pipeline.shared_cache import BLOBS, FOLDER_SUFFIX, listed_blobs
+    """The store's entries by age and size (this command's rule, as for the local cache); the store
+    removes them and then the blobs no remaining listing lists (pipeline/shared_cache.py prune_store)."""
+    from pipeline.shared_cache import prune_store
 
-    try:
-        items = _shared_items(store)
-        blobs = {item.name: item for item in items if item.area == BLOBS}
-        entries = [item for item in items if item.area != BLOBS]
-        listed = {item.name: listed_blobs(store, item.name) for item in entries if item.name.endswith(FOLDER_SUFFIX)}
-        recent = now - GRACE_S
-        holders: dict[str, int] = {}
-        for names in listed.values():
-            for name in names:
-                holders[name] = holders.get(name, 0) + 1
-        unlisted = sum(blob.size for name, blob in blobs.items() if not holders.get(name) and blob.used < recent)
+    kept = 0
 
-        def freed_with(item: Item) -> int:
-            freed = 0
-            for name in listed.get(item.name, ()):
-                holders[name] -= 1
-                if holders[name] == 0 and name in blobs and blobs[name].used < recent:
-                    freed += blobs[name].size
-            return freed
+    def choose(entries, total: int, freed_with: Callable[[str], int]) -> list[str]:
+        nonlocal kept
+        chosen, kept = _chosen([_shared_item(stored) for stored in entries], now, age_s, limit, total, lambda item: freed_with(item.name))
+        return [item.name for item in chosen]
 
-        total = sum(item.size for item in items)
-        chosen, kept = _chosen(entries, now, age_s, limit, total - unlisted, freed_with)
-        gone = {item.name for item in chosen}
-        kept_listed = {name for listing, names in listed.items() if listing not in gone for name in names}
-        free = [blob for name, blob in sorted(blobs.items()) if name not in kept_listed and blob.used < recent]
-        if not dry_run:
-            for item in chosen:
-                store.remove(item.name)
-            if free:
-                # a listing another machine put while this ran may list a blob that looked free
-                newer = {name for stored in store.objects() if stored.name.endswith(FOLDER_SUFFIX) and stored.name not in gone and stored.name not in listed
-                         for name in listed_blobs(store, stored.name)}
-                free = [blob for blob in free if blob.name not in newer]
-                for blob in free:
-                    store.remove(blob.name)
-    except PackError:
-        raise
-    except Exception as error:  # noqa: BLE001 - any store failure: one line naming the store
-        from pipeline.s3 import describe_error
-
-        raise PackError(f"shared cache {store.describe()}: {describe_error(error, 'stopped answering')}; run the prune again (it removes only what is still there)") from None
-    removed = chosen + free
-    return Pruned(store.describe(), removed, total - sum(item.size for item in removed), kept, blobs=len(free))
+    pruned = prune_store(store, choose, now - GRACE_S, dry_run)
+    removed = [_shared_item(stored) for stored in pruned.entries + pruned.blobs]
+    return Pruned(store.describe(), removed, pruned.total_bytes - sum(item.size for item in removed), kept, blobs=len(pruned.blobs))
 
 
 # --- formatting --------------------------------------------------------------------------------
