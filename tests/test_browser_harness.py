@@ -139,4 +139,4 @@ def test_watchdog_turns_a_slow_run_into_a_failed_check(browser, slice_package) -
     package, reference = slice_package
     result = verify_in_browser(package, reference, thresholds_for(package), browser=browser, watchdog_ms=50)
     assert {c["status"] for c in result.checks} == {"failed"}
-    assert all("watchdog" in c["detail"] and "inputs {'x': [1, 1, 1, 31]}" in c["detail"] for c in result.checks)
+    assert all("watchdog" in c["detail"] and "inputs {'x': [1, 1, 1, 31]}" in c["detail"] for c in result.checks), [c["detail"] for c in result.checks]
