@@ -43,11 +43,13 @@ engines = ["chromium", "firefox", "webkit"]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """`pack build` of the recipe, no --engines: the recipe's engines run. (package folder, report.json)."""
+    """`pack build` of the recipe, no --engines: the recipe's engines run. (package folder, report.json).
+    A stored build of the same key is reused: the key holds the code and each engine's version, so
+    the engines run again whenever what decides their checks changes."""
     folder = tmp_path_factory.mktemp("engine-checks")
     onnx.save(tiny_model(), str(folder / "tiny.onnx"))
     (folder / "tiny.toml").write_text(RECIPE)
-    result = CliRunner().invoke(app, ["build", str(folder / "tiny.toml"), "--json", "--no-reuse", "--out", str(folder / "d")])
+    result = CliRunner().invoke(app, ["build", str(folder / "tiny.toml"), "--json", "--out", str(folder / "d")])
     assert result.exit_code == 0, result.output
     return folder / "d" / "tiny", json.loads(result.stdout)
 

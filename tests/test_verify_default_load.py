@@ -216,7 +216,8 @@ def test_memory_is_read_from_the_processes_own_accounting():
 @pytest.fixture(scope="module")
 def three_engines(tmp_path_factory):
     """One `pack build --engines chromium,firefox,webkit` of the tiny scalar-selector model: (its
-    report, its summary's lines). Where Firefox or WebKit is absent its check says not-verifiable."""
+    report, its summary's lines). Where Firefox or WebKit is absent its check says not-verifiable.
+    A stored build of the same key is reused (its key holds the code and each engine's version)."""
     from test_loader_defaults_browser import sample, sr_model
     import onnx
 
@@ -225,7 +226,7 @@ def three_engines(tmp_path_factory):
     folder = tmp_path_factory.mktemp("engines")
     onnx.save(sr_model(), str(folder / "sr_model.onnx"))
     np.savez(folder / "sample.npz", **sample())
-    result = CliRunner().invoke(app, ["build", str(folder / "sr_model.onnx"), "--inputs", str(folder / "sample.npz"), "--json", "--no-reuse",
+    result = CliRunner().invoke(app, ["build", str(folder / "sr_model.onnx"), "--inputs", str(folder / "sample.npz"), "--json",
                                       "--engines", "chromium,firefox,webkit", "--out", str(folder / "d")])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
