@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -135,8 +136,6 @@ def stops_held() -> Iterator[None]:
     thread that does not block it, and Python raises it in the main thread all the same. Python
     runs its handlers in the main thread only, so handlers that note the signal do hold it; in
     another thread there is nothing to hold (stops are never raised there)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

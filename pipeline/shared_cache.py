@@ -455,6 +455,11 @@ def listed_blobs(store: SharedStore, name: str) -> set[str]:
         return set()
 
 
+def object_area(name: str) -> str:
+    """The area of an object name: the cache area it mirrors, or `blobs`."""
+    return name.split("/", 1)[0]
+
+
 @dataclass
 class StorePrune:
     """What a prune of the store removed (or, dry, would): entries first, then blobs."""
@@ -473,7 +478,7 @@ def prune_store(store: SharedStore, choose: Callable[[list[StoredObject], int, C
     not have put its listing yet). A store that fails is one PackError naming it."""
     try:
         objects = list(store.objects())
-        blobs = {stored.name: stored for stored in objects if stored.name.split("/", 1)[0] == BLOBS}
+        blobs = {stored.name: stored for stored in objects if object_area(stored.name) == BLOBS}
         entries = [stored for stored in objects if stored.name not in blobs]
         listed = {stored.name: listed_blobs(store, stored.name) for stored in entries if stored.name.endswith(FOLDER_SUFFIX)}
         holders: dict[str, int] = {}

@@ -113,7 +113,9 @@ def _local_items(root: Path) -> list[Item]:
 
 
 def _shared_item(stored) -> Item:
-    return Item(stored.name, stored.name.split("/", 1)[0], stored.size, stored.modified)
+    from pipeline.shared_cache import object_area
+
+    return Item(stored.name, object_area(stored.name), stored.size, stored.modified)
 
 
 def _shared_items(store) -> list[Item]:
